@@ -1,0 +1,29 @@
+"""pagedattn: the correctness standard for paged-attention kernels.
+
+The public API: the canonical problem (``PagedCase``), the float64 oracle, the
+tolerance policy, and the adapter contract a backend implements to join the
+conformance suite (``pytest conformance --backend=...``).
+"""
+
+from pagedattn._version import __version__
+from pagedattn.adapters.protocol import Backend, Capabilities
+from pagedattn.oracle import (
+    AttentionCheck,
+    PagedCase,
+    check_attention,
+    check_bitexact,
+    paged_attention_reference,
+    paged_gather,
+)
+
+__all__ = [
+    "AttentionCheck",
+    "Backend",
+    "Capabilities",
+    "PagedCase",
+    "__version__",
+    "check_attention",
+    "check_bitexact",
+    "paged_attention_reference",
+    "paged_gather",
+]

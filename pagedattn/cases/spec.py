@@ -1,0 +1,154 @@
+"""A case spec: a small, hashable description that builds a deterministic ``PagedCase``.
+
+The spec holds the axes (family, lengths, heads, head_dim, block size, dtype,
+layout); ``build(seed)`` draws the data from a generator seeded by the spec's id,
+so every pytest-xdist worker builds bit-identical tensors.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from pagedattn.oracle.case import PagedCase
+
+LAYOUTS = ("sequential", "permuted", "interleaved", "shared")
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
+
+# Extra physical blocks filled with NaN that padding table entries point at.
+_POISON_BLOCKS = 2
+
+
+@dataclass(frozen=True)
+class CaseSpec:
+    """One generated case.
+
+    Attributes:
+        family: the suite family it belongs to (``decode``, ``prefill``, ...).
+        seqs: ``((seq_len, query_len), ...)`` per sequence.
+        num_heads, num_kv_heads, head_dim, block_size: the shape axes.
+        dtype: ``torch.float32``, ``torch.float16`` or ``torch.bfloat16``.
+        layout: ``sequential`` (blocks in order), ``permuted`` (physical order
+            random), ``interleaved`` (sequences alternate blocks), ``shared``
+            (sequence 1 reuses sequence 0's first ``shared_blocks`` blocks).
+        scale: explicit softmax scale, ``None`` for ``head_dim ** -0.5``.
+        poison: NaN in every block and slot a kernel must not read.
+        shared_blocks: how many leading blocks are shared (layout ``shared``).
+        query_gain: standard deviation of the queries: > 1 sharpens the softmax.
+        tag: a suffix that keeps ids unique when two specs differ elsewhere.
+    """
+
+    family: str
+    seqs: tuple[tuple[int, int], ...]
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 64
+    block_size: int = 16
+    dtype: torch.dtype = torch.float32
+    layout: str = "sequential"
+    scale: float | None = None
+    poison: bool = True
+    shared_blocks: int = 0
+    query_gain: float = 2.0
+    tag: str = ""
+
+    def __post_init__(self) -> None:
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"CaseSpec.layout must be one of {LAYOUTS}, got {self.layout!r}")
+        if self.layout == "shared":
+            if len(self.seqs) < 2 or self.shared_blocks < 1:
+                raise ValueError("CaseSpec: layout 'shared' needs two sequences and shared_blocks >= 1")
+            full = min(s for s, _ in self.seqs[:2]) // self.block_size
+            if self.shared_blocks > full:
+                raise ValueError(
+                    f"CaseSpec.shared_blocks={self.shared_blocks} exceeds the {full} full blocks both sequences have"
+                )
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(s for s, _ in self.seqs)
+
+    @property
+    def id(self) -> str:
+        parts = [
+            self.family,
+            f"gqa{self.gqa_ratio}" if self.num_kv_heads > 1 else f"mqa{self.num_heads}",
+            f"bs{self.block_size}",
+            f"d{self.head_dim}",
+            DTYPE_NAMES[self.dtype],
+            f"L{self.max_seq_len}",
+        ]
+        if len(self.seqs) > 1:
+            parts.append(f"B{len(self.seqs)}")
+        if self.layout != "sequential":
+            parts.append(self.layout)
+        if self.scale is not None:
+            parts.append(f"scale{self.scale:g}")
+        if self.tag:
+            parts.append(self.tag)
+        return "-".join(parts)
+
+    def physical_layout(self, gen: torch.Generator) -> tuple[list[list[int]], int, list[int]]:
+        """The block tables as lists, the number of physical blocks, and the poison block ids."""
+        need = [math.ceil(s / self.block_size) for s, _ in self.seqs]
+        logical: list[tuple[int, int]] = []  # (seq, block) pairs that get their own block
+        if self.layout == "interleaved":
+            for i in range(max(need)):
+                logical += [(b, i) for b in range(len(need)) if i < need[b]]
+        else:
+            for b, n in enumerate(need):
+                first = self.shared_blocks if (self.layout == "shared" and b == 1) else 0
+                logical += [(b, i) for i in range(first, n)]
+        n_poison = _POISON_BLOCKS if self.poison else 0
+        num_blocks = len(logical) + n_poison
+        if self.layout == "permuted":
+            ids = torch.randperm(num_blocks, generator=gen).tolist()
+        else:
+            ids = list(range(num_blocks))
+        table = [[-1] * n for n in need]
+        for (b, i), phys in zip(logical, ids):
+            table[b][i] = phys
+        if self.layout == "shared":
+            table[1][: self.shared_blocks] = table[0][: self.shared_blocks]
+        poison_ids = ids[len(logical) :]
+        return table, num_blocks, poison_ids
+
+    def build(self, seed: int = 0) -> PagedCase:
+        """The case, on the CPU. Deterministic in ``(self.id, seed)``."""
+        gen = torch.Generator().manual_seed(zlib.crc32(self.id.encode()) * 1000 + seed)
+        table, N, poison_ids = self.physical_layout(gen)
+        bs, Hkv, D = self.block_size, self.num_kv_heads, self.head_dim
+        width = max(len(r) for r in table) + 1  # one padding column at least
+        block_tables = torch.empty(len(table), width, dtype=torch.int32)
+        for b, row in enumerate(table):
+            pad = poison_ids[b % len(poison_ids)] if poison_ids else 0
+            block_tables[b] = torch.tensor(row + [pad] * (width - len(row)), dtype=torch.int32)
+        k = torch.randn(N, bs, Hkv, D, generator=gen)
+        v = torch.randn(N, bs, Hkv, D, generator=gen)
+        if self.poison:
+            for cache in (k, v):
+                cache[poison_ids] = float("nan")
+                for b, (s, _) in enumerate(self.seqs):
+                    tail = s % bs
+                    if tail:
+                        cache[table[b][-1], tail:] = float("nan")
+        qlens = [q for _, q in self.seqs]
+        q = torch.randn(sum(qlens), self.num_heads, D, generator=gen) * self.query_gain
+        loc = torch.tensor([0] + qlens, dtype=torch.int64).cumsum(0).to(torch.int32)
+        return PagedCase(
+            query=q.to(self.dtype),
+            key_cache=k.to(self.dtype),
+            value_cache=v.to(self.dtype),
+            block_tables=block_tables,
+            seq_lens=torch.tensor([s for s, _ in self.seqs], dtype=torch.int32),
+            query_start_loc=loc,
+            scale=self.scale,
+        )

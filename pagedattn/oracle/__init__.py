@@ -1,0 +1,33 @@
+"""The canonical case, the float64 oracle and the tolerance policy."""
+
+from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.policy import (
+    DTYPE_TABLE,
+    WARN_FACTOR,
+    AttentionCheck,
+    BitCheck,
+    attention_error_bound,
+    check_attention,
+    check_bitexact,
+)
+from pagedattn.oracle.reference import (
+    causal_mask,
+    gather_history,
+    paged_attention_reference,
+    paged_gather,
+)
+
+__all__ = [
+    "DTYPE_TABLE",
+    "WARN_FACTOR",
+    "AttentionCheck",
+    "BitCheck",
+    "PagedCase",
+    "attention_error_bound",
+    "causal_mask",
+    "check_attention",
+    "check_bitexact",
+    "gather_history",
+    "paged_attention_reference",
+    "paged_gather",
+]

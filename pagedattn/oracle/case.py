@@ -1,0 +1,264 @@
+"""The canonical paged-attention problem (vLLM conventions), validated at construction.
+
+A ``PagedCase`` is what every backend receives and what the oracle reads. Its
+invariants are checked once, here, so that neither the oracle nor an adapter
+has to second-guess its input: a case that exists is a valid case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _fail(field: str, message: str) -> ValueError:
+    return ValueError(f"PagedCase.{field}: {message}")
+
+
+@dataclass(frozen=True, eq=False)
+class PagedCase:
+    """One paged-attention problem over a ragged batch.
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16 (float64
+            accepted). The new tokens of all sequences, packed in sequence order;
+            ``num_tokens = sum(query_lens)``.
+        key_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, floating.
+            The paged pool of keys.
+        value_cache: same shape and dtype as ``key_cache``.
+        block_tables: ``[num_seqs, max_blocks_per_seq]`` int32. Entry ``[b, i]`` is the
+            physical block holding tokens ``i*block_size .. (i+1)*block_size - 1`` of
+            sequence ``b``. Entries past ``ceil(seq_lens[b] / block_size)`` are padding
+            and may hold anything (they are never read, nor validated).
+        seq_lens: ``[num_seqs]`` int32. Total tokens of each sequence, new ones included.
+        query_start_loc: ``[num_seqs + 1]`` int32. Cumulative query lengths: the new
+            tokens of sequence ``b`` are ``query[query_start_loc[b]:query_start_loc[b+1]]``.
+        scale: softmax scale; ``None`` (default) means ``head_dim ** -0.5``.
+
+    The ``q_b`` new tokens of sequence ``b`` sit at absolute positions
+    ``seq_lens[b] - q_b .. seq_lens[b] - 1``; their keys and values are already in the
+    cache. Causal masking is bottom-right aligned: the query at position ``p`` sees keys
+    ``0 .. p``. Every sequence has at least one new token (``0 < q_b <= seq_lens[b]``):
+    a sequence with nothing to compute does not belong in an attention batch, and
+    allowing it would make every kernel special-case empty rows.
+
+    Query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``.
+
+    Raises:
+        ValueError: naming the field and the bound it breaks.
+    """
+
+    query: torch.Tensor
+    key_cache: torch.Tensor
+    value_cache: torch.Tensor
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    scale: float | None = None
+
+    def __post_init__(self) -> None:
+        _validate(self)
+        if self.scale is None:
+            object.__setattr__(self, "scale", float(self.head_dim) ** -0.5)
+        else:
+            object.__setattr__(self, "scale", float(self.scale))
+
+    # ----------------------------------------------------------------- sizes
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.query.shape[0])
+
+    @property
+    def num_heads(self) -> int:
+        return int(self.query.shape[1])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.key_cache.shape[2])
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.query.shape[2])
+
+    @property
+    def block_size(self) -> int:
+        return int(self.key_cache.shape[1])
+
+    @property
+    def num_blocks(self) -> int:
+        return int(self.key_cache.shape[0])
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.query.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.query.device
+
+    # ---------------------------------------------------------- per sequence
+    @property
+    def seq_lens_list(self) -> list[int]:
+        return [int(x) for x in self.seq_lens.tolist()]
+
+    @property
+    def query_lens(self) -> list[int]:
+        loc = [int(x) for x in self.query_start_loc.tolist()]
+        return [loc[b + 1] - loc[b] for b in range(self.num_seqs)]
+
+    @property
+    def context_lens(self) -> list[int]:
+        """Tokens of each sequence that were cached before this step."""
+        return [s - q for s, q in zip(self.seq_lens_list, self.query_lens)]
+
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens_list)
+
+    def num_blocks_used(self, seq: int) -> int:
+        return -(-self.seq_lens_list[seq] // self.block_size)
+
+    def slot_mapping(self, seq: int) -> torch.Tensor:
+        """``[seq_lens[seq]]`` int64 on the case's device: the flat slot
+        (``block * block_size + offset``) of every history token of ``seq``.
+
+        Reads only the block-table entries the sequence uses.
+        """
+        n = self.seq_lens_list[seq]
+        blocks = self.block_tables[seq, : self.num_blocks_used(seq)].to(torch.int64)
+        pos = torch.arange(n, device=self.block_tables.device)
+        return blocks[pos // self.block_size] * self.block_size + pos % self.block_size
+
+    def to(self, device: torch.device | str) -> PagedCase:
+        """The same case with every tensor on ``device`` (a new, validated case)."""
+        return self.replace(
+            **{f: getattr(self, f).to(device) for f in _TENSOR_FIELDS},
+        )
+
+    def replace(self, **changes) -> PagedCase:
+        """A new case with ``changes`` applied (and validated)."""
+        return dataclasses.replace(self, **changes)
+
+    def clone(self) -> PagedCase:
+        """A deep copy: every tensor cloned."""
+        return self.replace(**{f: getattr(self, f).clone() for f in _TENSOR_FIELDS})
+
+    def __repr__(self) -> str:
+        return (
+            f"PagedCase(num_seqs={self.num_seqs}, seq_lens={self.seq_lens_list}, "
+            f"query_lens={self.query_lens}, num_heads={self.num_heads}, "
+            f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"block_size={self.block_size}, num_blocks={self.num_blocks}, "
+            f"dtype={self.dtype}, scale={self.scale:.6g}, device={self.device})"
+        )
+
+
+_TENSOR_FIELDS = (
+    "query",
+    "key_cache",
+    "value_cache",
+    "block_tables",
+    "seq_lens",
+    "query_start_loc",
+)
+
+
+def _validate(case: PagedCase) -> None:
+    """Every invariant of the canonical problem; raises ``ValueError`` naming the field."""
+    q, k, v = case.query, case.key_cache, case.value_cache
+    for name in _TENSOR_FIELDS:
+        if not isinstance(getattr(case, name), torch.Tensor):
+            raise _fail(name, f"must be a torch.Tensor, got {type(getattr(case, name)).__name__}")
+
+    # ranks and dtypes
+    for name, t, rank in (("query", q, 3), ("key_cache", k, 4), ("value_cache", v, 4)):
+        if t.dim() != rank:
+            raise _fail(name, f"must have rank {rank}, got shape {tuple(t.shape)}")
+        if t.dtype not in _FLOAT_DTYPES:
+            raise _fail(name, f"must be floating (float32/float16/bfloat16), got {t.dtype}")
+    for name, rank in (("block_tables", 2), ("seq_lens", 1), ("query_start_loc", 1)):
+        t = getattr(case, name)
+        if t.dim() != rank:
+            raise _fail(name, f"must have rank {rank}, got shape {tuple(t.shape)}")
+        if t.dtype != torch.int32:
+            raise _fail(name, f"must be int32, got {t.dtype}")
+
+    # one device for all
+    dev = q.device
+    for name in _TENSOR_FIELDS:
+        if getattr(case, name).device != dev:
+            raise _fail(name, f"is on {getattr(case, name).device}, query is on {dev}: one device for all")
+
+    # shapes
+    if k.shape != v.shape:
+        raise _fail("value_cache", f"shape {tuple(v.shape)} must equal key_cache shape {tuple(k.shape)}")
+    if k.dtype != v.dtype:
+        raise _fail("value_cache", f"dtype {v.dtype} must equal key_cache dtype {k.dtype}")
+    T, Hq, D = q.shape
+    N, bs, Hkv, Dk = k.shape
+    if Dk != D:
+        raise _fail("key_cache", f"head_dim {Dk} must equal query head_dim {D}")
+    if D < 1 or Hq < 1 or T < 1:
+        raise _fail("query", f"every dimension must be >= 1, got shape {tuple(q.shape)}")
+    if N < 1 or bs < 1 or Hkv < 1:
+        raise _fail("key_cache", f"every dimension must be >= 1, got shape {tuple(k.shape)}")
+    if Hq % Hkv != 0:
+        raise _fail("query", f"num_heads {Hq} must be a multiple of num_kv_heads {Hkv}")
+    B = case.seq_lens.shape[0]
+    if B < 1:
+        raise _fail("seq_lens", "must hold at least one sequence")
+    if case.block_tables.shape[0] != B:
+        raise _fail("block_tables", f"has {case.block_tables.shape[0]} rows, seq_lens has {B} sequences")
+    if case.query_start_loc.shape[0] != B + 1:
+        raise _fail(
+            "query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {case.query_start_loc.shape[0]}"
+        )
+    if case.scale is not None:
+        s = float(case.scale)
+        if not (s > 0.0 and s < float("inf")):
+            raise _fail("scale", f"must be finite and > 0, got {case.scale}")
+
+    # values (on the host: validation reads a few small int tensors)
+    loc = case.query_start_loc.tolist()
+    if loc[0] != 0:
+        raise _fail("query_start_loc", f"must start at 0, got {loc[0]}")
+    if loc[-1] != T:
+        raise _fail("query_start_loc", f"must end at num_tokens = {T}, got {loc[-1]}")
+    seq_lens = case.seq_lens.tolist()
+    M = case.block_tables.shape[1]
+    tables = case.block_tables.cpu()
+    for b in range(B):
+        if loc[b + 1] < loc[b]:
+            raise _fail("query_start_loc", f"must never decrease, but [{b}]={loc[b]} > [{b + 1}]={loc[b + 1]}")
+        q_b, s_b = loc[b + 1] - loc[b], seq_lens[b]
+        if q_b < 1:
+            raise _fail("query_start_loc", f"sequence {b} has {q_b} new tokens; every sequence needs >= 1")
+        if s_b < q_b:
+            raise _fail("seq_lens", f"seq_lens[{b}]={s_b} is below its query length {q_b} (bound: q_b <= seq_len)")
+        need = -(-s_b // bs)
+        if need > M:
+            raise _fail(
+                "block_tables",
+                f"sequence {b} needs {need} blocks for seq_len {s_b} at block_size {bs}, "
+                f"but the table has {M} columns",
+            )
+        used = tables[b, :need]
+        bad = (used < 0) | (used >= N)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise _fail(
+                "block_tables",
+                f"[{b}, {i}] = {int(used[i])} is outside [0, num_blocks={N})",
+            )

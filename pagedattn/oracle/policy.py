@@ -1,0 +1,356 @@
+"""The tolerance policy: bit-exact data movement, an error model for attention.
+
+``docs/tolerance.md`` derives every term. In short, for output element
+``o[t, h, d]`` with softmax weights ``p_j`` over keys ``j`` and float64
+reference ``o``, a correct streamed online-softmax kernel with fp32
+accumulation stays within
+
+    bound = E_scores + E_weights + E_accum + E_round
+
+    E_scores  = sqrt(sum_j p_j ds_j) * sqrt(sum_j p_j ds_j (v_j - o)^2)
+                ds_j = C_DOT u_acc sqrt(D) A_j + 2 u_dot A_j + u_acc (C_EXP + |s_j| + |s_j - m|)
+                A_j  = scale * sum_i |q_i| |k_ji|
+    E_weights = C_W u_w sum_j p_j |v_j|
+    E_accum   = C_ACC u_acc sqrt(L) (sum_j p_j |v_j| + |o|)
+    E_round   = ulp_out(|o| + E) / 2        (ulp floored at the smallest subnormal)
+
+``u_acc`` is fp32's unit roundoff, ``u_dot`` the operand rounding of the score
+and weighted-V products (0 for IEEE fp32 or half-precision inputs, TF32's for
+fp32 inputs when a backend declares TF32), ``u_w`` the precision in which the
+weights meet V (the input dtype's: flash-style kernels round ``p`` before the
+product). ``E_scores`` is Cauchy-Schwarz on the first-order softmax perturbation
+``sum_j p_j ds_j (v_j - o)``, so it scales with how far the values spread around
+the output, not with their magnitude.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.reference import iter_chunks
+
+# --------------------------------------------------------------------- constants
+U_FP32 = 2.0**-24
+U_TF32 = 2.0**-11  # TF32 keeps 10 explicit significand bits
+
+
+@dataclass(frozen=True)
+class DtypeModel:
+    """Per-dtype constants of the model. ``significand`` counts the implicit bit."""
+
+    significand: int  # rounding of the output: ulp = 2**(e - significand + 1)
+    emin: int  # smallest normal exponent: below it ulp stays at the subnormal spacing
+    weights_u: float  # unit roundoff of the weights where they meet V
+
+
+#: One row per output dtype, each with its reason.
+DTYPE_TABLE: dict[torch.dtype, DtypeModel] = {
+    # fp32 kernels keep p in fp32 for the weighted-V product.
+    torch.float32: DtypeModel(significand=24, emin=-126, weights_u=U_FP32),
+    # fp16/bf16 kernels (FlashAttention, vLLM, Triton tutorials) round p to the input dtype
+    # so the weighted-V product runs on the tensor cores; that rounding is legitimate.
+    torch.float16: DtypeModel(significand=11, emin=-14, weights_u=2.0**-11),
+    torch.bfloat16: DtypeModel(significand=8, emin=-126, weights_u=2.0**-8),
+    # float64 inputs: a kernel is still expected to accumulate in at least fp32.
+    torch.float64: DtypeModel(significand=53, emin=-1022, weights_u=U_FP32),
+}
+
+#: Score dot products: probabilistic sqrt(D) growth of fp32 accumulation error
+#: (Higham & Mary 2019); 2 covers tensor-core accumulation, which truncates.
+C_DOT = 2.0
+#: exp/exp2 in fp32: ex2.approx is within 2 ulp, plus the log2(e) multiply and the
+#: subtraction of the running max, each one more rounding.
+C_EXP = 4.0
+#: rounding of each weight to the weights precision, first order.
+C_W = 1.0
+#: fp32 running sums (weighted V, denominator, per-tile rescales): sqrt(L) growth.
+C_ACC = 2.0
+#: errors between bound and WARN_FACTOR * bound warn instead of failing: a correct
+#: kernel can land there on exotic hardware rounding; a real bug lands far beyond.
+WARN_FACTOR = 2.0
+
+PRECISIONS = ("ieee", "tf32")
+
+
+def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """float64 ulp of the values ``|x|`` in ``dtype``, floored at its subnormal spacing."""
+    m = DTYPE_TABLE[dtype]
+    exp = torch.floor(torch.log2(x.abs().clamp_min(2.0 ** (m.emin))))
+    return torch.exp2(exp - (m.significand - 1))
+
+
+# ------------------------------------------------------------------------ bounds
+def attention_error_bound(
+    case: PagedCase,
+    reference: torch.Tensor | None = None,
+    precision: str = "ieee",
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-element acceptance bound of the error model.
+
+    Args:
+        case: the problem.
+        reference: ``[T, Hq, D]`` float64 oracle output (computed if None).
+        precision: ``"ieee"`` (default) or ``"tf32"``: how the backend's fp32 dot
+            products round their operands.
+
+    Returns:
+        ``(reference, bound)``: two ``[T, Hq, D]`` float64 tensors on the case's device.
+    """
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    model = DTYPE_TABLE[case.dtype]
+    u_dot = U_TF32 if (precision == "tf32" and case.dtype == torch.float32) else 0.0
+    u_w = model.weights_u
+    if precision == "tf32" and case.dtype == torch.float32:
+        u_w = max(u_w, U_TF32)
+    D = case.head_dim
+    ref_chunks, bounds = [], []
+    for c in iter_chunks(case):
+        o = torch.einsum("hqk,khd->qhd", c.probs, c.v)  # [n, Hq, D]
+        A = torch.einsum("qhd,khd->hqk", c.q.abs(), c.k.abs()) * case.scale  # [Hq, n, L]
+        finite = torch.isfinite(c.scores)
+        s = torch.where(finite, c.scores, torch.zeros_like(c.scores))
+        m = s.masked_fill(~finite, float("-inf")).amax(dim=-1, keepdim=True)
+        ds = (C_DOT * U_FP32 * math.sqrt(D) + 2.0 * u_dot) * A + U_FP32 * (C_EXP + s.abs() + (s - m).abs())
+        w = c.probs * ds  # zero where masked
+        W0 = w.sum(-1).transpose(0, 1)[..., None]  # [n, Hq, 1]
+        W1 = torch.einsum("hqk,khd->qhd", w, c.v)
+        W2 = torch.einsum("hqk,khd->qhd", w, c.v * c.v)
+        spread2 = (W2 - 2.0 * o * W1 + o * o * W0).clamp_min(0.0)
+        e_scores = torch.sqrt(W0 * spread2)
+        abs_pv = torch.einsum("hqk,khd->qhd", c.probs, c.v.abs())
+        L = c.k.shape[0]
+        e = e_scores + C_W * u_w * abs_pv + C_ACC * U_FP32 * math.sqrt(L) * (abs_pv + o.abs())
+        e = e + 0.5 * _ulp(o.abs() + e, case.dtype)
+        ref_chunks.append(o)
+        bounds.append(e)
+    ref = torch.cat(ref_chunks) if reference is None else reference
+    return ref, torch.cat(bounds)
+
+
+# ------------------------------------------------------------------------ checks
+@dataclass
+class AttentionCheck:
+    """The verdict on one attention output.
+
+    ``budget_used`` is ``max |out - ref| / bound`` over all elements; ``passed``
+    means no element beyond ``WARN_FACTOR * bound`` and nothing non-finite;
+    ``warning`` means some element in ``(bound, WARN_FACTOR * bound]``.
+    """
+
+    passed: bool
+    warning: bool
+    budget_used: float
+    num_over: int = 0  # elements over the bound (warning or failure)
+    num_elements: int = 0
+    num_nonfinite: int = 0
+    worst_seq: int = -1
+    worst_token: int = -1  # row of the packed query/output
+    worst_position: int = -1  # absolute position of that token in its sequence
+    worst_head: int = -1
+    worst_channel: int = -1
+    value: float = float("nan")
+    reference: float = float("nan")
+    bound: float = float("nan")
+    problem: str = ""  # a structural failure (shape, dtype, device), if any
+    precision: str = "ieee"
+    tolerance_factor: float = 1.0
+    case_summary: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def status(self) -> str:
+        return "failed" if not self.passed else ("warned" if self.warning else "passed")
+
+    def metrics(self) -> dict:
+        """A JSON-ready summary."""
+        return {
+            "status": self.status,
+            "budget_used": self.budget_used,
+            "num_over": self.num_over,
+            "num_elements": self.num_elements,
+            "num_nonfinite": self.num_nonfinite,
+            "worst": {
+                "seq": self.worst_seq,
+                "token": self.worst_token,
+                "position": self.worst_position,
+                "head": self.worst_head,
+                "channel": self.worst_channel,
+                "value": self.value,
+                "reference": self.reference,
+                "bound": self.bound,
+            },
+            "problem": self.problem,
+            "precision": self.precision,
+            "tolerance_factor": self.tolerance_factor,
+        }
+
+    def __str__(self) -> str:
+        if self.problem:
+            return f"attention output rejected: {self.problem}\n  case: {self.case_summary}"
+        head = {
+            "passed": "attention within the error bound",
+            "warned": "attention in the warning band (above the bound, within "
+            f"{WARN_FACTOR:g}x of it)",
+            "failed": "attention outside the error bound",
+        }[self.status]
+        lines = [
+            f"{head}: budget used {self.budget_used:.3g} "
+            f"({self.num_over} of {self.num_elements} elements over the bound"
+            + (f", {self.num_nonfinite} non-finite where the reference is finite" if self.num_nonfinite else "")
+            + ")",
+            f"  worst element: seq {self.worst_seq}, token {self.worst_token} "
+            f"(position {self.worst_position} in its sequence), head {self.worst_head}, "
+            f"channel {self.worst_channel}",
+            f"  got {self.value!r}, reference {self.reference!r}, "
+            f"|error| {abs(self.value - self.reference):.3g}, bound {self.bound:.3g}",
+            f"  policy: fp32 dot precision {self.precision}"
+            + (f", tolerance x{self.tolerance_factor:g} (backend override)" if self.tolerance_factor != 1.0 else ""),
+            f"  case: {self.case_summary}",
+        ]
+        return "\n".join(lines)
+
+
+def _token_coords(case: PagedCase, token: int) -> tuple[int, int]:
+    loc = case.query_start_loc.tolist()
+    for b in range(case.num_seqs):
+        if loc[b] <= token < loc[b + 1]:
+            return b, case.context_lens[b] + token - loc[b]
+    return -1, -1
+
+
+def check_attention(
+    output: torch.Tensor,
+    case: PagedCase,
+    *,
+    precision: str = "ieee",
+    tolerance_factor: float = 1.0,
+    reference: torch.Tensor | None = None,
+) -> AttentionCheck:
+    """Judge ``output`` against the float64 oracle with the per-element bound.
+
+    Args:
+        output: ``[num_tokens, num_heads, head_dim]`` in the query dtype, on the case's
+            device: what the backend returned.
+        case: the problem it was asked.
+        precision: ``"ieee"`` or ``"tf32"`` (the backend's declared fp32 dot precision).
+        tolerance_factor: an explicit loosening (> 1) or tightening, shown in the report.
+        reference: the oracle output if already computed.
+    """
+    common = dict(precision=precision, tolerance_factor=tolerance_factor, case_summary=repr(case))
+    want_shape = (case.num_tokens, case.num_heads, case.head_dim)
+    problem = ""
+    if not isinstance(output, torch.Tensor):
+        problem = f"expected a torch.Tensor, got {type(output).__name__}"
+    elif tuple(output.shape) != want_shape:
+        problem = f"shape {tuple(output.shape)}, expected {want_shape} [num_tokens, num_heads, head_dim]"
+    elif output.dtype != case.dtype:
+        problem = f"dtype {output.dtype}, expected the query dtype {case.dtype}"
+    elif output.device != case.device:
+        problem = f"device {output.device}, expected the case's device {case.device}"
+    if problem:
+        return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
+
+    ref, bound = attention_error_bound(case, reference, precision)
+    bound = bound * tolerance_factor
+    out = output.to(torch.float64)
+    err = (out - ref).abs()
+    nonfinite = ~torch.isfinite(out) & torch.isfinite(ref)
+    ratio = torch.where(nonfinite, torch.full_like(err, float("inf")), err / bound)
+    ratio = torch.nan_to_num(ratio, nan=float("inf"))
+    flat = int(torch.argmax(ratio))
+    t, h, d = (int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape))
+    budget = float(ratio.reshape(-1)[flat])
+    n_nonfinite = int(nonfinite.sum())
+    seq, pos = _token_coords(case, t)
+    return AttentionCheck(
+        passed=bool(budget <= WARN_FACTOR) and n_nonfinite == 0,
+        warning=bool(1.0 < budget <= WARN_FACTOR),
+        budget_used=budget,
+        num_over=int((ratio > 1.0).sum()),
+        num_elements=ratio.numel(),
+        num_nonfinite=n_nonfinite,
+        worst_seq=seq,
+        worst_token=t,
+        worst_position=pos,
+        worst_head=h,
+        worst_channel=d,
+        value=float(out[t, h, d]),
+        reference=float(ref[t, h, d]),
+        bound=float(bound[t, h, d]),
+        **common,
+    )
+
+
+# --------------------------------------------------------------- bit-exact checks
+_BITS = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(_BITS[t.element_size() * 8])
+
+
+@dataclass
+class BitCheck:
+    """The verdict on a gather or cache write: bit patterns, NaN payloads included."""
+
+    passed: bool
+    what: str
+    num_different: int = 0
+    first_index: tuple[int, ...] = ()
+    value: str = ""
+    expected: str = ""
+    problem: str = ""
+
+    @property
+    def status(self) -> str:
+        return "passed" if self.passed else "failed"
+
+    def metrics(self) -> dict:
+        return {
+            "status": self.status,
+            "num_different": self.num_different,
+            "first_index": list(self.first_index),
+            "value": self.value,
+            "expected": self.expected,
+            "problem": self.problem,
+        }
+
+    def __str__(self) -> str:
+        if self.problem:
+            return f"{self.what} rejected: {self.problem}"
+        if self.passed:
+            return f"{self.what}: bit-exact"
+        return (
+            f"{self.what} is not bit-exact: {self.num_different} elements differ; first at index "
+            f"{self.first_index} (slot {self.first_index[0] if self.first_index else '?'}): "
+            f"got {self.value}, expected {self.expected}"
+        )
+
+
+def _fmt(t: torch.Tensor) -> str:
+    return f"{float(t)!r} (bits 0x{int(_bits(t.reshape(1))[0]) & ((1 << (8 * t.element_size())) - 1):0{2 * t.element_size()}x})"
+
+
+def check_bitexact(output: torch.Tensor, expected: torch.Tensor, what: str = "gather") -> BitCheck:
+    """Compare bit patterns of ``output`` and ``expected`` (same shape and dtype);
+    the first index is that of the first differing element in row-major order, so for
+    a gather ``[n, Hkv, D]`` its first coordinate is the slot position."""
+    if not isinstance(output, torch.Tensor):
+        return BitCheck(False, what, problem=f"expected a torch.Tensor, got {type(output).__name__}")
+    if tuple(output.shape) != tuple(expected.shape):
+        return BitCheck(False, what, problem=f"shape {tuple(output.shape)}, expected {tuple(expected.shape)}")
+    if output.dtype != expected.dtype:
+        return BitCheck(False, what, problem=f"dtype {output.dtype}, expected {expected.dtype}")
+    if output.device != expected.device:
+        return BitCheck(False, what, problem=f"device {output.device}, expected {expected.device}")
+    diff = _bits(output) != _bits(expected)
+    n = int(diff.sum())
+    if n == 0:
+        return BitCheck(True, what)
+    idx = tuple(int(i) for i in diff.nonzero()[0])
+    return BitCheck(False, what, n, idx, _fmt(output[idx]), _fmt(expected[idx]))

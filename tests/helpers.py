@@ -1,0 +1,72 @@
+"""Shared helpers for the project's own tests: small case builders and naive references."""
+
+from __future__ import annotations
+
+import torch
+
+from pagedattn.oracle import PagedCase
+
+
+def naive_attention(case: PagedCase) -> torch.Tensor:
+    """An independent float64 reference: one loop per query token and head, reading the
+    cache block by block through the table, written without the oracle's helpers."""
+    q_all = case.query.double()
+    out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, dtype=torch.float64)
+    loc = case.query_start_loc.tolist()
+    lens = case.seq_lens.tolist()
+    bs = case.key_cache.shape[1]
+    group = case.num_heads // case.key_cache.shape[2]
+    for b in range(len(lens)):
+        n_new = loc[b + 1] - loc[b]
+        for i in range(n_new):
+            pos = lens[b] - n_new + i
+            for h in range(case.num_heads):
+                kvh = h // group
+                scores, values = [], []
+                for j in range(pos + 1):
+                    blk = int(case.block_tables[b, j // bs])
+                    kj = case.key_cache[blk, j % bs, kvh].double()
+                    values.append(case.value_cache[blk, j % bs, kvh].double())
+                    scores.append(float(torch.dot(q_all[loc[b] + i, h], kj)) * case.scale)
+                m = max(scores)
+                w = [pow(2.718281828459045, s - m) for s in scores]
+                tot = sum(w)
+                acc = torch.zeros(case.head_dim, dtype=torch.float64)
+                for wj, vj in zip(w, values):
+                    acc += (wj / tot) * vj
+                out[loc[b] + i, h] = acc
+    return out
+
+
+def make_case(
+    seqs,
+    *,
+    num_heads=2,
+    num_kv_heads=1,
+    head_dim=4,
+    block_size=2,
+    dtype=torch.float64,
+    scale=None,
+    seed=0,
+    extra_blocks=1,
+) -> PagedCase:
+    """A small case with blocks in order and one spare block; ``seqs`` as ``[(seq_len, q_len)]``."""
+    g = torch.Generator().manual_seed(seed)
+    need = [-(-s // block_size) for s, _ in seqs]
+    N = sum(need) + extra_blocks
+    width = max(need) + 1
+    tables = torch.full((len(seqs), width), N - 1, dtype=torch.int32)
+    start = 0
+    for b, n in enumerate(need):
+        tables[b, :n] = torch.arange(start, start + n, dtype=torch.int32)
+        start += n
+    qlens = [q for _, q in seqs]
+    return PagedCase(
+        query=torch.randn(sum(qlens), num_heads, head_dim, generator=g).to(dtype),
+        key_cache=torch.randn(N, block_size, num_kv_heads, head_dim, generator=g).to(dtype),
+        value_cache=torch.randn(N, block_size, num_kv_heads, head_dim, generator=g).to(dtype),
+        block_tables=tables,
+        seq_lens=torch.tensor([s for s, _ in seqs], dtype=torch.int32),
+        query_start_loc=torch.tensor([0] + qlens).cumsum(0).to(torch.int32),
+        scale=scale,
+    )

@@ -1,0 +1,145 @@
+"""The float64 oracle against an independent naive loop, closed forms and SDPA."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from pagedattn import PagedCase, paged_attention_reference, paged_gather
+from pagedattn.cases import CaseSpec
+from tests.helpers import make_case, naive_attention
+
+
+def _rel_err(a, b):
+    return float((a - b).abs().max() / b.abs().max().clamp_min(1e-300))
+
+
+MIXED = [
+    # decode + continuation + full prefill in one batch, MQA, block size 1 and 3, d80, shared
+    CaseSpec("t", ((9, 1), (12, 5), (7, 7)), num_heads=4, num_kv_heads=1, head_dim=80, block_size=3),
+    CaseSpec("t", ((5, 1), (6, 6), (11, 4)), num_heads=6, num_kv_heads=2, head_dim=16, block_size=1),
+    CaseSpec("t", ((13, 2), (10, 10)), num_heads=4, num_kv_heads=4, head_dim=8, block_size=3, layout="permuted"),
+    CaseSpec("t", ((16, 1), (13, 3)), num_heads=2, num_kv_heads=2, head_dim=8, block_size=4, layout="shared",
+             shared_blocks=3),
+    CaseSpec("t", ((14, 3), (9, 9), (3, 1)), num_heads=8, num_kv_heads=2, head_dim=80, block_size=3,
+             layout="interleaved", scale=0.37),
+]
+
+
+@pytest.mark.parametrize("spec", MIXED, ids=lambda s: s.id)
+def test_oracle_matches_naive_loop(spec):
+    case = spec.build()
+    case = case.replace(
+        query=case.query.double(), key_cache=case.key_cache.double(), value_cache=case.value_cache.double()
+    )
+    ref = paged_attention_reference(case)
+    assert ref.dtype == torch.float64 and ref.shape == (case.num_tokens, case.num_heads, case.head_dim)
+    err = _rel_err(ref, naive_attention(case))
+    assert err < 1e-12, f"{spec.id}: oracle and naive loop differ by {err:.3g} relative (bound 1e-12)"
+
+
+def test_two_equal_scores_give_mean_of_values():
+    case = make_case([(2, 1)], num_heads=1, num_kv_heads=1, head_dim=2, block_size=2)
+    k = case.key_cache.clone()
+    k[0, 0, 0] = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    k[0, 1, 0] = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    v = case.value_cache.clone()
+    v[0, 0, 0] = torch.tensor([3.0, -1.0], dtype=torch.float64)
+    v[0, 1, 0] = torch.tensor([5.0, 7.0], dtype=torch.float64)
+    out = paged_attention_reference(case.replace(key_cache=k, value_cache=v))
+    assert out[0, 0].tolist() == pytest.approx([4.0, 3.0], rel=1e-15)
+
+
+def test_known_two_key_softmax():
+    # scores 0 and log(3) (after scale): weights 1/4, 3/4
+    case = make_case([(2, 1)], num_heads=1, num_kv_heads=1, head_dim=1, block_size=1, scale=1.0)
+    q = torch.ones_like(case.query)
+    k = case.key_cache.clone()
+    k[0, 0, 0, 0], k[1, 0, 0, 0] = 0.0, math.log(3.0)
+    v = case.value_cache.clone()
+    v[0, 0, 0, 0], v[1, 0, 0, 0] = 8.0, 4.0
+    out = paged_attention_reference(case.replace(query=q, key_cache=k, value_cache=v))
+    assert float(out[0, 0, 0]) == pytest.approx(0.25 * 8 + 0.75 * 4, rel=1e-15)
+
+
+def test_first_prefill_token_sees_only_itself():
+    case = make_case([(4, 4)], num_heads=1, num_kv_heads=1, head_dim=3, block_size=2)
+    out = paged_attention_reference(case)
+    assert torch.equal(out[0, 0], case.value_cache[0, 0, 0])
+
+
+def test_matches_sdpa_float64_on_contiguous_history():
+    case = make_case([(11, 11), (9, 4), (6, 1)], num_heads=4, num_kv_heads=2, head_dim=8, block_size=3, scale=0.4)
+    ref = paged_attention_reference(case)
+    loc = case.query_start_loc.tolist()
+    for b, L in enumerate(case.seq_lens.tolist()):
+        slots = case.slot_mapping(b)
+        k = paged_gather(case.key_cache, slots).repeat_interleave(2, 1).transpose(0, 1)
+        v = paged_gather(case.value_cache, slots).repeat_interleave(2, 1).transpose(0, 1)
+        q = case.query[loc[b] : loc[b + 1]].transpose(0, 1)
+        qn = q.shape[1]
+        mask = torch.arange(L)[None, :] <= torch.arange(L - qn, L)[:, None]
+        want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.4).transpose(0, 1)
+        err = _rel_err(ref[loc[b] : loc[b + 1]], want)
+        assert err < 1e-12, f"sequence {b}: oracle vs float64 SDPA differ by {err:.3g}"
+
+
+def test_block_permutation_changes_nothing():
+    spec = CaseSpec("t", ((20, 3), (13, 13)), head_dim=8, block_size=3, poison=False)
+    case = spec.build()
+    perm = torch.randperm(case.num_blocks, generator=torch.Generator().manual_seed(1))
+    inv = torch.argsort(perm)
+    moved = case.replace(
+        key_cache=case.key_cache[perm],
+        value_cache=case.value_cache[perm],
+        block_tables=inv[case.block_tables.long()].to(torch.int32),
+    )
+    assert torch.equal(paged_attention_reference(case), paged_attention_reference(moved))
+
+
+def test_poison_in_padding_and_tail_is_never_read():
+    spec = CaseSpec("t", ((7, 2), (5, 1)), head_dim=8, block_size=3, layout="permuted", poison=True)
+    case = spec.build()
+    assert torch.isnan(case.key_cache).any(), "the spec must poison something"
+    out = paged_attention_reference(case)
+    assert torch.isfinite(out).all(), "oracle read a poisoned slot"
+
+
+def test_inputs_are_not_modified():
+    case = CaseSpec("t", ((9, 3),), head_dim=8, block_size=4).build()
+    before = case.clone()
+    paged_attention_reference(case)
+    for f in ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "query_start_loc"):
+        assert torch.equal(getattr(case, f).nan_to_num(7.0), getattr(before, f).nan_to_num(7.0)), f
+
+
+def test_gather_is_pool_indexing():
+    pool = torch.randn(5, 3, 2, 4)
+    slots = torch.tensor([14, 0, 7, 7, 3])
+    assert torch.equal(paged_gather(pool, slots), pool.reshape(15, 2, 4)[slots])
+
+
+def test_long_prefill_is_chunked_and_agrees():
+    # 3000 rows x 3000 keys x 2 heads exceeds one chunk: the chunking must not change the answer
+    from pagedattn.oracle import reference
+
+    case = CaseSpec("t", ((300, 300),), num_heads=2, num_kv_heads=1, head_dim=8, block_size=16).build()
+    whole = paged_attention_reference(case)
+    old = reference._MAX_SCORE_ELEMENTS
+    reference._MAX_SCORE_ELEMENTS = 2 * 300 * 7
+    try:
+        chunked = paged_attention_reference(case)
+    finally:
+        reference._MAX_SCORE_ELEMENTS = old
+    assert _rel_err(chunked, whole) < 1e-14
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_oracle_on_cuda_matches_cpu():
+    case = MIXED[0].build()
+    assert _rel_err(paged_attention_reference(case.to("cuda")).cpu(), paged_attention_reference(case)) < 1e-12
+
+
+def test_case_type_is_exported():
+    assert PagedCase.__module__ == "pagedattn.oracle.case"
