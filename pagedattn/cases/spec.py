@@ -111,6 +111,10 @@ class CaseSpec:
         num_blocks = len(logical) + n_poison
         if self.layout == "permuted":
             ids = torch.randperm(num_blocks, generator=gen).tolist()
+            n = len(logical)
+            if n > 1 and ids[:n] == sorted(ids[:n]):
+                # a small permutation can come out in order; "permuted" must mean it
+                ids[0], ids[1] = ids[1], ids[0]
         else:
             ids = list(range(num_blocks))
         table = [[-1] * n for n in need]

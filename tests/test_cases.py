@@ -1,0 +1,125 @@
+"""The generators: each family's cases have the property they claim."""
+
+import pytest
+import torch
+from hypothesis import given, settings
+
+from pagedattn.cases import DTYPES, FAMILIES, PROFILES, CaseSpec, grid, load_case, save_case
+from pagedattn.cases.strategies import case_specs
+from pagedattn.oracle import paged_attention_reference
+
+QUICK = grid("quick")
+
+
+def _used_blocks(case):
+    return [case.block_tables[b, : case.num_blocks_used(b)].tolist() for b in range(case.num_seqs)]
+
+
+def test_quick_covers_every_family_and_dtype():
+    for family in FAMILIES:
+        dtypes = {s.dtype for s in QUICK if s.family == family}
+        assert dtypes == set(DTYPES), f"family {family}: dtypes {dtypes} in the quick profile"
+
+
+def test_quick_covers_the_edges():
+    assert {1, 2, 3, 13, 16, 32, 128} <= {s.block_size for s in QUICK}
+    assert {48, 64, 80, 96, 112, 128, 256} <= {s.head_dim for s in QUICK}
+    assert {1, 2, 4, 8} <= {s.gqa_ratio for s in QUICK}
+    assert any(s.num_kv_heads == 1 for s in QUICK), "MQA missing"
+    assert {"permuted", "interleaved", "shared"} <= {s.layout for s in QUICK}
+    assert any(s.scale is not None for s in QUICK), "explicit scale missing"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_profiles_nest_and_ids_are_unique(profile):
+    specs = grid(profile)
+    ids = [s.id for s in specs]
+    assert len(ids) == len(set(ids))
+    assert {s.id for s in QUICK} <= set(ids)
+    if profile == "thorough":
+        assert max(s.max_seq_len for s in specs) >= 32768
+
+
+def test_ids_read_like_sentences():
+    spec = CaseSpec("decode", ((37, 1), (5, 1)), num_heads=8, num_kv_heads=2, head_dim=80, block_size=13,
+                    dtype=torch.bfloat16)
+    assert spec.id == "decode-gqa4-bs13-d80-bf16-L37-B2"
+
+
+def test_build_is_deterministic():
+    for spec in QUICK[::7]:
+        a, b = spec.build(), spec.build()
+        for f in ("query", "key_cache", "value_cache", "block_tables"):
+            assert torch.equal(getattr(a, f).view(torch.uint8) if False else getattr(a, f).nan_to_num(0),
+                               getattr(b, f).nan_to_num(0)), (spec.id, f)
+        c = spec.build(seed=1)
+        assert not torch.equal(a.query, c.query), "another seed must draw other data"
+
+
+def test_family_claims_hold():
+    for spec in QUICK:
+        case = spec.build()
+        used = _used_blocks(case)
+        qlens, lens = case.query_lens, case.seq_lens_list
+        if spec.family == "decode":
+            assert all(q == 1 for q in qlens), spec.id
+        if spec.family == "prefill":
+            assert qlens == lens, spec.id
+        if spec.family == "continuation":
+            assert all(0 < q < s for q, s in zip(qlens, lens)), spec.id
+        if spec.family == "mixed":
+            kinds = {("d" if q == 1 else "p" if q == s else "c") for q, s in zip(qlens, lens)}
+            assert kinds == {"d", "p", "c"}, spec.id
+        if spec.layout == "permuted":
+            flat = [x for row in used for x in row]
+            assert flat != sorted(flat), f"{spec.id}: physical order equals logical order"
+        if spec.layout == "shared":
+            rows = [set(r) for r in used]
+            assert rows[0] & rows[1], f"{spec.id}: no block id appears in two rows"
+        if spec.layout == "interleaved":
+            assert used[0][1] - used[0][0] > 1, f"{spec.id}: sequences do not alternate blocks"
+        if spec.tag == "boundary":
+            assert all(s % case.block_size == 0 for s in lens), spec.id
+        if spec.tag == "boundary+1":
+            assert all(s % case.block_size == 1 for s in lens), spec.id
+
+
+def test_poison_is_where_nothing_may_read():
+    for spec in QUICK:
+        case = spec.build()
+        used = {x for row in _used_blocks(case) for x in row}
+        pad = {int(x) for b in range(case.num_seqs) for x in case.block_tables[b, case.num_blocks_used(b):]}
+        assert pad and not (pad & used), f"{spec.id}: padding entries must point at unused blocks"
+        for blk in pad:
+            assert torch.isnan(case.key_cache[blk].float()).all() and torch.isnan(case.value_cache[blk].float()).all()
+        for b, s in enumerate(case.seq_lens_list):
+            if s % case.block_size:
+                last = int(case.block_tables[b, case.num_blocks_used(b) - 1])
+                assert torch.isnan(case.key_cache[last, s % case.block_size :].float()).all(), spec.id
+        assert torch.isfinite(paged_attention_reference(case)).all(), spec.id
+
+
+def test_save_and_load_round_trip(tmp_path):
+    spec = QUICK[0]
+    case = spec.build()
+    save_case(case, tmp_path / "c.pt", id=spec.id, family=spec.family)
+    back, meta = load_case(tmp_path / "c.pt")
+    assert meta == {"id": spec.id, "family": spec.family}
+    assert back.scale == case.scale
+    for f in ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "query_start_loc"):
+        x, y = getattr(back, f), getattr(case, f)
+        assert x.dtype == y.dtype and torch.equal(x.view(-1).view(torch.uint8), y.view(-1).view(torch.uint8)), f
+
+
+def test_load_rejects_other_files(tmp_path):
+    torch.save({"x": 1}, tmp_path / "x.pt")
+    with pytest.raises(ValueError, match="not a saved pagedattn case"):
+        load_case(tmp_path / "x.pt")
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(case_specs("quick"))
+def test_strategy_draws_valid_cases(spec):
+    case = spec.build()
+    assert case.num_seqs == len(spec.seqs)
+    assert torch.isfinite(paged_attention_reference(case)).all()

@@ -1,0 +1,171 @@
+"""Calibration of the tolerance policy: correct kernels pass, planted bugs fail."""
+
+import pytest
+import torch
+
+from pagedattn.cases import CaseSpec, grid
+from pagedattn.oracle import WARN_FACTOR, attention_error_bound, check_attention, check_bitexact
+from pagedattn.oracle import paged_attention_reference
+from tests.helpers import make_case
+from tests.streamed import PRECISION_BUGS, sdpa_attention, streamed_attention
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+ATTENTION_SPECS = [s for s in grid("quick") if s.family not in ("gather", "cache_write")]
+LONG_SPECS = [
+    CaseSpec("long", ((4096, 1), (2048, 1)), num_heads=8, num_kv_heads=2, head_dim=128, dtype=dt) for dt in DTYPES
+] + [
+    CaseSpec("long", ((4096, 64),), num_heads=4, num_kv_heads=2, head_dim=64, dtype=dt, layout="permuted")
+    for dt in DTYPES
+]
+
+CORRECT = {
+    "oracle-rounded": lambda c: paged_attention_reference(c).to(c.dtype),
+    "online-tile16": lambda c: streamed_attention(c, 16),
+    "online-tile64": lambda c: streamed_attention(c, 64),
+    "online-tile128": lambda c: streamed_attention(c, 128),
+    "flash-rounded-weights": lambda c: streamed_attention(c, 64, round_weights=True),
+    "sdpa-gathered": sdpa_attention,
+}
+
+
+@pytest.mark.parametrize("impl", sorted(CORRECT))
+def test_correct_implementations_pass_everywhere(impl):
+    failures = []
+    for spec in ATTENTION_SPECS + LONG_SPECS:
+        case = spec.build()
+        check = check_attention(CORRECT[impl](case), case)
+        if not check.passed or check.warning:
+            failures.append(f"{spec.id}:\n{check}")
+    assert not failures, f"correct implementation {impl} rejected on {len(failures)} cases:\n" + "\n".join(failures)
+
+
+# The fp32 cases a bug must be caught on. A missing rescale changes nothing while the
+# running max stays put (a short history whose max sits in the first tile), so that bug
+# is judged on the long cases, where the max moves.
+FP32_SPECS = [s for s in ATTENTION_SPECS + LONG_SPECS if s.dtype == torch.float32]
+
+
+@pytest.mark.parametrize("bug", PRECISION_BUGS)
+def test_planted_precision_bugs_fail_at_fp32(bug):
+    specs = [s for s in FP32_SPECS if s.family == "long"] if bug == "no_rescale" else FP32_SPECS
+    passed = []
+    for spec in specs:
+        case = spec.build()
+        check = check_attention(streamed_attention(case, 16, bug=bug), case)
+        if check.passed:
+            passed.append(f"{spec.id} (budget {check.budget_used:.3g})")
+        else:
+            text = str(check)
+            assert "worst element: seq" in text and "bound" in text, f"message does not locate the worst element: {text}"
+    assert not passed, f"planted bug {bug!r} passed the policy on: {passed}"
+
+
+def test_a_loose_global_atol_misses_bugs_the_policy_catches():
+    # The habit this policy replaces: one atol/rtol for everything.
+    case = LONG_SPECS[0].build()
+    ref = paged_attention_reference(case)
+    missed = [
+        bug
+        for bug in PRECISION_BUGS
+        if torch.allclose(streamed_attention(case, 16, bug=bug).double(), ref, atol=1e-2, rtol=1e-2)
+    ]
+    assert len(missed) >= 3, f"expected a loose atol to pass several bugs, it passed only {missed}"
+    for bug in missed:
+        assert not check_attention(streamed_attention(case, 16, bug=bug), case).passed, bug
+
+
+def _tf32(x: torch.Tensor) -> torch.Tensor:
+    """Round fp32 to TF32 (10 explicit significand bits), to nearest even."""
+    bits = x.float().view(torch.int32)
+    lsb = (bits >> 13) & 1
+    return ((bits + 0xFFF + lsb) & ~0x1FFF).view(torch.float32)
+
+
+def test_tf32_precision_is_declared_not_silent():
+    case = LONG_SPECS[0].build()
+    tf32_case = case.replace(query=_tf32(case.query), key_cache=_tf32(case.key_cache))
+    out = streamed_attention(tf32_case, 16)
+    assert not check_attention(out, case).passed, "TF32 dots must fail the IEEE fp32 policy"
+    declared = check_attention(out, case, precision="tf32")
+    assert declared.passed and "tf32" in str(declared), str(declared)
+
+
+def test_bands_and_counts():
+    # float64 in and out, so that placing the output at a fraction of the bound is exact
+    case = make_case([(9, 4), (5, 1)], num_heads=2, num_kv_heads=1, head_dim=8, block_size=2)
+    ref, bound = attention_error_bound(case)
+    inside = check_attention((ref + 0.9 * bound).to(case.dtype), case)
+    assert inside.passed and not inside.warning, str(inside)
+    warn = check_attention((ref + 0.5 * (1 + WARN_FACTOR) * bound).to(case.dtype), case)
+    assert warn.passed and warn.warning and warn.status == "warned", str(warn)
+    bad = ref.clone()
+    bad[2, 1, 5] += 10 * float(bound[3, 1, 5])
+    fail = check_attention(bad.to(case.dtype), case)
+    assert not fail.passed and fail.num_over == 1, str(fail)
+    assert (fail.worst_token, fail.worst_head, fail.worst_channel) == (2, 1, 5), str(fail)
+    assert fail.worst_seq == 0 and fail.worst_position == case.context_lens[0] + 2
+
+
+def test_nonfinite_output_always_fails():
+    case = ATTENTION_SPECS[0].build()
+    out = paged_attention_reference(case).to(case.dtype)
+    out[0, 0, 0] = float("nan")
+    check = check_attention(out, case)
+    assert not check.passed and check.num_nonfinite == 1 and "non-finite" in str(check), str(check)
+
+
+@pytest.mark.parametrize(
+    "mutate, text",
+    [
+        (lambda o: o[:-1], "shape"),
+        (lambda o: o.double(), "dtype"),
+        (lambda o: o.to("meta"), "device"),
+        (lambda o: o.tolist(), "torch.Tensor"),
+    ],
+    ids=["shape", "dtype", "device", "type"],
+)
+def test_structural_problems_are_named(mutate, text):
+    case = ATTENTION_SPECS[0].build()
+    check = check_attention(mutate(paged_attention_reference(case).to(case.dtype)), case)
+    assert not check.passed and text in check.problem and text in str(check), str(check)
+
+
+def test_tolerance_factor_scales_the_bound_and_shows():
+    case = ATTENTION_SPECS[0].build()
+    ref, bound = attention_error_bound(case)
+    out = (ref + 3 * bound).to(torch.float64)
+    out = out.to(case.dtype)
+    assert not check_attention(out, case).passed
+    loose = check_attention(out, case, tolerance_factor=4.0)
+    assert loose.passed and "x4" in str(loose), str(loose)
+
+
+def test_bound_floor_for_subnormals():
+    case = CaseSpec("t", ((5, 1),), dtype=torch.float16, head_dim=16).build()
+    zero_v = case.replace(value_cache=torch.zeros_like(case.value_cache))
+    _, bound = attention_error_bound(zero_v)
+    assert float(bound.min()) == pytest.approx(0.5 * 2.0**-24), "fp16 floor is half the smallest subnormal"
+    assert check_attention(torch.zeros(case.num_tokens, 4, 16, dtype=torch.float16), zero_v).passed
+
+
+# -------------------------------------------------------------------- bit-exact
+def test_bitexact_sees_nan_payloads_and_names_first_slot():
+    pool = torch.randn(10, 3, 2)
+    out = pool.clone()
+    assert check_bitexact(out, pool).passed
+    a = pool.clone()
+    a[4, 1, 0] = float("nan")
+    b = a.clone()
+    b.view(torch.int32)[4, 1, 0] ^= 1  # another NaN payload: equal as floats, not as bits
+    check = check_bitexact(b, a, "gather")
+    assert not check.passed and check.first_index == (4, 1, 0) and check.num_different == 1
+    assert "slot 4" in str(check) and "bits 0x" in str(check), str(check)
+
+
+def test_bitexact_sees_negative_zero_and_structure():
+    a = torch.zeros(4, 2, dtype=torch.bfloat16)
+    b = a.clone()
+    b[2, 1] = -0.0
+    assert not check_bitexact(b, a).passed
+    assert "shape" in check_bitexact(a[:3], a).problem
+    assert "dtype" in check_bitexact(a.float(), a).problem
