@@ -33,7 +33,11 @@ def _bad(good, **changes):
 BAD = {
     "query-rank": (lambda g: _bad(g, query=g["query"][0]), "query", "rank 3"),
     "key-rank": (lambda g: _bad(g, key_cache=g["key_cache"][0]), "key_cache", "rank 4"),
-    "value-shape": (lambda g: _bad(g, value_cache=g["value_cache"][:, :1]), "value_cache", "must equal key_cache shape"),
+    "value-shape": (
+        lambda g: _bad(g, value_cache=g["value_cache"][:, :1]),
+        "value_cache",
+        "must equal key_cache shape",
+    ),
     "value-dtype": (lambda g: _bad(g, value_cache=g["value_cache"].float()), "value_cache", "dtype"),
     "head-dim": (lambda g: _bad(g, query=g["query"][..., :3]), "key_cache", "head_dim 4 must equal query head_dim 3"),
     "gqa": (lambda g: _bad(g, query=g["query"][:, :3]), "query", "multiple of num_kv_heads 2"),

@@ -41,8 +41,9 @@ def test_profiles_nest_and_ids_are_unique(profile):
 
 
 def test_ids_read_like_sentences():
-    spec = CaseSpec("decode", ((37, 1), (5, 1)), num_heads=8, num_kv_heads=2, head_dim=80, block_size=13,
-                    dtype=torch.bfloat16)
+    spec = CaseSpec(
+        "decode", ((37, 1), (5, 1)), num_heads=8, num_kv_heads=2, head_dim=80, block_size=13, dtype=torch.bfloat16
+    )
     assert spec.id == "decode-gqa4-bs13-d80-bf16-L37-B2"
 
 
@@ -50,8 +51,9 @@ def test_build_is_deterministic():
     for spec in QUICK[::7]:
         a, b = spec.build(), spec.build()
         for f in ("query", "key_cache", "value_cache", "block_tables"):
-            assert torch.equal(getattr(a, f).view(torch.uint8) if False else getattr(a, f).nan_to_num(0),
-                               getattr(b, f).nan_to_num(0)), (spec.id, f)
+            assert torch.equal(
+                getattr(a, f).view(torch.uint8) if False else getattr(a, f).nan_to_num(0), getattr(b, f).nan_to_num(0)
+            ), (spec.id, f)
         c = spec.build(seed=1)
         assert not torch.equal(a.query, c.query), "another seed must draw other data"
 
@@ -88,7 +90,7 @@ def test_poison_is_where_nothing_may_read():
     for spec in QUICK:
         case = spec.build()
         used = {x for row in _used_blocks(case) for x in row}
-        pad = {int(x) for b in range(case.num_seqs) for x in case.block_tables[b, case.num_blocks_used(b):]}
+        pad = {int(x) for b in range(case.num_seqs) for x in case.block_tables[b, case.num_blocks_used(b) :]}
         assert pad and not (pad & used), f"{spec.id}: padding entries must point at unused blocks"
         for blk in pad:
             assert torch.isnan(case.key_cache[blk].float()).all() and torch.isnan(case.value_cache[blk].float()).all()

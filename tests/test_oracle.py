@@ -20,10 +20,19 @@ MIXED = [
     CaseSpec("t", ((9, 1), (12, 5), (7, 7)), num_heads=4, num_kv_heads=1, head_dim=80, block_size=3),
     CaseSpec("t", ((5, 1), (6, 6), (11, 4)), num_heads=6, num_kv_heads=2, head_dim=16, block_size=1),
     CaseSpec("t", ((13, 2), (10, 10)), num_heads=4, num_kv_heads=4, head_dim=8, block_size=3, layout="permuted"),
-    CaseSpec("t", ((16, 1), (13, 3)), num_heads=2, num_kv_heads=2, head_dim=8, block_size=4, layout="shared",
-             shared_blocks=3),
-    CaseSpec("t", ((14, 3), (9, 9), (3, 1)), num_heads=8, num_kv_heads=2, head_dim=80, block_size=3,
-             layout="interleaved", scale=0.37),
+    CaseSpec(
+        "t", ((16, 1), (13, 3)), num_heads=2, num_kv_heads=2, head_dim=8, block_size=4, layout="shared", shared_blocks=3
+    ),
+    CaseSpec(
+        "t",
+        ((14, 3), (9, 9), (3, 1)),
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=80,
+        block_size=3,
+        layout="interleaved",
+        scale=0.37,
+    ),
 ]
 
 

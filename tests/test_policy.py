@@ -4,8 +4,13 @@ import pytest
 import torch
 
 from pagedattn.cases import CaseSpec, grid
-from pagedattn.oracle import WARN_FACTOR, attention_error_bound, check_attention, check_bitexact
-from pagedattn.oracle import paged_attention_reference
+from pagedattn.oracle import (
+    WARN_FACTOR,
+    attention_error_bound,
+    check_attention,
+    check_bitexact,
+    paged_attention_reference,
+)
 from tests.helpers import make_case
 from tests.streamed import PRECISION_BUGS, sdpa_attention, streamed_attention
 
@@ -56,7 +61,9 @@ def test_planted_precision_bugs_fail_at_fp32(bug):
             passed.append(f"{spec.id} (budget {check.budget_used:.3g})")
         else:
             text = str(check)
-            assert "worst element: seq" in text and "bound" in text, f"message does not locate the worst element: {text}"
+            assert "worst element: seq" in text and "bound" in text, (
+                f"message does not locate the worst element: {text}"
+            )
     assert not passed, f"planted bug {bug!r} passed the policy on: {passed}"
 
 

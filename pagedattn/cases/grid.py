@@ -87,12 +87,12 @@ def _layout(profile: str) -> list[CaseSpec]:
     for dt in DTYPES:
         for layout in ("permuted", "interleaved"):
             out.append(CaseSpec("layout", ((40, 1), (35, 9), (20, 20)), block_size=4, layout=layout, dtype=dt))
-        out.append(
-            CaseSpec("layout", ((40, 1), (37, 5)), block_size=8, layout="shared", shared_blocks=3, dtype=dt)
-        )
+        out.append(CaseSpec("layout", ((40, 1), (37, 5)), block_size=8, layout="shared", shared_blocks=3, dtype=dt))
     for bs in BLOCK_SIZES:
         for dt in (F32, F16) if bs in (1, 13) else (BF16,):
-            out.append(CaseSpec("layout", ((3 * bs + 1, 1), (2 * bs + 3, 3)), block_size=bs, layout="permuted", dtype=dt))
+            out.append(
+                CaseSpec("layout", ((3 * bs + 1, 1), (2 * bs + 3, 3)), block_size=bs, layout="permuted", dtype=dt)
+            )
     for dt in DTYPES:  # history ending exactly on a block boundary, and one past it
         out.append(CaseSpec("layout", ((32, 1), (48, 4)), block_size=16, dtype=dt, tag="boundary"))
         out.append(CaseSpec("layout", ((33, 1), (49, 4)), block_size=16, dtype=dt, tag="boundary+1"))

@@ -222,9 +222,7 @@ def _validate(case: PagedCase) -> None:
     if case.block_tables.shape[0] != B:
         raise _fail("block_tables", f"has {case.block_tables.shape[0]} rows, seq_lens has {B} sequences")
     if case.query_start_loc.shape[0] != B + 1:
-        raise _fail(
-            "query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {case.query_start_loc.shape[0]}"
-        )
+        raise _fail("query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {case.query_start_loc.shape[0]}")
     if case.scale is not None:
         s = float(case.scale)
         if not (s > 0.0 and s < float("inf")):
@@ -251,8 +249,7 @@ def _validate(case: PagedCase) -> None:
         if need > M:
             raise _fail(
                 "block_tables",
-                f"sequence {b} needs {need} blocks for seq_len {s_b} at block_size {bs}, "
-                f"but the table has {M} columns",
+                f"sequence {b} needs {need} blocks for seq_len {s_b} at block_size {bs}, but the table has {M} columns",
             )
         used = tables[b, :need]
         bad = (used < 0) | (used >= N)

@@ -194,8 +194,7 @@ class AttentionCheck:
             return f"attention output rejected: {self.problem}\n  case: {self.case_summary}"
         head = {
             "passed": "attention within the error bound",
-            "warned": "attention in the warning band (above the bound, within "
-            f"{WARN_FACTOR:g}x of it)",
+            "warned": f"attention in the warning band (above the bound, within {WARN_FACTOR:g}x of it)",
             "failed": "attention outside the error bound",
         }[self.status]
         lines = [
@@ -333,7 +332,9 @@ class BitCheck:
 
 
 def _fmt(t: torch.Tensor) -> str:
-    return f"{float(t)!r} (bits 0x{int(_bits(t.reshape(1))[0]) & ((1 << (8 * t.element_size())) - 1):0{2 * t.element_size()}x})"
+    width = t.element_size()
+    bits = int(_bits(t.reshape(1))[0]) & ((1 << (8 * width)) - 1)
+    return f"{float(t)!r} (bits 0x{bits:0{2 * width}x})"
 
 
 def check_bitexact(output: torch.Tensor, expected: torch.Tensor, what: str = "gather") -> BitCheck:

@@ -1,0 +1,29 @@
+"""Properties no anchor checks together: determinism, batch invariance, placement
+invariance, input immutability, poisoned padding, and a fully written ``out=``."""
+
+import pytest
+
+from pagedattn.cases import grid
+
+FAMILY = "properties"
+
+
+def SPECS(profile):
+    """Per dtype: the mixed batch (decode + continuation + prefill, permuted blocks) and
+    the shared-prefix layout case; they exercise every property at once."""
+    return [s for s in grid(profile) if s.family == "mixed" or (s.family == "layout" and s.layout == "shared")]
+
+
+PROPERTIES = [
+    "determinism",
+    "batch_invariance",
+    "placement_invariance",
+    "immutability",
+    "poisoned_padding",
+    "out_argument",
+]
+
+
+@pytest.mark.parametrize("prop", PROPERTIES)
+def test_property(pagedattn_suite, conformance_spec, prop, request):
+    getattr(pagedattn_suite, prop)(request.node, conformance_spec)

@@ -1,0 +1,99 @@
+"""Find and load a backend from ``--backend=...``.
+
+Three routes: an entry-point name in the ``pagedattn.backends`` group; a module
+path ``package.module:attr``; a file ``path/to/file.py:attr``. ``attr`` may be a
+backend instance, a class, or a zero-argument factory.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+from importlib.metadata import EntryPoint, entry_points
+
+from pagedattn.adapters.protocol import Capabilities
+
+GROUP = "pagedattn.backends"
+
+
+class BackendLoadError(Exception):
+    """``--backend`` names nothing loadable; the message says why and what exists."""
+
+
+def available_backends() -> dict[str, EntryPoint]:
+    """Entry points of the ``pagedattn.backends`` group, by name."""
+    return {ep.name: ep for ep in entry_points(group=GROUP)}
+
+
+def _cause(exc: BaseException) -> str:
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+
+
+def _import_file(path: str):
+    name = "pagedattn_adapter_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise BackendLoadError(f"--backend: cannot import {path!r} as a Python file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _instantiate(obj, where: str):
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "paged_attention")):
+        try:
+            obj = obj()
+        except Exception as exc:
+            raise BackendLoadError(f"--backend={where}: constructing the backend failed:\n{_cause(exc)}") from exc
+    missing = [a for a in ("name", "capabilities", "paged_attention") if not hasattr(obj, a)]
+    if missing:
+        raise BackendLoadError(
+            f"--backend={where}: {type(obj).__name__} is not a backend: missing {', '.join(missing)} "
+            "(see pagedattn.Backend)"
+        )
+    if not isinstance(obj.capabilities, Capabilities):
+        raise BackendLoadError(
+            f"--backend={where}: capabilities must be a pagedattn.Capabilities, got {type(obj.capabilities).__name__}"
+        )
+    if not callable(obj.paged_attention):
+        raise BackendLoadError(f"--backend={where}: paged_attention is not callable")
+    return obj
+
+
+def load_backend(spec: str):
+    """The backend named by ``spec`` (see module docstring). Raises ``BackendLoadError``
+    with the cause (an import failure's traceback, or the list of known names)."""
+    if ":" in spec:
+        where, attr = spec.rsplit(":", 1)
+        try:
+            if where.endswith(".py") or os.sep in where or "/" in where:
+                if not os.path.exists(where):
+                    raise BackendLoadError(f"--backend={spec}: file {where!r} does not exist")
+                module = _import_file(where)
+            else:
+                module = importlib.import_module(where)
+        except BackendLoadError:
+            raise
+        except Exception as exc:
+            raise BackendLoadError(f"--backend={spec}: importing {where!r} failed:\n{_cause(exc)}") from exc
+        if not hasattr(module, attr):
+            raise BackendLoadError(f"--backend={spec}: {where!r} has no attribute {attr!r}")
+        return _instantiate(getattr(module, attr), spec)
+    known = available_backends()
+    if spec not in known:
+        names = ", ".join(sorted(known)) or "(none installed)"
+        raise BackendLoadError(
+            f"--backend={spec}: unknown backend. Available: {names}. "
+            "Or give package.module:attr or path/to/file.py:attr."
+        )
+    try:
+        obj = known[spec].load()
+    except Exception as exc:
+        raise BackendLoadError(
+            f"--backend={spec}: loading entry point {known[spec].value!r} failed:\n{_cause(exc)}"
+        ) from exc
+    return _instantiate(obj, spec)

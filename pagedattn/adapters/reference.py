@@ -1,0 +1,37 @@
+"""The ``reference`` backend: the float64 oracle rounded to the query dtype."""
+
+from __future__ import annotations
+
+import torch
+
+from pagedattn._version import __version__
+from pagedattn.adapters.protocol import Capabilities
+from pagedattn.oracle import PagedCase, paged_attention_reference, paged_gather
+
+
+def write_cache_by_indexing(pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor) -> None:
+    """``pool.view(-1, ...)[slot] = new[i]`` for every ``slot >= 0``, in place.
+
+    pool: ``[num_blocks, block_size, num_kv_heads, head_dim]``; slot_mapping: ``[n]``
+    integer; new: ``[n, num_kv_heads, head_dim]``, same dtype as ``pool``.
+    """
+    keep = slot_mapping >= 0
+    flat = pool.view(pool.shape[0] * pool.shape[1], *pool.shape[2:])
+    flat[slot_mapping[keep].to(torch.int64)] = new[keep]
+
+
+class ReferenceBackend:
+    """The oracle itself, rounded once to the output dtype: the suite's sanity anchor."""
+
+    name = "reference"
+    version = __version__
+    capabilities = Capabilities(operations=frozenset({"attention", "gather", "write_cache"}))
+
+    def paged_attention(self, case: PagedCase) -> torch.Tensor:
+        return paged_attention_reference(case).to(case.dtype)
+
+    def gather(self, pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        return paged_gather(pool, slot_mapping)
+
+    def write_cache(self, pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor) -> None:
+        write_cache_by_indexing(pool, slot_mapping, new)

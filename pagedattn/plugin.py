@@ -1,0 +1,294 @@
+"""The pytest plugin: ``--backend`` and friends, case parametrization, reports.
+
+Registered through the ``pytest11`` entry point (``-p pagedattn.plugin`` from a
+checkout without an install). It does nothing unless a test asks for the
+``conformance_spec`` fixture or ``--backend`` is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagedattn._version import __version__
+from pagedattn.adapters.loading import BackendLoadError, available_backends, load_backend
+from pagedattn.cases import PROFILES, grid, load_case
+from pagedattn.suite import RECORD_KEY, Suite
+
+SUITE_KEY = pytest.StashKey["Suite | None"]()
+RESULTS_KEY = pytest.StashKey[list]()
+SUITE_DIR = str(Path(__file__).resolve().parent.parent / "conformance")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("pagedattn", "paged-attention conformance")
+    group.addoption(
+        "--backend",
+        default=None,
+        help="backend under test: an entry-point name (pagedattn.backends), package.module:attr, "
+        "or path/to/file.py:attr",
+    )
+    group.addoption("--device", default=None, help="cuda when available, else cpu")
+    group.addoption("--profile", default="quick", choices=PROFILES, help="case grid profile (default quick)")
+    group.addoption("--report-json", default=None, metavar="PATH", help="write a JSON report here")
+    group.addoption("--replay", default=None, metavar="FILE", help="run only the case saved in FILE")
+    group.addoption(
+        "--replay-dir",
+        default=os.path.join(".pagedattn", "failures"),
+        metavar="DIR",
+        help="where failing cases are saved for replay (default .pagedattn/failures)",
+    )
+
+
+def _triton_version() -> str:
+    try:
+        import triton
+
+        return triton.__version__
+    except Exception:
+        return "not installed"
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return device
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[RESULTS_KEY] = []
+    config.stash[SUITE_KEY] = None
+    config._pagedattn_start = time.time()  # type: ignore[attr-defined]
+    config.pluginmanager.register(_Recorder(config), "pagedattn-recorder")
+    spec = config.getoption("--backend")
+    if not spec:
+        return
+    device = config.getoption("--device") or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise pytest.UsageError(f"--device={device}: torch sees no CUDA device here")
+    worker = getattr(config, "workerinput", None)
+    if worker is not None and device == "cuda" and torch.cuda.device_count() > 1:
+        # one GPU per pytest-xdist worker: gw0 -> cuda:0, gw1 -> cuda:1, ...
+        device = f"cuda:{int(worker['workerid'][2:]) % torch.cuda.device_count()}"
+    try:
+        backend = load_backend(spec)
+    except BackendLoadError as exc:
+        raise pytest.UsageError(str(exc)) from None
+    extra = [f"--profile={config.getoption('--profile')}"]
+    config.stash[SUITE_KEY] = Suite(
+        backend=backend,
+        backend_spec=spec,
+        device=device,
+        profile=config.getoption("--profile"),
+        replay_dir=os.path.abspath(config.getoption("--replay-dir")),
+        suite_path=os.path.relpath(SUITE_DIR) if not os.path.relpath(SUITE_DIR).startswith("..") else SUITE_DIR,
+        extra_args=extra,
+    )
+
+
+def _target(suite: Suite) -> str:
+    return str(getattr(suite.backend, "target", None) or f"{suite.backend.name} ({suite.device})")
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    suite = config.stash.get(SUITE_KEY, None)
+    if suite is None:
+        return []
+    caps = suite.caps
+    lines = [
+        f"pagedattn {__version__}: backend {suite.backend.name} {getattr(suite.backend, 'version', '') or ''}".rstrip(),
+        f"  runs on: {_target(suite)}; device {_device_name(suite.device)}; profile {suite.profile}",
+        f"  torch {torch.__version__}, triton {_triton_version()}, python {platform.python_version()}",
+        f"  policy: fp32 dot precision {caps.fp32_precision}"
+        + (f", tolerance x{caps.tolerance_factor:g} (backend override)" if caps.tolerance_factor != 1.0 else ""),
+    ]
+    for key, note in caps.notes.items():
+        lines.append(f"  narrowed {key}: {note}")
+    return lines
+
+
+@pytest.fixture
+def pagedattn_suite(request: pytest.FixtureRequest) -> Suite:
+    """The run's ``Suite`` (backend, device, profile)."""
+    suite = request.config.stash.get(SUITE_KEY, None)
+    if suite is None:
+        raise pytest.UsageError(_need_backend())
+    return suite
+
+
+def _need_backend() -> str:
+    names = ", ".join(sorted(available_backends())) or "(none installed)"
+    return f"the conformance suite needs --backend=NAME (available: {names}), package.module:attr or file.py:attr"
+
+
+class _ReplaySpec:
+    """A saved case posing as a grid spec."""
+
+    def __init__(self, path: str):
+        self.path = path
+        case, self.meta = load_case(path)
+        self.family = self.meta.get("family", "replay")
+        self.id = "replay-" + self.meta.get("id", os.path.basename(path))
+        self.operation = self.meta.get("operation", "attention")
+        self._case = case
+
+    def build(self, seed: int = 0):
+        return self._case.clone()
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "conformance_spec" not in metafunc.fixturenames:
+        return
+    config = metafunc.config
+    suite = config.stash.get(SUITE_KEY, None)
+    if suite is None:
+        # reported once, for the whole run, in pytest_collection_modifyitems
+        metafunc.parametrize("conformance_spec", [None], ids=["no-backend"])
+        return
+    family = metafunc.module.FAMILY
+    replay = config.getoption("--replay")
+    if replay:
+        spec = _ReplaySpec(replay)
+        wanted = spec.family == family and getattr(metafunc.module, "REPLAYABLE", True)
+        specs = [spec] if wanted else []
+    else:
+        source = getattr(metafunc.module, "SPECS", None)
+        specs = source(suite.profile) if callable(source) else grid(suite.profile, family)
+    metafunc.parametrize("conformance_spec", specs, ids=[s.id for s in specs])
+
+
+def _spec_of(item: pytest.Item):
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("conformance_spec") if callspec else None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.stash.get(SUITE_KEY, None) is None:
+        if any(getattr(i, "callspec", None) and "conformance_spec" in i.callspec.params for i in items):
+            raise pytest.UsageError(_need_backend())
+        return
+    if not config.getoption("--replay"):
+        return
+    keep = [i for i in items if isinstance(_spec_of(i), _ReplaySpec)]
+    dropped = [i for i in items if i not in keep]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = keep
+
+
+# ------------------------------------------------------------------ results
+class _Recorder:
+    """Collects each case's record from the test reports (on the xdist controller too,
+    where the reports arrive from the workers)."""
+
+    def __init__(self, config: pytest.Config):
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        props = dict(report.user_properties).get(RECORD_KEY)
+        if props is None:
+            return
+        if not (report.when == "call" or (report.when == "setup" and not report.passed)):
+            return
+        rec = dict(props)
+        if report.failed:
+            # the backend raised, or the judgement failed: the report decides
+            rec["status"] = "failed"
+            rec.setdefault("message", str(report.longrepr)[-2000:] if report.longrepr else "")
+        rec["nodeid"] = report.nodeid
+        rec["duration_s"] = round(report.duration, 4)
+        self.config.stash[RESULTS_KEY].append(rec)
+
+
+STATUSES = ("passed", "failed", "warned", "unsupported")
+
+
+def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
+    """``{(family, dtype): {passed, failed, warned, unsupported, worst_budget}}``."""
+    table: dict[tuple[str, str], dict] = {}
+    for r in results:
+        row = table.setdefault((r["family"], r["dtype"]), {s: 0 for s in STATUSES} | {"worst_budget": None})
+        status = r["status"] if r["status"] in STATUSES else "failed"
+        row[status] += 1
+        budget = (r.get("metrics") or {}).get("budget_used")
+        if isinstance(budget, (int, float)):
+            row["worst_budget"] = budget if row["worst_budget"] is None else max(row["worst_budget"], budget)
+        elif isinstance(budget, str):  # inf
+            row["worst_budget"] = float("inf")
+    return table
+
+
+def format_table(table: dict[tuple[str, str], dict]) -> list[str]:
+    head = f"{'family':<14}{'dtype':<7}{'passed':>8}{'failed':>8}{'warned':>8}{'unsupported':>13}{'worst budget':>14}"
+    lines = [head, "-" * len(head)]
+    for (family, dtype), row in sorted(table.items()):
+        wb = row["worst_budget"]
+        wb_s = "-" if wb is None else f"{wb:.3g}"
+        lines.append(
+            f"{family:<14}{dtype:<7}{row['passed']:>8}{row['failed']:>8}{row['warned']:>8}"
+            f"{row['unsupported']:>13}{wb_s:>14}"
+        )
+    return lines
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    suite = config.stash.get(SUITE_KEY, None)
+    results = config.stash.get(RESULTS_KEY, [])
+    if suite is None or not results:
+        return
+    tr = terminalreporter
+    tr.write_sep("=", f"pagedattn conformance: {suite.backend.name} on {_target(suite)}")
+    for line in format_table(summarize(results)):
+        tr.write_line(line)
+    unsupported = sorted({r.get("reason", "") for r in results if r["status"] == "unsupported"})
+    for reason in unsupported:
+        tr.write_line(f"unsupported: {reason}")
+    path = config.getoption("--report-json")
+    if path:
+        tr.write_line(f"JSON report: {path}")
+
+
+def build_report(config: pytest.Config, exitstatus: int) -> dict:
+    suite = config.stash.get(SUITE_KEY, None)
+    results = config.stash.get(RESULTS_KEY, [])
+    table = summarize(results)
+    return {
+        "schema": "pagedattn-report/1",
+        "suite_version": __version__,
+        "exit_status": int(exitstatus),
+        "duration_s": round(time.time() - getattr(config, "_pagedattn_start", time.time()), 3),
+        "target": {
+            "backend": suite.backend.name if suite else None,
+            "backend_spec": suite.backend_spec if suite else None,
+            "backend_version": str(getattr(suite.backend, "version", "") or "") if suite else None,
+            "runs_on": _target(suite) if suite else None,
+            "device": _device_name(suite.device) if suite else None,
+            "profile": suite.profile if suite else None,
+            "torch": torch.__version__,
+            "triton": _triton_version(),
+            "python": platform.python_version(),
+            "capabilities": suite.caps.describe() if suite else None,
+        },
+        "summary": [
+            {"family": f, "dtype": d, **{k: (v if v != float("inf") else "inf") for k, v in row.items()}}
+            for (f, d), row in sorted(table.items())
+        ],
+        "cases": results,
+    }
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if hasattr(config, "workerinput"):
+        return  # the controller writes the report
+    path = config.getoption("--report-json", None)
+    if path and config.stash.get(SUITE_KEY, None) is not None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(build_report(config, exitstatus), f, indent=1)
