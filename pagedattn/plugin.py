@@ -73,6 +73,9 @@ def pytest_configure(config: pytest.Config) -> None:
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise pytest.UsageError(f"--device={device}: torch sees no CUDA device here")
     worker = getattr(config, "workerinput", None)
+    if worker is not None and not device.startswith("cuda"):
+        # one core per xdist worker: intra-op threads of several workers spin against each other
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1))))
     if worker is not None and device == "cuda" and torch.cuda.device_count() > 1:
         # one GPU per pytest-xdist worker: gw0 -> cuda:0, gw1 -> cuda:1, ...
         device = f"cuda:{int(worker['workerid'][2:]) % torch.cuda.device_count()}"

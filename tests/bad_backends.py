@@ -1,0 +1,81 @@
+"""Deliberately wrong backends, one broken property each, for testing the suite itself."""
+
+import torch
+
+from pagedattn import Capabilities, paged_attention_reference
+
+
+def _nudge(out: torch.Tensor, ulps: int) -> torch.Tensor:
+    """``out`` with its first element moved by ``ulps`` units in the last place."""
+    out = out.clone()
+    bits = out.view({2: torch.int16, 4: torch.int32}[out.element_size()])
+    bits.view(-1)[0] += ulps
+    return out
+
+
+class Correct:
+    name = "correct"
+    capabilities = Capabilities()
+
+    def paged_attention(self, case):
+        return paged_attention_reference(case).to(case.dtype)
+
+
+class WrongScale(Correct):
+    name = "wrong-scale"
+
+    def paged_attention(self, case):
+        return paged_attention_reference(case.replace(scale=case.scale * 1.01)).to(case.dtype)
+
+
+class Nondeterministic(Correct):
+    calls = 0
+
+    def paged_attention(self, case):
+        Nondeterministic.calls += 1
+        return _nudge(super().paged_attention(case), Nondeterministic.calls % 2)
+
+
+class BatchDependent(Correct):
+    def paged_attention(self, case):
+        return _nudge(super().paged_attention(case), int(case.num_seqs > 1))
+
+
+class PlacementDependent(Correct):
+    def paged_attention(self, case):
+        return _nudge(super().paged_attention(case), int(case.block_tables[0, 0]) % 3 + 1)
+
+
+class Mutating(Correct):
+    def paged_attention(self, case):
+        out = super().paged_attention(case)
+        case.key_cache[int(case.block_tables[0, 0]), 0] = 0  # "writes the new token's K"
+        return out
+
+
+class ReadsPadding(Correct):
+    def paged_attention(self, case):
+        pad = case.key_cache[int(case.block_tables[0, -1])].float().sum()  # past the last block: poison
+        return (super().paged_attention(case).double() + 0.0 * pad).to(case.dtype)
+
+
+class PartlyWritesOut(Correct):
+    def paged_attention(self, case, out=None):
+        result = super().paged_attention(case)
+        if out is None:
+            return result
+        out[:-1] = result[:-1]  # forgets the last token
+        return out
+
+
+class Raises(Correct):
+    def paged_attention(self, case):
+        raise RuntimeError("kernel launch failed: too many resources requested")
+
+
+def factory():
+    return Correct()
+
+
+instance = Correct()
+not_a_backend = object()

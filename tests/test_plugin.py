@@ -1,0 +1,145 @@
+"""The pytest plugin, run with pytester: loading routes, errors, properties, replay, reports."""
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+HERE = Path(__file__).parent
+DECODE = "pagedattn.conformance.test_decode"
+PROPS = "pagedattn.conformance.test_properties"
+
+
+@pytest.fixture
+def bad(pytester):
+    shutil.copy(HERE / "bad_backends.py", pytester.path / "bad_backends.py")
+    return str(pytester.path / "bad_backends.py")
+
+
+def _run(pytester, *args):
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", *args)
+
+
+@pytest.mark.parametrize("route", ["entry", "module-class", "file-instance", "file-class", "file-factory"])
+def test_every_loading_route_runs_the_suite(pytester, bad, route):
+    backend = {
+        "entry": "reference",
+        "module-class": "bad_backends:Correct",
+        "file-instance": f"{bad}:instance",
+        "file-class": f"{bad}:Correct",
+        "file-factory": f"{bad}:factory",
+    }[route]
+    pytester.syspathinsert()
+    result = _run(pytester, DECODE, f"--backend={backend}")
+    result.assert_outcomes(passed=10)
+    result.stdout.fnmatch_lines(["*pagedattn conformance*", "*decode*fp32*4*0*0*0*"])
+
+
+def test_header_names_backend_and_versions(pytester):
+    result = _run(pytester, DECODE, "--backend=sdpa")
+    result.stdout.fnmatch_lines(["pagedattn *: backend sdpa torch *", "*runs on: sdpa (cpu)*", "*torch *, triton *"])
+
+
+def test_unknown_backend_lists_the_available_ones(pytester):
+    result = _run(pytester, DECODE, "--backend=nosuch")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*unknown backend. Available: *reference*sdpa*"])
+
+
+def test_broken_import_shows_its_cause(pytester):
+    pytester.makepyfile(broken="import definitely_not_a_module\nB = 1\n")
+    result = _run(pytester, DECODE, f"--backend={pytester.path / 'broken.py'}:B")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*importing*failed*", "*ModuleNotFoundError*definitely_not_a_module*"])
+
+
+def test_not_a_backend_is_an_error(pytester, bad):
+    result = _run(pytester, DECODE, f"--backend={bad}:not_a_backend")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*is not a backend: missing name, capabilities, paged_attention*"])
+
+
+def test_missing_backend_option_is_a_usage_error(pytester):
+    result = _run(pytester, DECODE)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*needs --backend=NAME*"])
+
+
+@pytest.mark.parametrize(
+    "cls, prop, text",
+    [
+        ("Nondeterministic", "determinism", "the same input twice gave different bits"),
+        ("BatchDependent", "batch_invariance", "alone differs in its bits"),
+        ("PlacementDependent", "placement_invariance", "permuting the physical blocks changed"),
+        ("Mutating", "immutability", "the backend modified key_cache"),
+        ("ReadsPadding", "poisoned_padding", "non-finite where the reference is finite"),
+        ("PartlyWritesOut", "out_argument", "elements of the NaN-filled `out` were never written"),
+    ],
+)
+def test_each_property_catches_its_bug(pytester, bad, cls, prop, text):
+    result = _run(pytester, PROPS, f"--backend={bad}:{cls}", "-k", prop)
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 1, f"{cls} was not caught by {prop}: {outcomes}"
+    result.stdout.fnmatch_lines([f"*{text}*", "*replay: pytest *--replay *"])
+
+
+def test_a_raising_backend_fails_its_cases_and_is_reported(pytester, bad):
+    result = _run(pytester, DECODE, f"--backend={bad}:Raises", "--report-json=r.json")
+    result.assert_outcomes(failed=10)
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert {c["status"] for c in report["cases"]} == {"failed"}
+    assert "too many resources" in report["cases"][0]["message"]
+
+
+def test_replay_reproduces_a_failure(pytester, bad):
+    result = _run(pytester, DECODE, f"--backend={bad}:WrongScale")
+    result.assert_outcomes(failed=10)
+    line = next(l for l in result.stdout.lines if "replay: pytest" in l)
+    path = re.search(r"--replay (\S+)", line).group(1)
+    again = _run(pytester, DECODE, f"--backend={bad}:WrongScale", "--replay", path)
+    again.assert_outcomes(failed=1)
+    fixed = _run(pytester, DECODE, f"--backend={bad}:Correct", "--replay", path)
+    fixed.assert_outcomes(passed=1)
+
+
+def test_json_report_schema(pytester):
+    result = _run(pytester, DECODE, "pagedattn.conformance.test_gather", "--backend=reference", "--report-json=r.json")
+    assert result.ret == 0
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["schema"] == "pagedattn-report/1"
+    assert set(report["target"]) >= {"backend", "backend_version", "runs_on", "device", "torch", "triton", "profile"}
+    assert report["target"]["backend"] == "reference"
+    case = next(c for c in report["cases"] if c["family"] == "decode")
+    assert set(case) >= {"id", "family", "dtype", "status", "metrics", "nodeid"}
+    assert set(case["metrics"]["worst"]) == {
+        "seq",
+        "token",
+        "position",
+        "head",
+        "channel",
+        "value",
+        "reference",
+        "bound",
+    }
+    rows = {(r["family"], r["dtype"]): r for r in report["summary"]}
+    assert rows[("decode", "fp32")]["passed"] == 4 and rows[("gather", "bf16")]["passed"] == 4
+
+
+def test_xdist_gives_the_serial_outcome(pytester):
+    args = (DECODE, "pagedattn.conformance.test_properties", "--backend=reference")
+    serial = _run(pytester, *args, "--report-json=serial.json")
+    parallel = _run(pytester, *args, "-n", "2", "--report-json=par.json")
+    assert serial.ret == parallel.ret == 0
+
+    def outcome(name):
+        report = json.loads((pytester.path / name).read_text())
+        return sorted((c["nodeid"], c["status"]) for c in report["cases"]), report["summary"]
+
+    s_cases, s_summary = outcome("serial.json")
+    p_cases, p_summary = outcome("par.json")
+    assert s_cases == p_cases and len(s_cases) > 20
+    assert s_summary == p_summary
