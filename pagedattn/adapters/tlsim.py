@@ -1,0 +1,36 @@
+"""The ``tlsim`` backend: the tlsim kernels (Triton's programming model in torch)."""
+
+from __future__ import annotations
+
+import torch
+
+from pagedattn._version import __version__
+from pagedattn.adapters.protocol import Capabilities
+from pagedattn.kernels import paged_attention as kernels
+from pagedattn.oracle import PagedCase
+
+
+class TLSimBackend:
+    """Runs the fused streaming kernel, the slot gather and the cache write as tlsim
+    programs, on whatever device the case is on (a Python loop over programs: slow,
+    meant for correctness, not speed)."""
+
+    name = "tlsim"
+    version = __version__
+    capabilities = Capabilities(operations=frozenset({"attention", "gather", "write_cache"}))
+
+    def __init__(self, tile: int = 16):
+        self.tile = tile
+
+    @property
+    def target(self) -> str:
+        return f"tlsim (torch {torch.__version__}, Python-level SPMD loop)"
+
+    def paged_attention(self, case: PagedCase) -> torch.Tensor:
+        return kernels.paged_attention(case, tile=self.tile)
+
+    def gather(self, pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        return kernels.gather_slots(pool, slot_mapping, tile=self.tile)
+
+    def write_cache(self, pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor) -> None:
+        kernels.write_slots(pool, slot_mapping, new, tile=self.tile)

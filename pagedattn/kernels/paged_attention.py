@@ -1,0 +1,227 @@
+"""Paged attention as tlsim programs: the gather, the cache write, and the fused
+streaming kernel that the Triton kernel transcribes.
+
+Each kernel reads like its Triton counterpart: pointers (flat buffers), sizes,
+strides, then meta-parameters in UPPER_CASE. The host wrappers below compute
+every integer that becomes an offset (strides, grid, padded tile sizes).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from pagedattn.kernels import tlsim as tl
+from pagedattn.oracle import PagedCase
+
+
+# --------------------------------------------------------------------- gather
+def _gather_kernel(
+    prog: tl.Program,
+    # pointers
+    pool,
+    table,
+    out,
+    # sizes
+    seq_len: int,
+    # strides (elements)
+    stride_block: int,
+    stride_slot: int,
+    # meta
+    ROW: int,
+    BLOCK_SIZE: int,
+    TILE: int,
+):
+    pos = prog.program_id(0) * TILE + tl.arange(0, TILE)  # [TILE]
+    mask = pos < seq_len  # the ragged last tile
+    blk = tl.load(table, pos // BLOCK_SIZE, mask, 0)
+    src = blk * stride_block + (pos % BLOCK_SIZE) * stride_slot  # [TILE]
+    cols = tl.arange(0, ROW)
+    vals = tl.load(pool, src[:, None] + cols[None, :], mask[:, None])
+    tl.store(out, pos[:, None] * ROW + cols[None, :], vals, mask[:, None])
+
+
+def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, seq_len: int, tile: int = 16) -> torch.Tensor:
+    """One sequence's history read through its block table.
+
+    Args:
+        pool: ``[num_blocks, block_size, num_kv_heads, head_dim]`` any dtype.
+        block_table: ``[max_blocks]`` int32, the sequence's row (padding never read).
+        seq_len: tokens to read.
+        tile: positions per program.
+
+    Returns:
+        ``[seq_len, num_kv_heads, head_dim]``, bit-identical to ``pool[slots]``.
+    """
+    pool = pool.contiguous()
+    N, bs = pool.shape[:2]
+    row = pool[0, 0].numel()
+    out = torch.empty(seq_len, *pool.shape[2:], dtype=pool.dtype, device=pool.device)
+    tl.launch(
+        tl.cdiv(seq_len, tile),
+        _gather_kernel,
+        pool.view(-1),
+        block_table.contiguous().view(-1).to(torch.int64),
+        out.view(-1),
+        seq_len,
+        bs * row,
+        row,
+        ROW=row,
+        BLOCK_SIZE=bs,
+        TILE=tile,
+    )
+    return out
+
+
+def _slots_kernel(prog: tl.Program, pool, slots, rows, n: int, ROW: int, TILE: int, WRITE: bool):
+    i = prog.program_id(0) * TILE + tl.arange(0, TILE)
+    in_range = i < n
+    slot = tl.load(slots, i, in_range, -1)
+    mask = in_range & (slot >= 0)  # slot < 0: skip the row
+    cols = tl.arange(0, ROW)
+    pool_off = slot[:, None] * ROW + cols[None, :]
+    row_off = i[:, None] * ROW + cols[None, :]
+    if WRITE:
+        tl.store(pool, pool_off, tl.load(rows, row_off, mask[:, None]), mask[:, None])
+    else:
+        tl.store(rows, row_off, tl.load(pool, pool_off, mask[:, None]), mask[:, None])
+
+
+def gather_slots(pool: torch.Tensor, slot_mapping: torch.Tensor, tile: int = 16) -> torch.Tensor:
+    """``pool.view(-1, ...)[slot_mapping]``: ``[n, num_kv_heads, head_dim]`` from a
+    ``[num_blocks, block_size, num_kv_heads, head_dim]`` pool."""
+    pool = pool.contiguous()
+    row = pool[0, 0].numel()
+    n = slot_mapping.shape[0]
+    out = torch.empty(n, *pool.shape[2:], dtype=pool.dtype, device=pool.device)
+    tl.launch(tl.cdiv(n, tile), _slots_kernel, pool.view(-1), slot_mapping.to(torch.int64), out.view(-1), n,
+              ROW=row, TILE=tile, WRITE=False)  # fmt: skip
+    return out
+
+
+def write_slots(pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor, tile: int = 16) -> None:
+    """``pool.view(-1, ...)[slot] = new[i]`` for every ``slot >= 0``, in place.
+    pool must be contiguous (it is written through a flat view)."""
+    if not pool.is_contiguous():
+        raise ValueError("write_slots: pool must be contiguous (it is written in place through a flat view)")
+    row = pool[0, 0].numel()
+    n = slot_mapping.shape[0]
+    tl.launch(tl.cdiv(n, tile), _slots_kernel, pool.view(-1), slot_mapping.to(torch.int64),
+              new.contiguous().view(-1), n, ROW=row, TILE=tile, WRITE=True)  # fmt: skip
+
+
+# ----------------------------------------------------------- fused attention
+def _attention_kernel(
+    prog: tl.Program,
+    # pointers (flat buffers)
+    q,
+    k_cache,
+    v_cache,
+    block_tables,
+    seq_lens,
+    query_start_loc,
+    token_seq,
+    out,
+    # sizes
+    scale: float,
+    # strides (elements)
+    stride_qt: int,
+    stride_qh: int,
+    stride_kb: int,
+    stride_ks: int,
+    stride_kh: int,
+    stride_bt: int,
+    stride_ot: int,
+    stride_oh: int,
+    # meta
+    GROUP: int,
+    HEAD_DIM: int,
+    HEAD_DIM_PAD: int,
+    BLOCK_SIZE: int,
+    TILE: int,
+):
+    t = prog.program_id(0)  # query token
+    kv_head = prog.program_id(1)  # all GROUP query heads of this kv head
+    seq = int(tl.load(token_seq, tl.arange(t, t + 1))[0])
+    seq_len = int(tl.load(seq_lens, tl.arange(seq, seq + 1))[0])
+    bounds = tl.load(query_start_loc, tl.arange(seq, seq + 2))
+    q_start, q_len = int(bounds[0]), int(bounds[1] - bounds[0])
+    pos = seq_len - q_len + (t - q_start)  # absolute position: sees keys 0..pos
+    n_keys = pos + 1
+
+    heads = kv_head * GROUP + tl.arange(0, GROUP)  # [G]
+    d = tl.arange(0, HEAD_DIM_PAD)
+    dmask = d < HEAD_DIM  # padded channels
+    q_tile = tl.load(q, t * stride_qt + heads[:, None] * stride_qh + d[None, :], dmask[None, :]).float()  # [G, Dp]
+
+    m = torch.full((GROUP,), float("-inf"), device=q.device)
+    l_sum = torch.zeros(GROUP, device=q.device)
+    acc = torch.zeros(GROUP, HEAD_DIM_PAD, device=q.device)
+    for j0 in range(0, n_keys, TILE):
+        j = j0 + tl.arange(0, TILE)
+        kmask = j < n_keys
+        blk = tl.load(block_tables, seq * stride_bt + j // BLOCK_SIZE, kmask, 0)
+        base = blk * stride_kb + (j % BLOCK_SIZE) * stride_ks + kv_head * stride_kh  # [TILE]
+        both = kmask[:, None] & dmask[None, :]
+        k = tl.load(k_cache, base[:, None] + d[None, :], both).float()  # [TILE, Dp]
+        v = tl.load(v_cache, base[:, None] + d[None, :], both).float()
+        s = (q_tile @ k.T) * scale  # [G, TILE]
+        # a masked load gave zero keys, and a zero key still scores: force them out
+        s = torch.where(kmask[None, :], s, torch.tensor(float("-inf"), device=s.device))
+        m_new = torch.maximum(m, s.amax(dim=1))
+        alpha = torch.exp(m - m_new)  # rescale what was accumulated under the old max
+        p = torch.exp(s - m_new[:, None])
+        l_sum = l_sum * alpha + p.sum(dim=1)
+        acc = acc * alpha[:, None] + p @ v
+        m = m_new
+    result = acc / l_sum[:, None]
+    tl.store(out, t * stride_ot + heads[:, None] * stride_oh + d[None, :], result, dmask[None, :])
+
+
+def token_to_seq(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """``[num_tokens]`` int64: the sequence each packed query row belongs to."""
+    lens = query_start_loc[1:] - query_start_loc[:-1]
+    return torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens.long(), output_size=num_tokens)
+
+
+def paged_attention(case: PagedCase, tile: int = 16) -> torch.Tensor:
+    """The fused streaming kernel over a ragged batch, as tlsim programs.
+
+    One program per (query token, kv head) walks the token's visible history a tile
+    of ``tile`` keys at a time through the block table, with an online softmax in
+    fp32; the full history is never assembled.
+
+    Returns:
+        ``[num_tokens, num_heads, head_dim]`` in the query dtype.
+    """
+    q = case.query.contiguous()
+    k = case.key_cache.contiguous()
+    v = case.value_cache.contiguous()
+    tables = case.block_tables.contiguous()
+    out = torch.empty_like(q)
+    tl.launch(
+        (case.num_tokens, case.num_kv_heads),
+        _attention_kernel,
+        q.view(-1),
+        k.view(-1),
+        v.view(-1),
+        tables.view(-1).to(torch.int64),
+        case.seq_lens.to(torch.int64),
+        case.query_start_loc.to(torch.int64),
+        token_to_seq(case.query_start_loc, case.num_tokens),
+        out.view(-1),
+        case.scale,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        GROUP=case.gqa_ratio,
+        HEAD_DIM=case.head_dim,
+        HEAD_DIM_PAD=tl.next_power_of_2(case.head_dim),
+        BLOCK_SIZE=case.block_size,
+        TILE=tile,
+    )
+    return out
