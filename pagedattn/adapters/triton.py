@@ -1,0 +1,81 @@
+"""The ``triton`` backend: our Triton kernel, on the GPU or under the interpreter.
+
+It never falls back to anything else. Where there is no CUDA device, it switches
+the Triton interpreter on (``TRITON_INTERPRET=1``, which must happen before
+triton is first imported) and says so in the report header.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+import torch
+
+from pagedattn._version import __version__
+from pagedattn.adapters.protocol import Capabilities
+from pagedattn.oracle import PagedCase
+
+INSTALL_HINT = "pip install 'pagedattn-conformance[triton]'  (or: pip install triton)"
+
+
+def _arrange_interpreter() -> bool:
+    """Decide GPU or interpreter before triton is imported; returns True for the interpreter."""
+    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        return False
+    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        raise RuntimeError(
+            "the triton backend needs the Triton interpreter on this machine (no CUDA device), but triton was "
+            "imported before TRITON_INTERPRET=1 could be set; set TRITON_INTERPRET=1 in the environment"
+        )
+    os.environ["TRITON_INTERPRET"] = "1"
+    return True
+
+
+class TritonBackend:
+    """``pagedattn.kernels.triton_paged_attention.paged_attention`` behind the adapter contract."""
+
+    name = "triton"
+
+    def __init__(self) -> None:
+        if importlib.util.find_spec("triton") is None:
+            raise ImportError(f"the triton backend needs Triton, which is not installed: {INSTALL_HINT}")
+        self.interpreter = _arrange_interpreter()
+        import triton
+
+        from pagedattn.kernels import triton_paged_attention as kernel
+
+        self._kernel = kernel
+        self.version = f"pagedattn {__version__}, triton {triton.__version__}"
+        if self.interpreter:
+            self.capabilities = Capabilities(
+                devices=frozenset({"cpu"}),
+                notes={"devices": "Triton interpreter: tensors on the CPU"},
+            )
+        else:
+            self.capabilities = Capabilities(
+                devices=frozenset({"cuda"}),
+                notes={"devices": "compiled Triton: CUDA tensors only (no interpreter fallback)"},
+            )
+
+    @property
+    def target(self) -> str:
+        if self.interpreter:
+            return (
+                "triton (interpreter, cpu; bf16 tiles upcast to fp32 after load, rounded by torch: "
+                "works around triton-lang/triton#11584)"
+            )
+        return f"triton (cuda: {torch.cuda.get_device_name()})"
+
+    def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self._kernel.paged_attention(
+            case.query,
+            case.key_cache,
+            case.value_cache,
+            case.block_tables,
+            case.seq_lens,
+            case.query_start_loc,
+            scale=case.scale,
+            out=out,
+        )
