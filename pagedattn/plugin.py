@@ -7,6 +7,7 @@ checkout without an install). It does nothing unless a test asks for the
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -47,11 +48,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def _triton_version() -> str:
+    # from the metadata: importing triton here would fix TRITON_INTERPRET too early
     try:
-        import triton
-
-        return triton.__version__
-    except Exception:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
         return "not installed"
 
 

@@ -1,72 +1,161 @@
-"""Torch models of real kernels, for calibrating the policy: a streamed online
-softmax with fp32 accumulation (tile size, weight rounding as options) and the
-same loop with one planted precision bug at a time."""
+"""A correct streamed paged-attention kernel in torch, and the same kernel with one
+realistic mistake at a time (``bug=...``), for calibrating the policy and proving
+that the suite catches broken kernels.
+
+The baseline walks each sequence's history a tile of keys at a time, reading every
+key through the block table (``block * block_size + offset`` into the flat pool),
+with an online softmax in fp32, vectorized over the sequence's query rows and heads.
+"""
 
 from __future__ import annotations
 
 import torch
 
-from pagedattn.oracle import PagedCase, gather_history
-from pagedattn.oracle.reference import causal_mask
+from pagedattn import Capabilities
+from pagedattn.oracle import PagedCase
 
+#: Bugs the policy must catch at fp32 by the numbers alone.
 PRECISION_BUGS = ("exp_bf16", "acc_fp16", "query_bf16", "drop_key", "scale_1pct", "no_rescale")
+
+#: Every planted bug, with the mistake it models.
+BUGS = {
+    "no_rescale": "accumulators not rescaled by exp(m_old - m_new) in the online softmax",
+    "tail_unmasked": "decode reads whole blocks: keys past seq_len in the last block are not masked",
+    "wrong_gqa": "query head h reads kv head h % num_kv_heads instead of h // group",
+    "causal_off_by_one": "causal mask j < p instead of j <= p (a token does not see itself)",
+    "causal_ignores_past": "causal mask relative to the new tokens only (top-left aligned)",
+    "scale_ignored": "explicit scale ignored: head_dim ** -0.5 always",
+    "contiguous_blocks": "blocks assumed physically contiguous after the first one",
+    "block_size_16": "block size hard-coded to 16",
+    "one_key_past": "reads one key past the visible history",
+    "last_block_misaddressed": "the last (partial) block read from the previous table entry",
+    "first_seq_len": "the first sequence's length used for every sequence",
+    "exp_bf16": "exponent evaluated in bf16 inside an fp32 kernel",
+    "acc_fp16": "running weighted-V sum kept in fp16",
+    "query_bf16": "query rounded to bf16 before the dot",
+    "drop_key": "the first key of every sequence dropped",
+    "scale_1pct": "scale off by 1%",
+    "nondeterministic": "reduction order differs from call to call (racing split accumulation)",
+    "batch_dependent_order": "tile size (reduction order) chosen from the batch size",
+    "writes_cache": "the kernel writes into the key cache",
+    "partly_unwritten": "the last token's output of each launch left unwritten",
+}
+
+
+def _slots(case: PagedCase, b: int, j: torch.Tensor, bug: str | None) -> torch.Tensor:
+    """Flat pool slot of key positions ``j`` of sequence ``b``, through the block table."""
+    bs = 16 if bug == "block_size_16" else case.block_size
+    table = case.block_tables[b].long()
+    logical = j // bs
+    if bug == "contiguous_blocks":
+        blocks = table[0] + logical
+    elif bug == "last_block_misaddressed":
+        last = case.num_blocks_used(b) - 1
+        blocks = table[torch.where(logical == last, (logical - 1).clamp_min(0), logical)]
+    else:
+        blocks = table[logical.clamp(max=table.shape[0] - 1)]
+    return (blocks * bs + j % bs).clamp(0, case.num_blocks * case.block_size - 1)
 
 
 def streamed_attention(
-    case: PagedCase, tile: int = 16, round_weights: bool = False, bug: str | None = None
+    case: PagedCase,
+    tile: int = 16,
+    round_weights: bool = False,
+    bug: str | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[T, Hq, D]`` in the query dtype: online softmax over key tiles of ``tile`` keys,
-    all arithmetic in fp32; ``round_weights`` rounds ``p`` to the input dtype before the
-    weighted-V product, as flash-style kernels do."""
-    out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=case.dtype)
+    """``[T, Hq, D]`` in the query dtype. ``round_weights`` rounds ``p`` to the input dtype
+    before the weighted-V product, as flash-style kernels do (legitimate)."""
+    if bug is not None and bug not in BUGS:
+        raise ValueError(f"unknown bug {bug!r}")
+    if bug == "batch_dependent_order":
+        tile = tile if case.num_seqs == 1 else max(1, tile // 2)
+    if out is None:
+        out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=case.dtype, device=case.device)
+    dev = case.device
     loc = case.query_start_loc.tolist()
-    scale = case.scale * (1.01 if bug == "scale_1pct" else 1.0)
-    for b, L in enumerate(case.seq_lens_list):
-        k, v = gather_history(case, b)
-        k = k.float().repeat_interleave(case.gqa_ratio, 1).transpose(0, 1)  # [Hq, L, D]
-        v = v.float().repeat_interleave(case.gqa_ratio, 1).transpose(0, 1)
+    lens = case.seq_lens_list
+    scale = case.head_dim**-0.5 if bug == "scale_ignored" else case.scale * (1.01 if bug == "scale_1pct" else 1.0)
+    k_flat = case.key_cache.reshape(-1, case.num_kv_heads, case.head_dim)
+    v_flat = case.value_cache.reshape(-1, case.num_kv_heads, case.head_dim)
+    if bug == "wrong_gqa":
+        kv_of_head = torch.arange(case.num_heads, device=dev) % case.num_kv_heads
+    else:
+        kv_of_head = torch.arange(case.num_heads, device=dev) // case.gqa_ratio
+    for b in range(case.num_seqs):
+        L = lens[0] if bug == "first_seq_len" else lens[b]
+        n = loc[b + 1] - loc[b]
         q = case.query[loc[b] : loc[b + 1]]
         if bug == "query_bf16":
             q = q.to(torch.bfloat16)
         q = q.float().transpose(0, 1)  # [Hq, n, D]
-        n = q.shape[1]
-        allowed = causal_mask(n, L, q.device)  # [n, L]
-        if bug == "drop_key":
-            allowed[:, 0] = False if L > 1 else allowed[:, 0]
-        m = torch.full((case.num_heads, n, 1), float("-inf"))
-        l = torch.zeros(case.num_heads, n, 1)
-        acc = torch.zeros(case.num_heads, n, case.head_dim)
-        for j0 in range(0, L, tile):
-            j1 = min(L, j0 + tile)
-            s = (q @ k[:, j0:j1].transpose(1, 2)) * scale  # [Hq, n, t]
-            s = s.masked_fill(~allowed[None, :, j0:j1], float("-inf"))
+        pos = torch.arange(L - n, L, device=dev)  # absolute positions of the new tokens
+        if bug == "causal_ignores_past":
+            pos = torch.arange(n, device=dev)
+        n_keys = L
+        if bug == "tail_unmasked" and n == 1:
+            n_keys = case.num_blocks_used(b) * case.block_size
+        order = torch.arange(0, n_keys, tile).tolist()
+        if bug == "nondeterministic":
+            order = [order[i] for i in torch.randperm(len(order)).tolist()]
+        m = torch.full((case.num_heads, n, 1), float("-inf"), device=dev)
+        l_sum = torch.zeros(case.num_heads, n, 1, device=dev)
+        acc = torch.zeros(case.num_heads, n, case.head_dim, device=dev)
+        for j0 in order:
+            j = torch.arange(j0, min(n_keys, j0 + tile), device=dev)
+            slots = _slots(case, b, j, bug)
+            k = k_flat[slots][:, kv_of_head].float().transpose(0, 1)  # [Hq, t, D]
+            v = v_flat[slots][:, kv_of_head].float().transpose(0, 1)
+            s = (q @ k.transpose(1, 2)) * scale  # [Hq, n, t]
+            if bug == "causal_off_by_one":
+                visible = j[None, :] < pos[:, None]
+                visible[:, 0] |= j[0] == 0  # keep key 0 so no row is empty
+            elif bug == "one_key_past":
+                visible = j[None, :] <= pos[:, None] + 1
+            elif bug == "tail_unmasked" and n == 1:
+                visible = torch.ones(1, len(j), dtype=torch.bool, device=dev)
+            else:
+                visible = j[None, :] <= pos[:, None]
+            if bug == "drop_key":
+                visible = visible & (j[None, :] != 0) if L > 1 else visible
+            s = s.masked_fill(~visible[None], float("-inf"))
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             x = s - m_safe
             p = torch.exp(x.to(torch.bfloat16)).float() if bug == "exp_bf16" else torch.exp(x)
-            alpha = torch.exp(m - m_safe)
-            if bug == "no_rescale":
-                alpha = torch.ones_like(alpha)
-            l = l * alpha + p.sum(-1, keepdim=True)
+            alpha = torch.ones_like(m) if bug == "no_rescale" else torch.exp(m - m_safe)
+            l_sum = l_sum * alpha + p.sum(-1, keepdim=True)
             pv = p.to(case.dtype).float() if round_weights else p
-            acc = acc * alpha + pv @ v[:, j0:j1]
+            acc = acc * alpha + pv @ v
             if bug == "acc_fp16":
                 acc = acc.half().float()
             m = m_new
-        out[loc[b] : loc[b + 1]] = (acc / l).transpose(0, 1).to(case.dtype)
+        result = (acc / l_sum).transpose(0, 1).to(case.dtype)
+        if bug == "partly_unwritten":
+            result = result[:-1] if b == case.num_seqs - 1 else result
+        out[loc[b] : loc[b] + result.shape[0]] = result
+    if bug == "writes_cache":
+        last = int(case.block_tables[0, case.num_blocks_used(0) - 1])
+        case.key_cache[last, (lens[0] - 1) % case.block_size] = 0  # "stores the new token's K"
     return out
 
 
-def sdpa_attention(case: PagedCase) -> torch.Tensor:
-    """torch SDPA per sequence over the gathered history, in the input dtype."""
-    out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=case.dtype)
-    loc = case.query_start_loc.tolist()
-    for b, L in enumerate(case.seq_lens_list):
-        k, v = gather_history(case, b)
-        k = k.repeat_interleave(case.gqa_ratio, 1).transpose(0, 1)
-        v = v.repeat_interleave(case.gqa_ratio, 1).transpose(0, 1)
-        q = case.query[loc[b] : loc[b + 1]].transpose(0, 1)
-        mask = causal_mask(q.shape[1], L, q.device)
-        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case.scale)
-        out[loc[b] : loc[b + 1]] = o.transpose(0, 1)
-    return out
+class PlantedBackend:
+    """The streamed kernel behind the adapter contract, with at most one bug."""
+
+    capabilities = Capabilities()
+
+    def __init__(self, bug: str | None = None):
+        self.bug = bug
+        self.name = f"planted-{bug}" if bug else "planted-correct"
+
+    def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
+        return streamed_attention(case, 16, bug=self.bug, out=out)
+
+
+def correct() -> PlantedBackend:
+    return PlantedBackend(None)
+
+
+for _bug in BUGS:  # one zero-argument factory per bug, for --backend=tests/streamed.py:bug_<name>
+    globals()[f"bug_{_bug}"] = lambda _b=_bug: PlantedBackend(_b)

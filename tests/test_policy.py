@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from pagedattn.adapters.sdpa import SDPABackend
 from pagedattn.cases import CaseSpec, grid
 from pagedattn.oracle import (
     WARN_FACTOR,
@@ -12,7 +13,7 @@ from pagedattn.oracle import (
     paged_attention_reference,
 )
 from tests.helpers import make_case
-from tests.streamed import PRECISION_BUGS, sdpa_attention, streamed_attention
+from tests.streamed import PRECISION_BUGS, streamed_attention
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ATTENTION_SPECS = [s for s in grid("quick") if s.family not in ("gather", "cache_write")]
@@ -29,7 +30,7 @@ CORRECT = {
     "online-tile64": lambda c: streamed_attention(c, 64),
     "online-tile128": lambda c: streamed_attention(c, 128),
     "flash-rounded-weights": lambda c: streamed_attention(c, 64, round_weights=True),
-    "sdpa-gathered": sdpa_attention,
+    "sdpa-gathered": SDPABackend().paged_attention,
 }
 
 
