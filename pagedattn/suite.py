@@ -7,6 +7,7 @@ so they travel with pytest's reports, also from pytest-xdist workers.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import os
@@ -21,10 +22,26 @@ import torch
 
 from pagedattn.cases import save_case
 from pagedattn.cases.spec import DTYPE_NAMES
-from pagedattn.oracle import PagedCase, check_attention, check_bitexact, paged_gather
+from pagedattn.isolation import BackendFault
+from pagedattn.oracle import PagedCase, bits_equal, check_attention, check_bitexact, paged_gather
 from pagedattn.oracle.policy import AttentionCheck, BitCheck
 
 RECORD_KEY = "pagedattn"
+
+
+def guarded(method):
+    """A backend fault (crash, hang, exception in an isolated child) fails the case with
+    what happened and a replay line, instead of a traceback into our own code."""
+
+    @functools.wraps(method)
+    def wrapper(self, node, spec, *args, **kwargs):
+        try:
+            return method(self, node, spec, *args, **kwargs)
+        except BackendFault as exc:
+            fault = exc
+        self._fail(node, spec, spec.build(), f"backend fault: {fault}", "attention")
+
+    return wrapper
 
 
 class PagedAttnWarning(UserWarning):
@@ -54,10 +71,6 @@ def dtype_name(dtype: torch.dtype) -> str:
     return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
 
 
-def _bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and a.dtype == b.dtype and check_bitexact(a, b).passed
-
-
 @dataclass
 class Suite:
     """The run's state: the backend under test and where and how to run it."""
@@ -69,6 +82,8 @@ class Suite:
     replay_dir: str
     suite_path: str = "conformance"
     extra_args: list[str] = field(default_factory=list)
+    probe_unclaimed: int = 0  # how many unclaimed cases per reason to run anyway
+    _probed: dict = field(default_factory=dict)
 
     @property
     def caps(self):
@@ -88,8 +103,19 @@ class Suite:
         reason = self.caps.case_reason(case, operation)
         if reason:
             record(node, status="unsupported", reason=reason)
+            if operation == "attention" and family is None and self._probed.get(reason, 0) < self.probe_unclaimed:
+                self._probed[reason] = self._probed.get(reason, 0) + 1
+                record(node, probe=self._probe(case))
             pytest.skip(f"unsupported: {reason}")
         return case
+
+    def _probe(self, case: PagedCase) -> str:
+        """Run an unclaimed case anyway and say whether it would have passed."""
+        try:
+            check = check_attention(self.backend.paged_attention(case.clone()), case)
+        except Exception as exc:  # a probe never fails the run
+            return f"raises {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return "would pass" if check.passed else f"would fail (budget used {check.budget_used:.3g})"
 
     def replay_command(self, path: str) -> str:
         args = [
@@ -128,6 +154,7 @@ class Suite:
         return check
 
     # ------------------------------------------------------------ families
+    @guarded
     def attention(self, node: pytest.Item, spec) -> AttentionCheck:
         """The family check: the output is within the policy's bound of the oracle."""
         case = self._start(node, spec, "attention")
@@ -140,6 +167,7 @@ class Suite:
         if not check.passed:
             self._fail(node, spec, case.to("cpu"), str(check), operation)
 
+    @guarded
     def gather(self, node: pytest.Item, spec) -> None:
         """``gather(pool, slots)`` is bit-identical to ``pool[slots]`` for the K and V
         pools, over every history slot (shared blocks read twice), NaN payloads included."""
@@ -154,6 +182,7 @@ class Suite:
                 return self._bit_verdict(node, spec, case, check, "gather")
         self._bit_verdict(node, spec, case, check, "gather")
 
+    @guarded
     def cache_write(self, node: pytest.Item, spec) -> None:
         """``write_cache(pool, slots, new)`` writes exactly ``new[i]`` at every slot >= 0,
         skips slots < 0, and leaves every other slot's bits untouched."""
@@ -174,7 +203,7 @@ class Suite:
         new_copy = new.clone()
         self.backend.write_cache(got, slots.clone(), new_copy)
         check = check_bitexact(got, want, "cache write")
-        if check.passed and not _bits_equal(new_copy, new):
+        if check.passed and not bits_equal(new_copy, new):
             check = BitCheck(False, "cache write", problem="the backend modified its `new` argument")
         self._bit_verdict(node, spec, case, check, "write_cache")
 
@@ -192,20 +221,22 @@ class Suite:
         if not ok:
             self._fail(node, spec, case.to("cpu"), message, "attention")
 
+    @guarded
     def determinism(self, node, spec) -> None:
         case = self._property(node, spec, "determinism")
         a, b = self._call(case.clone()), self._call(case.clone())
         self._property_verdict(
-            node, spec, case, _bits_equal(a, b), "determinism: the same input twice gave different bits"
+            node, spec, case, bits_equal(a, b), "determinism: the same input twice gave different bits"
         )
 
+    @guarded
     def batch_invariance(self, node, spec) -> None:
         case = self._property(node, spec, "batch_invariance")
         whole = self._call(case.clone())
         loc = case.query_start_loc.tolist()
         for b in range(case.num_seqs):
             alone = self._call(single_sequence(case, b))
-            if not _bits_equal(alone, whole[loc[b] : loc[b + 1]]):
+            if not bits_equal(alone, whole[loc[b] : loc[b + 1]]):
                 return self._property_verdict(
                     node,
                     spec,
@@ -215,14 +246,16 @@ class Suite:
                 )
         self._property_verdict(node, spec, case, True, "")
 
+    @guarded
     def placement_invariance(self, node, spec) -> None:
         case = self._property(node, spec, "placement_invariance")
         moved = permute_blocks(case, seed=len(spec.id))
-        ok = _bits_equal(self._call(case.clone()), self._call(moved))
+        ok = bits_equal(self._call(case.clone()), self._call(moved))
         self._property_verdict(
             node, spec, case, ok, "placement invariance: permuting the physical blocks changed the output bits"
         )
 
+    @guarded
     def immutability(self, node, spec) -> None:
         case = self._property(node, spec, "immutability")
         before = case.clone()
@@ -230,25 +263,29 @@ class Suite:
         changed = [
             f
             for f in ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "query_start_loc")
-            if not _bits_equal(getattr(case, f), getattr(before, f))
+            if not bits_equal(getattr(case, f), getattr(before, f))
         ]
         self._property_verdict(
             node, spec, before, not changed, f"input immutability: the backend modified {', '.join(changed)}"
         )
 
+    @guarded
     def poisoned_padding(self, node, spec) -> None:
         case = self._property(node, spec, "poisoned_padding")
         if not bool(torch.isnan(case.key_cache.float()).any()):
             raise AssertionError(f"{spec.id}: a poisoned-padding case must carry NaN poison")
         self._judge(node, spec, case.clone(), self._call(case))
 
+    @guarded
     def out_argument(self, node, spec) -> None:
         case = self._property(node, spec, "out_argument")
-        try:
-            params = inspect.signature(self.backend.paged_attention).parameters
-        except (TypeError, ValueError):
-            params = {}
-        if "out" not in params:
+        accepts_out = getattr(self.backend, "accepts_out", None)
+        if accepts_out is None:
+            try:
+                accepts_out = "out" in inspect.signature(self.backend.paged_attention).parameters
+            except (TypeError, ValueError):
+                accepts_out = False
+        if not accepts_out:
             record(node, status="unsupported", reason="paged_attention takes no out= argument")
             pytest.skip("unsupported: paged_attention takes no out= argument")
         out = torch.full(

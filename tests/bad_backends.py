@@ -79,3 +79,47 @@ def factory():
 
 instance = Correct()
 not_a_backend = object()
+
+
+class SegfaultsOnLongDecode(Correct):
+    """Dies like a kernel that reads far out of bounds, on single-sequence cases only."""
+
+    def paged_attention(self, case):
+        if case.num_seqs == 1:
+            import ctypes
+
+            ctypes.string_at(0)  # SIGSEGV
+        return super().paged_attention(case)
+
+
+class HangsOnLongDecode(Correct):
+    def paged_attention(self, case):
+        if case.num_seqs == 1:
+            import time
+
+            time.sleep(3600)
+        return super().paged_attention(case)
+
+
+class WrongShape(Correct):
+    def paged_attention(self, case):
+        return super().paged_attention(case)[:, :1]
+
+
+class WrongDtype(Correct):
+    def paged_attention(self, case):
+        return super().paged_attention(case).double()
+
+
+class WrongDevice(Correct):
+    def paged_attention(self, case):
+        return super().paged_attention(case).to("meta")
+
+
+class ReturnsNaN(Correct):
+    def paged_attention(self, case):
+        return torch.full_like(case.query, float("nan"))
+
+
+class ClaimsFp32Only(Correct):
+    capabilities = Capabilities(dtypes=frozenset({torch.float32}), notes={"dtypes": "fp32 build only"})

@@ -7,6 +7,7 @@ from pagedattn.oracle.policy import (
     AttentionCheck,
     BitCheck,
     attention_error_bound,
+    bits_equal,
     check_attention,
     check_bitexact,
 )
@@ -24,6 +25,7 @@ __all__ = [
     "BitCheck",
     "PagedCase",
     "attention_error_bound",
+    "bits_equal",
     "causal_mask",
     "check_attention",
     "check_bitexact",

@@ -293,6 +293,11 @@ def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(_BITS[t.element_size() * 8])
 
 
+def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same shape, dtype and bit pattern (NaN payloads and signed zeros included)."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(_bits(a), _bits(b.to(a.device))))
+
+
 @dataclass
 class BitCheck:
     """The verdict on a gather or cache write: bit patterns, NaN payloads included."""
