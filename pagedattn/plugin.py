@@ -20,7 +20,7 @@ import torch
 
 from pagedattn._version import __version__
 from pagedattn.adapters.loading import BackendLoadError, available_backends, load_backend
-from pagedattn.cases import PROFILES, grid, load_case
+from pagedattn.cases import FAMILIES, PROFILES, grid, load_case
 from pagedattn.suite import RECORD_KEY, Suite
 
 SUITE_KEY = pytest.StashKey["Suite | None"]()
@@ -67,6 +67,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=0,
         metavar="N",
         help="run up to N (default 3) unclaimed cases per reason anyway and report which would pass",
+    )
+    group.addoption(
+        "--search-examples",
+        type=int,
+        default=None,
+        metavar="N",
+        help="hypothesis draws for the search family (default: 25 quick, 100 standard, 300 thorough)",
     )
     group.addoption(
         "--replay-dir",
@@ -205,7 +212,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         specs = [spec] if wanted else []
     else:
         source = getattr(metafunc.module, "SPECS", None)
-        specs = source(suite.profile) if callable(source) else grid(suite.profile, family)
+        if callable(source):
+            specs = source(suite.profile)
+        else:
+            specs = grid(suite.profile, family) if family in FAMILIES else []  # replay-only modules
     metafunc.parametrize("conformance_spec", specs, ids=[s.id for s in specs])
 
 
@@ -242,6 +252,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if any(getattr(i, "callspec", None) and "conformance_spec" in i.callspec.params for i in items):
             raise pytest.UsageError(_need_backend())
         return
+    # modules with nothing to run in this mode (replay-only ones) got an empty parameter set
+    empty = [i for i in items if "conformance_spec" in getattr(getattr(i, "callspec", None), "params", {})
+             and not hasattr(_spec_of(i), "build")]  # fmt: skip
+    if empty:
+        config.hook.pytest_deselected(items=empty)
+        items[:] = [i for i in items if i not in empty]
     for item in items:
         spec = _spec_of(item)
         if spec is None:

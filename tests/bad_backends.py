@@ -123,3 +123,12 @@ class ReturnsNaN(Correct):
 
 class ClaimsFp32Only(Correct):
     capabilities = Capabilities(dtypes=frozenset({torch.float32}), notes={"dtypes": "fp32 build only"})
+
+
+class OffForWideGroups(Correct):
+    """Wrong only when the GQA group is 4 or more and a history spans more than 30 tokens: the
+    kind of bug only a search finds."""
+
+    def paged_attention(self, case):
+        scale = case.scale * (1.02 if case.gqa_ratio >= 4 and case.max_seq_len > 30 else 1.0)
+        return paged_attention_reference(case.replace(scale=scale)).to(case.dtype)
