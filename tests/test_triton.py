@@ -1,6 +1,7 @@
 """The Triton kernel: host-side checks and launch arithmetic (anywhere), the kernel on
 the interpreter or a GPU, and an ahead-of-time compile for Hopper on this CPU."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -10,10 +11,12 @@ import pytest
 import torch
 
 from pagedattn.cases import CaseSpec
-from pagedattn.kernels import triton_paged_attention as tpa
+from pagedattn.kernels import host
 from pagedattn.oracle import check_attention
 
 triton = pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
+from pagedattn.kernels import triton_paged_attention as tpa  # noqa: E402  (after the interpreter is decided)
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -64,14 +67,13 @@ def test_check_paged_inputs_names_field_and_bound(name):
     field, text, fn = BAD[name]
     args = _bad(field, fn)
     with pytest.raises(ValueError) as info:
-        tpa.check_paged_inputs(**args)
+        host.check_paged_inputs(**args)
     msg = str(info.value)
     assert msg.startswith(f"paged_attention: {field}:") and text in msg, f"{name}: {msg}"
 
 
 def test_bad_input_fails_before_any_launch(monkeypatch):
-    monkeypatch.setattr(tpa, "_build_kernel", lambda: pytest.fail("kernel built for invalid input"))
-    monkeypatch.setattr(tpa, "_kernel", None)
+    monkeypatch.setattr(tpa, "plan_launch", lambda *a: pytest.fail("planned a launch for invalid input"))
     args = _bad("block_tables", BAD["block-oob"][2])
     with pytest.raises(ValueError, match="block_tables"):
         tpa.paged_attention(**args)
@@ -80,39 +82,55 @@ def test_bad_input_fails_before_any_launch(monkeypatch):
 def test_bad_scale_and_out():
     args = _bad("query", lambda a: None)
     with pytest.raises(ValueError, match="scale"):
-        tpa.check_paged_inputs(**args, scale=-1.0)
+        host.check_paged_inputs(**args, scale=-1.0)
     with pytest.raises(ValueError, match="out"):
-        tpa.check_paged_inputs(**args, out=torch.empty(3))
+        host.check_paged_inputs(**args, out=torch.empty(3))
+
+
+def _plan(seq_lens, query_lens, heads=32, kv=8, d=128, bs=16, dtype=torch.bfloat16, interpreter=False):
+    return host.plan_launch(seq_lens, query_lens, heads, kv, d, bs, dtype, interpreter)
+
+
+def test_plan_splits_decode_from_the_rest():
+    plan = _plan([5000, 40, 300, 1], [1, 40, 7, 1])
+    assert plan.decode_seqs == [0, 3] and plan.other_seqs == [1, 2]
+    assert plan.max_splits == -(-5000 // host.SPLIT_SIZE)
+    assert plan.decode.grid == (2, plan.max_splits, 8) and plan.decode.BLOCK_Q == 1
+    assert plan.other.grid == (2, -(-40 // plan.other.BLOCK_Q), 8)
+    assert plan.decode.SPLIT_SIZE % plan.decode.BLOCK_N == 0, "a split must hold whole key tiles"
 
 
 @pytest.mark.parametrize(
-    "heads, kv, d, bs, max_q, rows, group_pad, block_q, d_pad",
+    "heads, kv, d, group_pad_decode, group_pad_other, d_pad",
     [
-        (32, 8, 128, 16, 1, 16, 4, 4, 128),  # decode, GQA 4
-        (8, 8, 48, 13, 70, 16, 1, 16, 64),  # MHA, head_dim padded to a power of two
-        (8, 1, 80, 1, 5, 16, 8, 2, 128),  # MQA
-        (12, 4, 8, 2, 3, 16, 4, 4, 16),  # GQA 3 padded to 4; head_dim padded up to the dot minimum
-        (32, 1, 256, 128, 1, 32, 32, 1, 256),  # a group wider than the row budget
+        (32, 8, 128, 16, 4, 128),  # GQA 4: decode rows padded to the dot minimum
+        (8, 8, 48, 16, 1, 64),  # MHA; head_dim padded to a power of two
+        (8, 1, 80, 16, 8, 128),  # MQA
+        (12, 4, 8, 16, 4, 16),  # GQA 3 padded to 4; head_dim padded up to the dot minimum
+        (64, 2, 256, 32, 32, 256),  # a group wider than the dot minimum
     ],
 )
-def test_launch_config(heads, kv, d, bs, max_q, rows, group_pad, block_q, d_pad):
-    cfg = tpa.launch_config(5, max_q, heads, kv, d, bs, torch.float16, interpreter=False)
-    assert (cfg.GROUP_PAD, cfg.BLOCK_Q, cfg.HEAD_DIM_PAD, cfg.rows) == (group_pad, block_q, d_pad, rows)
-    assert cfg.grid == (5, -(-max_q // block_q), kv)
-    assert min(cfg.rows, cfg.BLOCK_N, cfg.HEAD_DIM_PAD) >= tpa.MIN_DOT, "tl.dot needs >= 16 on the GPU"
-    assert not cfg.UPCAST
+def test_tile_sizes(heads, kv, d, group_pad_decode, group_pad_other, d_pad):
+    plan = _plan([100, 100], [1, 9], heads, kv, d)
+    assert (plan.decode.GROUP_PAD, plan.other.GROUP_PAD, plan.decode.HEAD_DIM_PAD) == (
+        group_pad_decode, group_pad_other, d_pad)  # fmt: skip
+    for cfg in (plan.decode, plan.other):
+        assert min(cfg.rows, cfg.BLOCK_N, cfg.HEAD_DIM_PAD) >= host.MIN_DOT, "tl.dot needs >= 16 on the GPU"
+        assert not cfg.UPCAST
 
 
-def test_launch_config_is_batch_invariant():
-    a = tpa.launch_config(1, 1, 8, 2, 64, 16, torch.float32, False)
-    b = tpa.launch_config(7, 900, 8, 2, 64, 16, torch.float32, False)
-    assert (a.BLOCK_Q, a.BLOCK_N, a.GROUP_PAD) == (b.BLOCK_Q, b.BLOCK_N, b.GROUP_PAD)
+def test_plan_is_batch_invariant():
+    """A sequence's launch, tiles and splits depend on that sequence alone."""
+    alone_d, alone_p = _plan([3000], [1]), _plan([300], [30])
+    batch = _plan([3000, 300, 17, 9000], [1, 30, 17, 1])
+    assert alone_d.decode == dataclasses.replace(batch.decode, grid=alone_d.decode.grid)
+    assert alone_p.other == dataclasses.replace(batch.other, grid=alone_p.other.grid)
 
 
 def test_bf16_upcast_only_on_the_interpreter():
-    assert tpa.launch_config(1, 1, 4, 2, 64, 16, torch.bfloat16, interpreter=True).UPCAST
-    assert not tpa.launch_config(1, 1, 4, 2, 64, 16, torch.bfloat16, interpreter=False).UPCAST
-    assert not tpa.launch_config(1, 1, 4, 2, 64, 16, torch.float16, interpreter=True).UPCAST
+    assert _plan([9], [1], interpreter=True).decode.UPCAST
+    assert not _plan([9], [1], interpreter=False).decode.UPCAST
+    assert not _plan([9], [1], dtype=torch.float16, interpreter=True).decode.UPCAST
 
 
 KERNEL_CASES = [
@@ -129,6 +147,17 @@ def test_kernel_within_policy(spec):
     case = spec.build().to(DEVICE)
     out = tpa.paged_attention(*_args(case), scale=case.scale)
     check = check_attention(out, case)
+    assert check.passed and not check.warning, str(check)
+
+
+@pytest.mark.parametrize("spec", KERNEL_CASES[:3], ids=lambda s: s.id)
+def test_many_splits_merge_within_policy(spec, monkeypatch):
+    """Small splits, so the log-sum-exp merge of many partial states runs on small cases."""
+    monkeypatch.setattr(host, "SPLIT_SIZE", 32)
+    monkeypatch.setattr(host, "DECODE_BLOCK_N", 16)
+    case = spec.build().to(DEVICE)
+    assert host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 64, 16, case.dtype, False).max_splits == 3
+    check = check_attention(tpa.paged_attention(*_args(case), scale=case.scale), case)
     assert check.passed and not check.warning, str(check)
 
 
@@ -150,28 +179,34 @@ def test_noncontiguous_cache_strides_are_honoured():
 
 
 _AOT = r"""
-import json, sys, triton
+import json, sys, triton, torch
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
+from pagedattn.kernels import host
 from pagedattn.kernels import triton_paged_attention as m
-import torch
-kernel = m._build_kernel()
-names = kernel.arg_names
-results = []
-for dtype, heads, kv, d, bs, max_q in json.loads(sys.argv[1]):
-    cfg = m.launch_config(2, max_q, heads, kv, d, bs, getattr(torch, dtype), interpreter=False)
-    consts = {k: getattr(cfg, k) for k in ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD",
-                                            "BLOCK_SIZE", "UPCAST", "IEEE_FP32")}
-    t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
-    ptr = {"q_ptr": t, "k_cache_ptr": t, "v_cache_ptr": t, "out_ptr": t}
-    sig = {}
-    for n in names:
-        sig[n] = ("*" + ptr[n]) if n in ptr else ("*i32" if n.endswith("_ptr") else
-                 "constexpr" if n in consts else "fp32" if n == "scale" else "i32")
+
+def compile_one(kernel, types, consts, num_warps=4):
+    names = kernel.arg_names
+    sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in names}
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32))
-    results.append({"cfg": [dtype, heads, kv, d, bs, max_q], "cubin": len(compiled.asm["cubin"]),
-                    "shared": compiled.metadata.shared, "mma": "mma" in compiled.asm["ptx"]})
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+
+results = []
+for dtype, heads, kv, d, bs in json.loads(sys.argv[1]):
+    plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False)
+    t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
+    types = {"q_ptr": "*" + t, "k_cache_ptr": "*" + t, "v_cache_ptr": "*" + t, "out_ptr": "*" + t,
+             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "scale": "fp32"}
+    keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
+            "IEEE_FP32", "SPLIT_SIZE")
+    for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
+        consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
+        c = compile_one(kernel, types, consts, cfg.num_warps)
+        results.append({"cfg": [dtype, heads, kv, d, bs, name], "cubin": len(c.asm["cubin"]),
+                        "mma": "mma" in c.asm["ptx"]})
+    c = compile_one(m._merge_kernel, types, {"HEAD_DIM": d, "HEAD_DIM_PAD": plan.decode.HEAD_DIM_PAD,
+                                             "SPLIT_SIZE": plan.decode.SPLIT_SIZE})
+    results.append({"cfg": [dtype, heads, kv, d, bs, "merge"], "cubin": len(c.asm["cubin"]), "mma": None})
 print(json.dumps(results))
 """
 
@@ -180,12 +215,12 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
     """Code the interpreter accepts but the GPU compiler rejects (tl.dot under 16, dtype
     mixes in dot) fails here, on a CPU machine, in CI."""
     configs = [
-        ["float32", 8, 2, 64, 16, 1],
-        ["float16", 32, 8, 128, 16, 1],
-        ["bfloat16", 32, 8, 128, 16, 64],
-        ["bfloat16", 8, 1, 80, 1, 5],
-        ["float16", 6, 2, 48, 13, 9],
-        ["float32", 4, 4, 256, 3, 33],
+        ["float32", 8, 2, 64, 16],
+        ["float16", 32, 8, 128, 16],
+        ["bfloat16", 32, 8, 128, 64],
+        ["bfloat16", 8, 1, 80, 1],
+        ["float16", 6, 2, 48, 13],
+        ["float32", 4, 4, 256, 3],
     ]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
@@ -193,8 +228,9 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
                           env=env, timeout=600)  # fmt: skip
     assert proc.returncode == 0, f"compiling for sm_90 failed:\n{proc.stderr[-4000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == len(configs)
+    assert len(results) == 3 * len(configs)
     for r in results:
         assert r["cubin"] > 0, f"{r['cfg']}: no cubin: {r}"
-        # half-precision dots must land on the tensor cores; IEEE fp32 dots cannot (FMA)
-        assert r["mma"] == (r["cfg"][0] != "float32"), f"{r['cfg']}: unexpected tensor-core use: {r}"
+        if r["mma"] is not None:
+            # half-precision dots must land on the tensor cores; IEEE fp32 dots cannot (FMA)
+            assert r["mma"] == (r["cfg"][0] != "float32"), f"{r['cfg']}: unexpected tensor-core use: {r}"

@@ -29,6 +29,8 @@ def _decode(profile: str) -> list[CaseSpec]:
         out.append(CaseSpec("decode", ((37, 1), (5, 1)), head_dim=80, block_size=13, dtype=dt))
         out.append(CaseSpec("decode", ((300, 1),), num_heads=8, num_kv_heads=2, head_dim=128, dtype=dt))
     out.append(CaseSpec("decode", ((45, 1), (64, 1)), scale=0.3, dtype=F32))
+    for dt in (F32, BF16):  # histories that GPU kernels split across programs and merge
+        out.append(CaseSpec("decode", ((1100, 1), (600, 1)), num_heads=8, head_dim=64, dtype=dt))
     if profile != "quick":
         for dt in DTYPES:
             out.append(CaseSpec("decode", tuple((L, 1) for L in (1, 511, 1024, 2048)), num_heads=8, dtype=dt))

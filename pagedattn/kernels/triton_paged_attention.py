@@ -1,11 +1,18 @@
 """Paged attention as a Triton kernel: a transcription of the tlsim fused loop.
 
 Decode, causal prefill, partial continuation, GQA/MQA and scattered or shared
-blocks, for a ragged batch in one launch. One program owns a tile of
-``BLOCK_Q`` query tokens of one sequence times all ``GROUP`` query heads of one
-kv head (``ROWS = BLOCK_Q * GROUP_PAD`` rows), so each K/V tile it reads serves
-the whole GQA group, and walks the visible history ``BLOCK_N`` keys at a time
-through the block table with an online softmax in fp32.
+blocks, for a ragged batch. A program owns a tile of ``BLOCK_Q`` query tokens of
+one sequence times all ``GROUP`` query heads of one kv head (``BLOCK_Q *
+GROUP_PAD`` rows), so each K/V tile it reads serves the whole GQA group, and walks
+the visible history ``BLOCK_N`` keys at a time through the block table with an
+online softmax in fp32 (``_attend``, shared by both kernels).
+
+Sequences with one new token go to ``_decode_kernel``, which also splits the
+history into ``SPLIT_SIZE``-key pieces across programs (so one long sequence
+fills the GPU) and writes each piece's running max, denominator and weighted-V
+sum; ``_merge_kernel`` combines them by log-sum-exp, in a fixed order. The other
+sequences go to ``_prefill_kernel``. ``host.plan_launch`` decides, from each
+sequence's own sizes only, so results never depend on the rest of the batch.
 
 Without a GPU, Triton runs this under its interpreter, which must be switched
 on with ``TRITON_INTERPRET=1`` *before* this module (and triton) is imported:
@@ -17,19 +24,26 @@ fp32 right after its load (exact), the dots run in fp32, and the result is
 written to an fp32 buffer that torch rounds to bf16 on the host.
 
 Every integer that becomes a pointer offset is computed on the host by plain
-functions (``check_paged_inputs``, ``launch_config``) that are tested anywhere.
+functions in ``pagedattn.kernels.host`` (``check_paged_inputs``, ``plan_launch``),
+which never import triton and are tested anywhere. This module imports triton:
+import it only after the interpreter has been decided.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
+import triton
+import triton.language as tl
 
-from pagedattn.kernels.tlsim import next_power_of_2
-
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from pagedattn.kernels.host import (  # noqa: F401  (re-exported: the host side of this kernel)
+    MIN_DOT,
+    LaunchConfig,
+    LaunchPlan,
+    check_paged_inputs,
+    plan_launch,
+)
 
 
 def interpreter_active() -> bool:
@@ -37,269 +51,301 @@ def interpreter_active() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-# ----------------------------------------------------------------- host side
-def check_paged_inputs(
-    query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    scale: float | None = None,
-    out: torch.Tensor | None = None,
-) -> None:
-    """Every check the kernel needs before a launch; raises ``ValueError`` naming the
-    field and the bound. Reads the small int tensors on the host."""
-
-    def fail(field: str, msg: str) -> ValueError:
-        return ValueError(f"paged_attention: {field}: {msg}")
-
-    named = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
-                 seq_lens=seq_lens, query_start_loc=query_start_loc)  # fmt: skip
-    for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise fail(name, f"must be a torch.Tensor, got {type(t).__name__}")
-    for name, t, rank in (("query", query, 3), ("key_cache", key_cache, 4), ("value_cache", value_cache, 4),
-                          ("block_tables", block_tables, 2), ("seq_lens", seq_lens, 1),
-                          ("query_start_loc", query_start_loc, 1)):  # fmt: skip
-        if t.dim() != rank:
-            raise fail(name, f"must have rank {rank}, got shape {tuple(t.shape)}")
-    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype not in _FLOAT_DTYPES:
-            raise fail(name, f"dtype must be float32, float16 or bfloat16, got {t.dtype}")
-    if not (query.dtype == key_cache.dtype == value_cache.dtype):
-        raise fail("key_cache", f"query, key_cache and value_cache must share a dtype, got "
-                                f"{query.dtype}, {key_cache.dtype}, {value_cache.dtype}")  # fmt: skip
-    for name in ("block_tables", "seq_lens", "query_start_loc"):
-        if named[name].dtype != torch.int32:
-            raise fail(name, f"must be int32, got {named[name].dtype}")
-    dev = query.device
-    for name, t in named.items():
-        if t.device != dev:
-            raise fail(name, f"is on {t.device}, query is on {dev}: one device for all")
-    if key_cache.shape != value_cache.shape:
-        raise fail("value_cache", f"shape {tuple(value_cache.shape)} != key_cache {tuple(key_cache.shape)}")
-    T, Hq, D = query.shape
-    N, bs, Hkv, Dk = key_cache.shape
-    if Dk != D:
-        raise fail("key_cache", f"head_dim {Dk} must equal query head_dim {D}")
-    if min(T, Hq, D, N, bs, Hkv) < 1:
-        raise fail("query", f"empty dimension in query {tuple(query.shape)} or cache {tuple(key_cache.shape)}")
-    if Hq % Hkv:
-        raise fail("query", f"num_heads {Hq} must be a multiple of num_kv_heads {Hkv}")
-    for name in ("query", "key_cache", "value_cache"):
-        if named[name].stride(-1) != 1:
-            raise fail(name, f"the last (head_dim) dimension must be contiguous (stride 1), got strides "
-                             f"{named[name].stride()}")  # fmt: skip
-    for name, dim in (("block_tables", 1), ("seq_lens", 0), ("query_start_loc", 0)):
-        if named[name].stride(dim) != 1:
-            raise fail(name, f"dimension {dim} must be contiguous (stride 1), got strides {named[name].stride()}")
-    # The kernel addresses the cache with int64 block offsets but int32 everything else.
-    if key_cache.stride(1) * bs > 2**31 - 1 or query.numel() > 2**31 - 1:
-        raise fail("key_cache", "a block or the query exceeds 2**31 elements; int32 offsets would overflow")
-    B = seq_lens.shape[0]
-    if B < 1:
-        raise fail("seq_lens", "must hold at least one sequence")
-    if block_tables.shape[0] != B:
-        raise fail("block_tables", f"has {block_tables.shape[0]} rows, seq_lens has {B}")
-    if query_start_loc.shape[0] != B + 1:
-        raise fail("query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {query_start_loc.shape[0]}")
-    if scale is not None and not (0.0 < float(scale) < float("inf")):
-        raise fail("scale", f"must be finite and > 0, got {scale}")
-    loc = query_start_loc.tolist()
-    lens = seq_lens.tolist()
-    if loc[0] != 0 or loc[-1] != T:
-        raise fail("query_start_loc", f"must start at 0 and end at num_tokens = {T}, got {loc[0]} .. {loc[-1]}")
-    M = block_tables.shape[1]
-    tables = block_tables.cpu()
-    for b in range(B):
-        q_b = loc[b + 1] - loc[b]
-        if q_b < 1:
-            raise fail("query_start_loc", f"sequence {b} has {q_b} new tokens; every sequence needs >= 1")
-        if not q_b <= lens[b]:
-            raise fail("seq_lens", f"seq_lens[{b}]={lens[b]} is below its query length {q_b}")
-        need = -(-lens[b] // bs)
-        if need > M:
-            raise fail("seq_lens", f"seq_lens[{b}]={lens[b]} needs {need} blocks, block_tables has {M} columns")
-        used = tables[b, :need]
-        if need and (int(used.min()) < 0 or int(used.max()) >= N):
-            raise fail("block_tables", f"row {b} holds a block id outside [0, num_blocks={N})")
-    if out is not None:
-        if not isinstance(out, torch.Tensor) or out.shape != query.shape or out.dtype != query.dtype:
-            raise fail("out", f"must be a {query.dtype} tensor of shape {tuple(query.shape)}")
-        if out.device != dev:
-            raise fail("out", f"is on {out.device}, query is on {dev}")
-        if out.stride(-1) != 1:
-            raise fail("out", "the last dimension must be contiguous")
+# --------------------------------------------------------------- the kernels
+@triton.jit
+def _attend(
+    q,
+    m,
+    l_sum,
+    acc,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    kv_head,
+    lo,
+    hi,
+    pos,
+    scale,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE_FP32: tl.constexpr,
+):
+    """Online softmax of the rows ``q`` [ROWS, D] over keys ``lo .. hi-1`` of one
+    sequence (its block-table row at ``table_ptr``); row ``r`` sees keys ``<= pos[r]``."""
+    d = tl.arange(0, HEAD_DIM_PAD)
+    dmask = d < HEAD_DIM
+    for j0 in range(lo, hi, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        kmask = j < hi
+        blk = tl.load(table_ptr + j // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+        slot = j % BLOCK_SIZE
+        k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
+        v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
+        kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE_FP32:
+            s = tl.dot(q, kt, input_precision="ieee") * scale  # [ROWS, BLOCK_N]
+        else:
+            s = tl.dot(q, kt) * scale
+        # masked loads gave zero keys, and a zero key still scores: force them out
+        visible = kmask[None, :] & (j[None, :] <= pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        alpha = tl.exp(m - m_safe)  # rescale what was accumulated under the old max
+        p = tl.exp(s - m_safe[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        if IEEE_FP32:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+    return m, l_sum, acc
 
 
-@dataclass(frozen=True)
-class LaunchConfig:
-    """Every meta-parameter and the grid of one launch."""
+@triton.jit
+def _prefill_kernel(
+    # pointers
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    seq_ids_ptr,
+    out_ptr,
+    # sizes
+    scale,
+    # strides (elements)
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    # meta-parameters
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_Q: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE_FP32: tl.constexpr,
+):
+    seq = tl.load(seq_ids_ptr + tl.program_id(0))
+    q_tile = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    q_start = tl.load(query_start_loc_ptr + seq)
+    q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
+    if q_tile * BLOCK_Q < q_len:  # the grid is sized for the longest query of the launch
+        ROWS: tl.constexpr = BLOCK_Q * GROUP_PAD
+        r = tl.arange(0, ROWS)
+        tok = q_tile * BLOCK_Q + r // GROUP_PAD  # query index within the sequence
+        g = r % GROUP_PAD
+        row_mask = (tok < q_len) & (g < GROUP)
+        head = kv_head * GROUP + g
+        d = tl.arange(0, HEAD_DIM_PAD)
+        dmask = d < HEAD_DIM
+        q_off = (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
+        q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & dmask[None, :], other=0.0)
+        if UPCAST:
+            q = q.to(tl.float32)
+        context = seq_len - q_len
+        pos = context + tok  # absolute position of each row: it sees keys 0..pos
+        n_keys = context + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)  # visible to the tile's last row
+        m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        l_sum = tl.zeros([ROWS], dtype=tl.float32)
+        acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
+        m, l_sum, acc = _attend(
+            q,
+            m,
+            l_sum,
+            acc,
+            k_cache_ptr,
+            v_cache_ptr,
+            block_tables_ptr + seq * stride_bt,
+            kv_head,
+            0,
+            n_keys,
+            pos,
+            scale,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_SIZE,
+            UPCAST,
+            IEEE_FP32,
+        )
+        l_safe = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
+        result = acc / l_safe[:, None]
+        o_off = (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+        tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
 
-    grid: tuple[int, int, int]  # (num_seqs, query tiles, num_kv_heads)
-    GROUP: int
-    GROUP_PAD: int
-    BLOCK_Q: int
-    BLOCK_N: int
-    HEAD_DIM: int
-    HEAD_DIM_PAD: int
-    BLOCK_SIZE: int
-    UPCAST: bool
-    IEEE_FP32: bool
 
-    @property
-    def rows(self) -> int:
-        return self.BLOCK_Q * self.GROUP_PAD
+@triton.jit
+def _decode_kernel(
+    # pointers
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    seq_ids_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    # sizes
+    scale,
+    # strides (elements); partials are [n_decode, max_splits, num_heads, HEAD_DIM_PAD] and [..., 2]
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    stride_bt,
+    stride_pa_seq,
+    stride_pa_split,
+    stride_pml_seq,
+    stride_pml_split,
+    # meta-parameters
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    SPLIT_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE_FP32: tl.constexpr,
+):
+    i = tl.program_id(0)  # index among the decode sequences
+    split = tl.program_id(1)
+    kv_head = tl.program_id(2)
+    seq = tl.load(seq_ids_ptr + i)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    lo = split * SPLIT_SIZE
+    if lo < seq_len:  # the grid is sized for the longest history of the launch
+        hi = tl.minimum(seq_len, lo + SPLIT_SIZE)
+        t = tl.load(query_start_loc_ptr + seq)
+        g = tl.arange(0, GROUP_PAD)
+        head = kv_head * GROUP + g
+        row_mask = g < GROUP
+        d = tl.arange(0, HEAD_DIM_PAD)
+        dmask = d < HEAD_DIM
+        q = tl.load(q_ptr + t * stride_qt + head[:, None] * stride_qh + d[None, :],
+                    mask=row_mask[:, None] & dmask[None, :], other=0.0)  # fmt: skip
+        if UPCAST:
+            q = q.to(tl.float32)
+        pos = tl.full([GROUP_PAD], 0, dtype=tl.int32) + (seq_len - 1)  # the new token sees everything
+        m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+        l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
+        acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+        m, l_sum, acc = _attend(
+            q,
+            m,
+            l_sum,
+            acc,
+            k_cache_ptr,
+            v_cache_ptr,
+            block_tables_ptr + seq * stride_bt,
+            kv_head,
+            lo,
+            hi,
+            pos,
+            scale,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_SIZE,
+            UPCAST,
+            IEEE_FP32,
+        )
+        pa = part_acc_ptr + i * stride_pa_seq + split * stride_pa_split
+        tl.store(pa + head[:, None] * HEAD_DIM_PAD + d[None, :], acc, mask=row_mask[:, None])
+        pml = part_ml_ptr + i * stride_pml_seq + split * stride_pml_split
+        tl.store(pml + head * 2, m, mask=row_mask)
+        tl.store(pml + head * 2 + 1, l_sum, mask=row_mask)
 
 
-#: tl.dot needs every dimension >= 16 on NVIDIA GPUs (the interpreter accepts less).
-MIN_DOT = 16
-
-
-def launch_config(
-    num_seqs: int,
-    max_query_len: int,
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    dtype: torch.dtype,
-    interpreter: bool,
-    block_n: int = 32,
-    rows: int = 16,
-) -> LaunchConfig:
-    """The grid and tile sizes, from sizes alone.
-
-    ``BLOCK_Q`` depends on the GQA group only, never on the other sequences of the
-    batch, so a sequence computes the same bits alone or in any batch.
-    """
-    group = num_heads // num_kv_heads
-    group_pad = next_power_of_2(group)
-    block_q = max(1, rows // group_pad)
-    return LaunchConfig(
-        grid=(num_seqs, -(-max_query_len // block_q), num_kv_heads),
-        GROUP=group,
-        GROUP_PAD=group_pad,
-        BLOCK_Q=block_q,
-        BLOCK_N=max(MIN_DOT, next_power_of_2(block_n)),
-        HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=max(MIN_DOT, next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size,
-        UPCAST=interpreter and dtype == torch.bfloat16,
-        IEEE_FP32=True,
-    )
-
-
-# --------------------------------------------------------------- the kernel
-_kernel = None
-
-
-def _build_kernel():
-    """Define the @triton.jit kernel on first use, so that importing this module
-    (for the host-side functions) never needs triton."""
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def _paged_attention_kernel(
-        # pointers
-        q_ptr,
-        k_cache_ptr,
-        v_cache_ptr,
-        block_tables_ptr,
-        seq_lens_ptr,
-        query_start_loc_ptr,
-        out_ptr,
-        # sizes
-        scale,
-        # strides (elements)
-        stride_qt,
-        stride_qh,
-        stride_kb,
-        stride_ks,
-        stride_kh,
-        stride_vb,
-        stride_vs,
-        stride_vh,
-        stride_bt,
-        stride_ot,
-        stride_oh,
-        # meta-parameters
-        GROUP: tl.constexpr,
-        GROUP_PAD: tl.constexpr,
-        BLOCK_Q: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        HEAD_DIM: tl.constexpr,
-        HEAD_DIM_PAD: tl.constexpr,
-        BLOCK_SIZE: tl.constexpr,
-        UPCAST: tl.constexpr,
-        IEEE_FP32: tl.constexpr,
-    ):
-        seq = tl.program_id(0)
-        q_tile = tl.program_id(1)
-        kv_head = tl.program_id(2)
-        seq_len = tl.load(seq_lens_ptr + seq)
-        q_start = tl.load(query_start_loc_ptr + seq)
-        q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-        if q_tile * BLOCK_Q < q_len:  # the grid is sized for the longest query of the batch
-            ROWS: tl.constexpr = BLOCK_Q * GROUP_PAD
-            r = tl.arange(0, ROWS)
-            tok = q_tile * BLOCK_Q + r // GROUP_PAD  # query index within the sequence
-            g = r % GROUP_PAD
-            row_mask = (tok < q_len) & (g < GROUP)
-            head = kv_head * GROUP + g
-            d = tl.arange(0, HEAD_DIM_PAD)
-            dmask = d < HEAD_DIM
-            q_off = (q_start + tok)[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :]
-            q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & dmask[None, :], other=0.0)
-            if UPCAST:
-                q = q.to(tl.float32)
-            context = seq_len - q_len
-            pos = context + tok  # absolute position of each row: it sees keys 0..pos
-            # keys visible to the last query of this tile
-            n_keys = context + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)
-
-            m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-            l_sum = tl.zeros([ROWS], dtype=tl.float32)
-            acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
-            for j0 in range(0, n_keys, BLOCK_N):
-                j = j0 + tl.arange(0, BLOCK_N)
-                kmask = j < n_keys
-                blk = tl.load(block_tables_ptr + seq * stride_bt + j // BLOCK_SIZE, mask=kmask, other=0)
-                blk = blk.to(tl.int64)
-                slot = j % BLOCK_SIZE
-                k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
-                v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
-                kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
-                v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
-                if UPCAST:
-                    kt = kt.to(tl.float32)
-                    v = v.to(tl.float32)
-                if IEEE_FP32:
-                    s = tl.dot(q, kt, input_precision="ieee") * scale  # [ROWS, BLOCK_N]
-                else:
-                    s = tl.dot(q, kt) * scale
-                # masked loads gave zero keys, and a zero key still scores: force them out
-                visible = kmask[None, :] & (j[None, :] <= pos[:, None])
-                s = tl.where(visible, s, float("-inf"))
-                m_new = tl.maximum(m, tl.max(s, 1))
-                m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-                alpha = tl.exp(m - m_safe)  # rescale what was accumulated under the old max
-                p = tl.exp(s - m_safe[:, None])
-                l_sum = l_sum * alpha + tl.sum(p, 1)
-                if IEEE_FP32:
-                    pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-                else:
-                    pv = tl.dot(p.to(v.dtype), v)
-                acc = acc * alpha[:, None] + pv
-                m = m_new
-            l_safe = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
-            result = acc / l_safe[:, None]
-            o_off = (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-            tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
-
-    return _paged_attention_kernel
+@triton.jit
+def _merge_kernel(
+    part_acc_ptr,
+    part_ml_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    seq_ids_ptr,
+    out_ptr,
+    stride_pa_seq,
+    stride_pa_split,
+    stride_pml_seq,
+    stride_pml_split,
+    stride_ot,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    SPLIT_SIZE: tl.constexpr,
+):
+    """out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s over a decode sequence's
+    splits, in split order (a fixed order: the same bits in any batch)."""
+    i = tl.program_id(0)
+    head = tl.program_id(1)
+    seq = tl.load(seq_ids_ptr + i)
+    n_splits = (tl.load(seq_lens_ptr + seq) + SPLIT_SIZE - 1) // SPLIT_SIZE
+    d = tl.arange(0, HEAD_DIM_PAD)
+    pml = part_ml_ptr + i * stride_pml_seq + head * 2
+    pa = part_acc_ptr + i * stride_pa_seq + head * HEAD_DIM_PAD
+    m = tl.load(pml)
+    l_sum = tl.load(pml + 1)
+    acc = tl.load(pa + d)
+    for s in range(1, n_splits):
+        m_s = tl.load(pml + s * stride_pml_split)
+        l_s = tl.load(pml + s * stride_pml_split + 1)
+        acc_s = tl.load(pa + s * stride_pa_split + d)
+        m_new = tl.maximum(m, m_s)
+        a = tl.exp(m - m_new)
+        b = tl.exp(m_s - m_new)
+        l_sum = l_sum * a + l_s * b
+        acc = acc * a + acc_s * b
+        m = m_new
+    t = tl.load(query_start_loc_ptr + seq)
+    tl.store(out_ptr + t * stride_ot + head * stride_oh + d, (acc / l_sum).to(out_ptr.dtype.element_ty),
+             mask=d < HEAD_DIM)  # fmt: skip
 
 
 def paged_attention(
@@ -312,7 +358,7 @@ def paged_attention(
     scale: float | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Paged attention over a ragged batch, one Triton launch.
+    """Paged attention over a ragged batch (at most three launches: decode, merge, prefill).
 
     Args:
         query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
@@ -328,7 +374,6 @@ def paged_attention(
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in the query dtype (``out`` if given).
     """
-    global _kernel
     check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out)
     if scale is None:
         scale = query.shape[-1] ** -0.5
@@ -339,27 +384,50 @@ def paged_attention(
             "before importing triton (the `triton` backend does this) or move the tensors to a GPU"
         )
     loc = query_start_loc.tolist()
-    max_q = max(loc[i + 1] - loc[i] for i in range(len(loc) - 1))
+    lens = seq_lens.tolist()
     T, Hq, D = query.shape
-    cfg = launch_config(seq_lens.shape[0], max_q, Hq, key_cache.shape[2], D, key_cache.shape[1], query.dtype, interp)
+    plan = plan_launch(lens, [loc[i + 1] - loc[i] for i in range(len(lens))], Hq, key_cache.shape[2], D,
+                       key_cache.shape[1], query.dtype, interp)  # fmt: skip
     if out is None:
         out = torch.empty_like(query)
+    upcast = (plan.decode or plan.other).UPCAST
     # bf16 on the interpreter: write fp32, round with torch (the interpreter truncates)
-    target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if cfg.UPCAST else out
-    if _kernel is None:
-        _kernel = _build_kernel()
-    _kernel[cfg.grid](
-        query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, target,
-        float(scale),
-        query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0),
-        target.stride(0), target.stride(1),
-        GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_Q=cfg.BLOCK_Q, BLOCK_N=cfg.BLOCK_N,
-        HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE,
-        UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32,
-    )  # fmt: skip
-    if cfg.UPCAST:
+    target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if upcast else out
+    dev = query.device
+    strides_kv = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+                  value_cache.stride(0), value_cache.stride(1), value_cache.stride(2))  # fmt: skip
+    if plan.decode is not None:
+        cfg = plan.decode
+        ids = torch.tensor(plan.decode_seqs, dtype=torch.int32, device=dev)
+        part_acc = torch.empty(len(plan.decode_seqs), plan.max_splits, Hq, cfg.HEAD_DIM_PAD, dtype=torch.float32,
+                               device=dev)  # fmt: skip
+        part_ml = torch.empty(len(plan.decode_seqs), plan.max_splits, Hq, 2, dtype=torch.float32, device=dev)
+        _decode_kernel[cfg.grid](
+            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, ids, part_acc, part_ml,
+            float(scale),
+            query.stride(0), query.stride(1), *strides_kv, block_tables.stride(0),
+            part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
+            GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_N=cfg.BLOCK_N, HEAD_DIM=cfg.HEAD_DIM,
+            HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE, SPLIT_SIZE=cfg.SPLIT_SIZE,
+            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        _merge_kernel[(len(plan.decode_seqs), Hq)](
+            part_acc, part_ml, seq_lens, query_start_loc, ids, target,
+            part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
+            target.stride(0), target.stride(1),
+            HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, SPLIT_SIZE=cfg.SPLIT_SIZE,
+        )  # fmt: skip
+    if plan.other is not None:
+        cfg = plan.other
+        ids = torch.tensor(plan.other_seqs, dtype=torch.int32, device=dev)
+        _prefill_kernel[cfg.grid](
+            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, ids, target,
+            float(scale),
+            query.stride(0), query.stride(1), *strides_kv, block_tables.stride(0), target.stride(0), target.stride(1),
+            GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_Q=cfg.BLOCK_Q, BLOCK_N=cfg.BLOCK_N,
+            HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE,
+            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    if upcast:
         out.copy_(target)
     return out

@@ -1,0 +1,338 @@
+"""Benchmark the Triton paged-attention kernel against SDPA, in one call.
+
+GPU (default when CUDA is there): decode over B x L, block sizes and head dims,
+causal prefill, chunked prefill and a mixed batch; bf16, Hq=32, Hkv=8, D=128,
+block size 16, randomly permuted block tables; median of triton.testing.do_bench
+(which flushes L2 between runs). Writes a JSON file with the machine, versions,
+every figure and the floor it is compared with; ``--plot`` turns that JSON into
+PNG plots (matplotlib, on any machine).
+
+CPU (``--cpu``): the same code paths on tiny sizes, through the Triton interpreter,
+so the harness itself never rots (tests/test_benchmarks.py runs it).
+
+    python benchmarks/bench_paged_attention.py --out benchmarks/results/h200.json
+    python benchmarks/bench_paged_attention.py --plot benchmarks/results/h200.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+if "--cpu" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch.nn.functional as F  # noqa: E402
+
+GPU_GRID = {
+    "decode_B": [1, 8, 32, 64, 128],
+    "decode_L": [2048, 4096, 8192, 32768],
+    "variants": [(16, 64), (1, 128), (64, 128), (16, 128)],  # (block_size, head_dim) at B=32, L=4096
+    "prefill_L": 8192,
+    "chunk": (2048, 16384),  # new tokens over cached
+    "mixed": (64, 4096, 2048),  # decode seqs, their history, one prefill of this length
+    "heads": (32, 8, 128),
+}
+CPU_GRID = {
+    "decode_B": [1, 2],
+    "decode_L": [64, 600],
+    "variants": [(1, 64), (16, 32)],
+    "prefill_L": 96,
+    "chunk": (16, 80),
+    "mixed": (2, 64, 32),
+    "heads": (4, 2, 32),
+}
+
+
+def bench(fn, device: str) -> float:
+    """Median milliseconds of ``fn``."""
+    if device == "cuda":
+        import triton
+
+        return float(triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    fn()
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def paged_batch(B, L, q_len, Hq, Hkv, D, bs, dtype, device, gen_seed=0):
+    """Random tensors of one batch with permuted blocks; every sequence has L tokens."""
+    g = torch.Generator(device="cpu").manual_seed(gen_seed)
+    nb = -(-L // bs)
+    N = B * nb
+    perm = torch.randperm(N, generator=g)
+    tables = perm.view(B, nb).to(torch.int32).to(device)
+    k = torch.randn(N, bs, Hkv, D, dtype=dtype, device=device)
+    v = torch.randn(N, bs, Hkv, D, dtype=dtype, device=device)
+    q = torch.randn(B * q_len, Hq, D, dtype=dtype, device=device)
+    seq_lens = torch.full((B,), L, dtype=torch.int32, device=device)
+    loc = torch.arange(0, (B + 1) * q_len, q_len, dtype=torch.int32, device=device)
+    return q, k, v, tables, seq_lens, loc
+
+
+def contiguous_history(k, v, tables, L):
+    """[B, Hkv, L, D] K and V made contiguous (what SDPA reads)."""
+    B = tables.shape[0]
+    kc = k[tables.long()].reshape(B, -1, k.shape[2], k.shape[3])[:, :L].transpose(1, 2).contiguous()
+    vc = v[tables.long()].reshape(B, -1, v.shape[2], v.shape[3])[:, :L].transpose(1, 2).contiguous()
+    return kc, vc
+
+
+def sdpa(q, k, v, **kw):
+    return F.scaled_dot_product_attention(q, k, v, enable_gqa=q.shape[1] != k.shape[1], **kw)
+
+
+def decode_point(B, L, bs, D, Hq, Hkv, dtype, device, kernel):
+    q, k, v, tables, seq_lens, loc = paged_batch(B, L, 1, Hq, Hkv, D, bs, dtype, device)
+    elt = k.element_size()
+    nbytes = 2 * B * L * Hkv * D * elt + 2 * B * Hq * D * elt
+    kc, vc = contiguous_history(k, v, tables, L)
+    qd = q.view(B, Hq, 1, D)
+    t_paged = bench(lambda: kernel(q, k, v, tables, seq_lens, loc), device)
+    t_sdpa = bench(lambda: sdpa(qd, kc, vc), device)
+
+    def gather_then_sdpa():
+        kg, vg = contiguous_history(k, v, tables, L)
+        return sdpa(qd, kg, vg)
+
+    t_gather = bench(gather_then_sdpa, device)
+    ref = sdpa(qd.float(), kc.float(), vc.float()).view(B, Hq, D)
+    err = float((kernel(q, k, v, tables, seq_lens, loc).float() - ref).abs().max())
+    return {
+        "B": B, "L": L, "block_size": bs, "head_dim": D, "bytes": nbytes,
+        "ms": {"triton_paged": t_paged, "sdpa_contiguous": t_sdpa, "gather_then_sdpa": t_gather},
+        "TBps": {"triton_paged": nbytes / t_paged / 1e9, "sdpa_contiguous": nbytes / t_sdpa / 1e9,
+                 "gather_then_sdpa": nbytes / t_gather / 1e9},
+        "max_abs_err_vs_fp32_sdpa": err,
+    }  # fmt: skip
+
+
+def prefill_point(new, cached, Hq, Hkv, D, dtype, device, kernel, label):
+    L = new + cached
+    q, k, v, tables, seq_lens, loc = paged_batch(1, L, new, Hq, Hkv, D, 16 if device == "cuda" else 8, dtype, device)
+    kc, vc = contiguous_history(k, v, tables, L)
+    qd = q.view(1, new, Hq, D).transpose(1, 2)
+    # causal FLOPs: 2 matmuls x 2 FLOP x the visible (query, key) pairs
+    pairs = new * cached + new * (new + 1) / 2
+    flops = 4 * pairs * Hq * D
+    t_paged = bench(lambda: kernel(q, k, v, tables, seq_lens, loc), device)
+    if cached == 0:
+        t_sdpa = bench(lambda: sdpa(qd, kc, vc, is_causal=True), device)
+    else:
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(new, L)
+        t_sdpa = bench(lambda: F.scaled_dot_product_attention(qd, kc.repeat_interleave(Hq // Hkv, 1),
+                                                             vc.repeat_interleave(Hq // Hkv, 1), attn_mask=mask),
+                       device)  # fmt: skip
+    return {
+        "kind": label, "new": new, "cached": cached, "flops": flops,
+        "ms": {"triton_paged": t_paged, "sdpa_contiguous": t_sdpa},
+        "TFLOPs": {"triton_paged": flops / t_paged / 1e9, "sdpa_contiguous": flops / t_sdpa / 1e9},
+    }  # fmt: skip
+
+
+def mixed_point(n_decode, L, prefill, Hq, Hkv, D, dtype, device, kernel):
+    bs = 16
+    q_d, k_d, v_d, t_d, s_d, _ = paged_batch(n_decode, L, 1, Hq, Hkv, D, bs, dtype, device)
+    q_p, k_p, v_p, t_p, s_p, _ = paged_batch(1, prefill, prefill, Hq, Hkv, D, bs, dtype, device, 1)
+    k = torch.cat([k_d, k_p])
+    v = torch.cat([v_d, v_p])
+    width = max(t_d.shape[1], t_p.shape[1])
+    tables = torch.zeros(n_decode + 1, width, dtype=torch.int32, device=device)
+    tables[:n_decode, : t_d.shape[1]] = t_d
+    tables[n_decode, : t_p.shape[1]] = t_p + k_d.shape[0]
+    seq_lens = torch.cat([s_d, s_p])
+    q = torch.cat([q_d, q_p])
+    loc = torch.tensor([0] + [1] * n_decode + [prefill], device=device).cumsum(0).to(torch.int32)
+    t = bench(lambda: kernel(q, k, v, tables, seq_lens, loc), device)
+    return {"decode_seqs": n_decode, "decode_L": L, "prefill": prefill, "ms": {"triton_paged": t}}
+
+
+def copy_bandwidth(device: str) -> float:
+    n = (1 << 30) if device == "cuda" else (1 << 22)
+    a = torch.empty(n, dtype=torch.uint8, device=device)
+    b = torch.empty_like(a)
+    t = bench(lambda: b.copy_(a), device)
+    return 2 * n / t / 1e9
+
+
+def machine(device: str) -> dict:
+    import triton
+
+    info = {"torch": torch.__version__, "triton": triton.__version__, "python": platform.python_version()}
+    if device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+        try:
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+        except OSError:
+            info["driver"] = "unknown"
+    else:
+        info["cpu"] = platform.processor() or platform.machine()
+        info["note"] = "Triton interpreter: figures test the harness, not the kernel's speed"
+    return info
+
+
+def run(device: str, out: str | None) -> dict:
+    from pagedattn.kernels.triton_paged_attention import paged_attention as kernel
+
+    grid = GPU_GRID if device == "cuda" else CPU_GRID
+    Hq, Hkv, D = grid["heads"]
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    result = {"machine": machine(device), "config": {"dtype": str(dtype), "Hq": Hq, "Hkv": Hkv, "D": D}}
+    result["copy_TBps"] = copy_bandwidth(device)
+    decode = []
+    for L in grid["decode_L"]:
+        for B in grid["decode_B"]:
+            p = decode_point(B, L, 16 if device == "cuda" else 8, D, Hq, Hkv, dtype, device, kernel)
+            decode.append(p)
+            print(f"decode B={B:4d} L={L:6d}: paged {p['TBps']['triton_paged']:.2f} TB/s, "
+                  f"sdpa {p['TBps']['sdpa_contiguous']:.2f}, gather+sdpa {p['TBps']['gather_then_sdpa']:.2f}",
+                  flush=True)  # fmt: skip
+    result["decode"] = decode
+    result["decode_variants"] = [
+        decode_point(32 if device == "cuda" else 2, grid["decode_L"][1], bs, d, Hq, Hkv, dtype, device, kernel)
+        for bs, d in grid["variants"]
+    ]
+    result["prefill"] = [
+        prefill_point(grid["prefill_L"], 0, Hq, Hkv, D, dtype, device, kernel, "causal_prefill"),
+        prefill_point(*grid["chunk"], Hq, Hkv, D, dtype, device, kernel, "chunked_prefill"),
+    ]
+    result["mixed"] = mixed_point(*grid["mixed"], Hq, Hkv, D, dtype, device, kernel)
+    result["targets"] = check_targets(result)
+    if out:
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        with open(out, "w") as f:
+            json.dump(result, f, indent=1)
+    print_table(result)
+    return result
+
+
+def check_targets(result: dict) -> list[dict]:
+    """Each target of the brief with its floor, the figure, and whether it is met."""
+    rows = []
+    for p in result["decode"]:
+        tb = p["TBps"]
+        rows.append({"target": f"decode B={p['B']} L={p['L']}: >= 90% of SDPA on contiguous",
+                     "value": tb["triton_paged"], "floor": 0.9 * tb["sdpa_contiguous"],
+                     "met": tb["triton_paged"] >= 0.9 * tb["sdpa_contiguous"]})  # fmt: skip
+        rows.append({"target": f"decode B={p['B']} L={p['L']}: >= 3x gather-then-SDPA",
+                     "value": p["ms"]["gather_then_sdpa"] / p["ms"]["triton_paged"], "floor": 3.0,
+                     "met": p["ms"]["gather_then_sdpa"] >= 3 * p["ms"]["triton_paged"]})  # fmt: skip
+    one = [p for p in result["decode"] if p["B"] == 1 and p["L"] == max(x["L"] for x in result["decode"])]
+    for p in one:
+        rows.append({"target": f"decode B=1 L={p['L']}: faster than SDPA on contiguous",
+                     "value": p["ms"]["triton_paged"], "floor": p["ms"]["sdpa_contiguous"],
+                     "met": p["ms"]["triton_paged"] < p["ms"]["sdpa_contiguous"]})  # fmt: skip
+    pre = result["prefill"][0]["TFLOPs"]
+    rows.append(
+        {
+            "target": "causal prefill: >= 50% of SDPA TFLOP/s",
+            "value": pre["triton_paged"],
+            "floor": 0.5 * pre["sdpa_contiguous"],
+            "met": pre["triton_paged"] >= 0.5 * pre["sdpa_contiguous"],
+        }
+    )
+    return rows  # fmt: skip
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{result['machine']}\ncopy bandwidth {result['copy_TBps']:.2f} TB/s")
+    print(f"{'B':>5}{'L':>7}{'bs':>4}{'D':>5}{'paged TB/s':>12}{'sdpa TB/s':>11}{'gather TB/s':>12}{'vs sdpa':>9}"
+          f"{'vs gather':>10}")  # fmt: skip
+    for p in result["decode"] + result["decode_variants"]:
+        tb = p["TBps"]
+        print(f"{p['B']:>5}{p['L']:>7}{p['block_size']:>4}{p['head_dim']:>5}{tb['triton_paged']:>12.2f}"
+              f"{tb['sdpa_contiguous']:>11.2f}{tb['gather_then_sdpa']:>12.2f}"
+              f"{tb['triton_paged'] / tb['sdpa_contiguous']:>9.2f}"
+              f"{p['ms']['gather_then_sdpa'] / p['ms']['triton_paged']:>10.2f}")  # fmt: skip
+    for p in result["prefill"]:
+        print(f"{p['kind']} new={p['new']} cached={p['cached']}: paged {p['TFLOPs']['triton_paged']:.1f} TFLOP/s, "
+              f"sdpa {p['TFLOPs']['sdpa_contiguous']:.1f}")  # fmt: skip
+    m = result["mixed"]
+    print(
+        f"mixed {m['decode_seqs']} decode x {m['decode_L']} + prefill {m['prefill']}: {m['ms']['triton_paged']:.3f} ms"
+    )
+    met = sum(r["met"] for r in result["targets"])
+    print(f"targets met: {met} of {len(result['targets'])}")
+    for r in result["targets"]:
+        if not r["met"]:
+            print(f"  MISSED {r['target']}: {r['value']:.3g} (floor {r['floor']:.3g})")
+
+
+def plot(path: str) -> list[str]:
+    """PNG plots next to the JSON: time vs history length per implementation, and the
+    fraction of copy bandwidth each reaches."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(path) as f:
+        result = json.load(f)
+    base = os.path.splitext(path)[0]
+    outs = []
+    Bs = sorted({p["B"] for p in result["decode"]})
+    impls = ["triton_paged", "sdpa_contiguous", "gather_then_sdpa"]
+    fig, axes = plt.subplots(1, len(Bs), figsize=(4 * len(Bs), 3.6), sharey=False)
+    for ax, B in zip(axes, Bs):
+        pts = sorted((p for p in result["decode"] if p["B"] == B), key=lambda p: p["L"])
+        Ls = [p["L"] for p in pts]
+        for impl in impls:
+            ax.plot(Ls, [p["ms"][impl] for p in pts], marker="o", label=impl)
+        ax.plot(Ls, [p["bytes"] / (result["copy_TBps"] * 1e9) for p in pts], "k--", label="copy-bandwidth line")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_title(f"decode, B={B}")
+        ax.set_xlabel("history length L")
+    axes[0].set_ylabel("ms (median)")
+    axes[-1].legend(fontsize=7)
+    fig.suptitle(f"{result['machine'].get('gpu', 'cpu')}: paged decode, bf16, Hq=32 Hkv=8 D=128, page 16")
+    fig.tight_layout()
+    outs.append(base + "-decode-time.png")
+    fig.savefig(outs[-1], dpi=110)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    labels = [f"B{p['B']}\nL{p['L'] // 1024}k" for p in result["decode"]]
+    x = range(len(labels))
+    width = 0.27
+    for i, impl in enumerate(impls):
+        ax.bar([xi + (i - 1) * width for xi in x], [p["TBps"][impl] / result["copy_TBps"] for p in result["decode"]],
+               width, label=impl)  # fmt: skip
+    ax.set_xticks(list(x), labels, fontsize=6)
+    ax.set_ylabel("fraction of copy bandwidth")
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    outs.append(base + "-decode-bandwidth.png")
+    fig.savefig(outs[-1], dpi=110)
+    return outs
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu", action="store_true", help="tiny sizes on the Triton interpreter")
+    ap.add_argument("--out", default=None, help="write the JSON here")
+    ap.add_argument("--plot", default=None, metavar="JSON", help="only plot an existing JSON")
+    args = ap.parse_args(argv)
+    if args.plot:
+        print("\n".join(plot(args.plot)))
+        return
+    device = "cpu" if args.cpu or not torch.cuda.is_available() else "cuda"
+    run(device, args.out)
+
+
+if __name__ == "__main__":
+    main()

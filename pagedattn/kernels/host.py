@@ -1,0 +1,217 @@
+"""Host-side arithmetic of the Triton kernel: input checks, the launch plan, every
+integer that becomes a pointer offset or a grid size. Plain Python and torch, tested
+on any machine; nothing here imports triton."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedattn.kernels.tlsim import next_power_of_2
+
+_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def check_paged_inputs(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> None:
+    """Every check the kernel needs before a launch; raises ``ValueError`` naming the
+    field and the bound. Reads the small int tensors on the host."""
+
+    def fail(field: str, msg: str) -> ValueError:
+        return ValueError(f"paged_attention: {field}: {msg}")
+
+    named = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
+                 seq_lens=seq_lens, query_start_loc=query_start_loc)  # fmt: skip
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise fail(name, f"must be a torch.Tensor, got {type(t).__name__}")
+    for name, t, rank in (("query", query, 3), ("key_cache", key_cache, 4), ("value_cache", value_cache, 4),
+                          ("block_tables", block_tables, 2), ("seq_lens", seq_lens, 1),
+                          ("query_start_loc", query_start_loc, 1)):  # fmt: skip
+        if t.dim() != rank:
+            raise fail(name, f"must have rank {rank}, got shape {tuple(t.shape)}")
+    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
+        if t.dtype not in _FLOAT_DTYPES:
+            raise fail(name, f"dtype must be float32, float16 or bfloat16, got {t.dtype}")
+    if not (query.dtype == key_cache.dtype == value_cache.dtype):
+        raise fail("key_cache", f"query, key_cache and value_cache must share a dtype, got "
+                                f"{query.dtype}, {key_cache.dtype}, {value_cache.dtype}")  # fmt: skip
+    for name in ("block_tables", "seq_lens", "query_start_loc"):
+        if named[name].dtype != torch.int32:
+            raise fail(name, f"must be int32, got {named[name].dtype}")
+    dev = query.device
+    for name, t in named.items():
+        if t.device != dev:
+            raise fail(name, f"is on {t.device}, query is on {dev}: one device for all")
+    if key_cache.shape != value_cache.shape:
+        raise fail("value_cache", f"shape {tuple(value_cache.shape)} != key_cache {tuple(key_cache.shape)}")
+    T, Hq, D = query.shape
+    N, bs, Hkv, Dk = key_cache.shape
+    if Dk != D:
+        raise fail("key_cache", f"head_dim {Dk} must equal query head_dim {D}")
+    if min(T, Hq, D, N, bs, Hkv) < 1:
+        raise fail("query", f"empty dimension in query {tuple(query.shape)} or cache {tuple(key_cache.shape)}")
+    if Hq % Hkv:
+        raise fail("query", f"num_heads {Hq} must be a multiple of num_kv_heads {Hkv}")
+    for name in ("query", "key_cache", "value_cache"):
+        if named[name].stride(-1) != 1:
+            raise fail(name, f"the last (head_dim) dimension must be contiguous (stride 1), got strides "
+                             f"{named[name].stride()}")  # fmt: skip
+    for name, dim in (("block_tables", 1), ("seq_lens", 0), ("query_start_loc", 0)):
+        if named[name].stride(dim) != 1:
+            raise fail(name, f"dimension {dim} must be contiguous (stride 1), got strides {named[name].stride()}")
+    # The kernel addresses the cache with int64 block offsets but int32 everything else.
+    if key_cache.stride(1) * bs > 2**31 - 1 or query.numel() > 2**31 - 1:
+        raise fail("key_cache", "a block or the query exceeds 2**31 elements; int32 offsets would overflow")
+    B = seq_lens.shape[0]
+    if B < 1:
+        raise fail("seq_lens", "must hold at least one sequence")
+    if block_tables.shape[0] != B:
+        raise fail("block_tables", f"has {block_tables.shape[0]} rows, seq_lens has {B}")
+    if query_start_loc.shape[0] != B + 1:
+        raise fail("query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {query_start_loc.shape[0]}")
+    if scale is not None and not (0.0 < float(scale) < float("inf")):
+        raise fail("scale", f"must be finite and > 0, got {scale}")
+    loc = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    if loc[0] != 0 or loc[-1] != T:
+        raise fail("query_start_loc", f"must start at 0 and end at num_tokens = {T}, got {loc[0]} .. {loc[-1]}")
+    M = block_tables.shape[1]
+    tables = block_tables.cpu()
+    for b in range(B):
+        q_b = loc[b + 1] - loc[b]
+        if q_b < 1:
+            raise fail("query_start_loc", f"sequence {b} has {q_b} new tokens; every sequence needs >= 1")
+        if not q_b <= lens[b]:
+            raise fail("seq_lens", f"seq_lens[{b}]={lens[b]} is below its query length {q_b}")
+        need = -(-lens[b] // bs)
+        if need > M:
+            raise fail("seq_lens", f"seq_lens[{b}]={lens[b]} needs {need} blocks, block_tables has {M} columns")
+        used = tables[b, :need]
+        if need and (int(used.min()) < 0 or int(used.max()) >= N):
+            raise fail("block_tables", f"row {b} holds a block id outside [0, num_blocks={N})")
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.shape != query.shape or out.dtype != query.dtype:
+            raise fail("out", f"must be a {query.dtype} tensor of shape {tuple(query.shape)}")
+        if out.device != dev:
+            raise fail("out", f"is on {out.device}, query is on {dev}")
+        if out.stride(-1) != 1:
+            raise fail("out", "the last dimension must be contiguous")
+
+
+#: tl.dot needs every dimension >= 16 on NVIDIA GPUs (the interpreter accepts less).
+MIN_DOT = 16
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Every meta-parameter and the grid of one attention launch."""
+
+    grid: tuple[int, int, int]
+    GROUP: int
+    GROUP_PAD: int
+    BLOCK_Q: int
+    BLOCK_N: int
+    HEAD_DIM: int
+    HEAD_DIM_PAD: int
+    BLOCK_SIZE: int
+    UPCAST: bool
+    IEEE_FP32: bool
+    SPLIT_SIZE: int = 0  # decode launches: keys per split (0: no split)
+    num_warps: int = 4
+    num_stages: int = 2
+
+    @property
+    def rows(self) -> int:
+        return self.BLOCK_Q * self.GROUP_PAD
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """How one batch is launched.
+
+    Sequences with one new token (decode) and the others (prefill, continuation) go to
+    two launches with their own tile shapes. Which launch a sequence takes, its tiles
+    and its split of the history depend on that sequence alone, never on the batch, so
+    a sequence computes the same bits alone or in any batch.
+    """
+
+    decode_seqs: list[int]
+    other_seqs: list[int]
+    decode: LaunchConfig | None
+    other: LaunchConfig | None
+    max_splits: int  # splits of the longest decode history (scratch size)
+
+
+def plan_launch(
+    seq_lens: list[int],
+    query_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype,
+    interpreter: bool,
+) -> LaunchPlan:
+    """The launches of one batch, from sizes alone."""
+    group = num_heads // num_kv_heads
+    group_pad = next_power_of_2(group)
+    d_pad = max(MIN_DOT, next_power_of_2(head_dim))
+    common = dict(
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=d_pad,
+        BLOCK_SIZE=block_size,
+        UPCAST=interpreter and dtype == torch.bfloat16,
+        IEEE_FP32=True,
+    )
+    decode_seqs = [b for b, q in enumerate(query_lens) if q == 1]
+    other_seqs = [b for b, q in enumerate(query_lens) if q > 1]
+    decode = other = None
+    max_splits = 0
+    if decode_seqs:
+        # one query row per head: pad the group to the dot minimum; split the history so
+        # that a single long sequence still fills the GPU, then merge by log-sum-exp
+        split = SPLIT_SIZE
+        max_splits = max(-(-seq_lens[b] // split) for b in decode_seqs)
+        decode = LaunchConfig(
+            grid=(len(decode_seqs), max_splits, num_kv_heads),
+            GROUP_PAD=max(MIN_DOT, group_pad),
+            BLOCK_Q=1,
+            BLOCK_N=DECODE_BLOCK_N,
+            SPLIT_SIZE=split,
+            num_warps=4,
+            num_stages=3,
+            **common,
+        )
+    if other_seqs:
+        rows = max(PREFILL_ROWS, group_pad)
+        block_q = rows // group_pad
+        max_q = max(query_lens[b] for b in other_seqs)
+        other = LaunchConfig(
+            grid=(len(other_seqs), -(-max_q // block_q), num_kv_heads),
+            GROUP_PAD=group_pad,
+            BLOCK_Q=block_q,
+            BLOCK_N=PREFILL_BLOCK_N,
+            num_warps=4 if d_pad <= 64 else 8,
+            num_stages=2,
+            **common,
+        )
+    return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
+
+
+#: Tile shapes (tuned on an H200, see benchmarks/): decode reads BLOCK_N keys a step,
+#: SPLIT_SIZE keys per program; prefill tiles hold PREFILL_ROWS query rows.
+DECODE_BLOCK_N = 64
+SPLIT_SIZE = 512
+PREFILL_ROWS = 64
+PREFILL_BLOCK_N = 64
