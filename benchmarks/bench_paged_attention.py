@@ -103,13 +103,21 @@ def decode_point(B, L, bs, D, Hq, Hkv, dtype, device, kernel):
     t_paged = bench(lambda: kernel(q, k, v, tables, seq_lens, loc), device)
     t_sdpa = bench(lambda: sdpa(qd, kc, vc), device)
 
+    flat = tables.reshape(-1).long()
+    nb = tables.shape[1]
+
     def gather_then_sdpa():
-        kg, vg = contiguous_history(k, v, tables, L)
+        # the best plain-torch gather: one index_select per pool, then SDPA on strided views
+        kg = k.index_select(0, flat).view(B, nb * bs, Hkv, D)[:, :L].transpose(1, 2)
+        vg = v.index_select(0, flat).view(B, nb * bs, Hkv, D)[:, :L].transpose(1, 2)
         return sdpa(qd, kg, vg)
 
     t_gather = bench(gather_then_sdpa, device)
-    ref = sdpa(qd.float(), kc.float(), vc.float()).view(B, Hq, D)
-    err = float((kernel(q, k, v, tables, seq_lens, loc).float() - ref).abs().max())
+    err = None
+    if B * L <= 1 << 18:  # a sanity check of the timed kernel (the suite does the real checking)
+        ref = sdpa(qd.float(), kc.float(), vc.float()).view(B, Hq, D)
+        err = float((kernel(q, k, v, tables, seq_lens, loc).float() - ref).abs().max())
+    del kc, vc
     return {
         "B": B, "L": L, "block_size": bs, "head_dim": D, "bytes": nbytes,
         "ms": {"triton_paged": t_paged, "sdpa_contiguous": t_sdpa, "gather_then_sdpa": t_gather},

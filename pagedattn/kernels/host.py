@@ -22,9 +22,10 @@ def check_paged_inputs(
     query_start_loc: torch.Tensor,
     scale: float | None = None,
     out: torch.Tensor | None = None,
-) -> None:
+) -> tuple[list[int], list[int]]:
     """Every check the kernel needs before a launch; raises ``ValueError`` naming the
-    field and the bound. Reads the small int tensors on the host."""
+    field and the bound. Returns ``(seq_lens, query_start_loc)`` as lists: the values
+    reach the host once, in one transfer, and serve the launch plan too."""
 
     def fail(field: str, msg: str) -> ValueError:
         return ValueError(f"paged_attention: {field}: {msg}")
@@ -81,12 +82,16 @@ def check_paged_inputs(
         raise fail("query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {query_start_loc.shape[0]}")
     if scale is not None and not (0.0 < float(scale) < float("inf")):
         raise fail("scale", f"must be finite and > 0, got {scale}")
-    loc = query_start_loc.tolist()
-    lens = seq_lens.tolist()
+    # Every value check in one device-to-host transfer: the lengths, the offsets, and per
+    # sequence whether a block id it uses is out of range (computed where the table lives).
+    M = block_tables.shape[1]
+    need = (seq_lens.long() + bs - 1) // bs  # [B]
+    used = torch.arange(M, device=dev)[None, :] < need[:, None]  # [B, M]
+    bad = (used & ((block_tables < 0) | (block_tables >= N))).any(dim=1)  # [B]
+    values = torch.cat([seq_lens.long(), query_start_loc.long(), bad.long()]).tolist()
+    lens, loc, bad_rows = values[:B], values[B : 2 * B + 1], values[2 * B + 1 :]
     if loc[0] != 0 or loc[-1] != T:
         raise fail("query_start_loc", f"must start at 0 and end at num_tokens = {T}, got {loc[0]} .. {loc[-1]}")
-    M = block_tables.shape[1]
-    tables = block_tables.cpu()
     for b in range(B):
         q_b = loc[b + 1] - loc[b]
         if q_b < 1:
@@ -96,8 +101,7 @@ def check_paged_inputs(
         need = -(-lens[b] // bs)
         if need > M:
             raise fail("seq_lens", f"seq_lens[{b}]={lens[b]} needs {need} blocks, block_tables has {M} columns")
-        used = tables[b, :need]
-        if need and (int(used.min()) < 0 or int(used.max()) >= N):
+        if bad_rows[b]:
             raise fail("block_tables", f"row {b} holds a block id outside [0, num_blocks={N})")
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.shape != query.shape or out.dtype != query.dtype:
@@ -106,6 +110,7 @@ def check_paged_inputs(
             raise fail("out", f"is on {out.device}, query is on {dev}")
         if out.stride(-1) != 1:
             raise fail("out", "the last dimension must be contiguous")
+    return lens, loc
 
 
 #: tl.dot needs every dimension >= 16 on NVIDIA GPUs (the interpreter accepts less).

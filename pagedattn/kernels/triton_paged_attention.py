@@ -374,7 +374,7 @@ def paged_attention(
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in the query dtype (``out`` if given).
     """
-    check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    lens, loc = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out)
     if scale is None:
         scale = query.shape[-1] ** -0.5
     interp = interpreter_active()
@@ -383,8 +383,6 @@ def paged_attention(
             "paged_attention: tensors are on the CPU but the Triton interpreter is off; set TRITON_INTERPRET=1 "
             "before importing triton (the `triton` backend does this) or move the tensors to a GPU"
         )
-    loc = query_start_loc.tolist()
-    lens = seq_lens.tolist()
     T, Hq, D = query.shape
     plan = plan_launch(lens, [loc[i + 1] - loc[i] for i in range(len(lens))], Hq, key_cache.shape[2], D,
                        key_cache.shape[1], query.dtype, interp)  # fmt: skip
