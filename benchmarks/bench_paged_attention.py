@@ -102,6 +102,11 @@ def decode_point(B, L, bs, D, Hq, Hkv, dtype, device, kernel):
     qd = q.view(B, Hq, 1, D)
     t_paged = bench(lambda: kernel(q, k, v, tables, seq_lens, loc), device)
     t_sdpa = bench(lambda: sdpa(qd, kc, vc), device)
+    from pagedattn.kernels.triton_paged_attention import prepare, run
+
+    prep = prepare(q, k, v, tables, seq_lens, loc)
+    t_run = bench(lambda: run(prep, q, k, v), device)
+    t_prepare = bench(lambda: prepare(q, k, v, tables, seq_lens, loc), device)
 
     flat = tables.reshape(-1).long()
     nb = tables.shape[1]
@@ -119,9 +124,10 @@ def decode_point(B, L, bs, D, Hq, Hkv, dtype, device, kernel):
         err = float((kernel(q, k, v, tables, seq_lens, loc).float() - ref).abs().max())
     return {
         "B": B, "L": L, "block_size": bs, "head_dim": D, "bytes": nbytes,
-        "ms": {"triton_paged": t_paged, "sdpa_contiguous": t_sdpa, "gather_then_sdpa": t_gather},
-        "TBps": {"triton_paged": nbytes / t_paged / 1e9, "sdpa_contiguous": nbytes / t_sdpa / 1e9,
-                 "gather_then_sdpa": nbytes / t_gather / 1e9},
+        "ms": {"triton_paged": t_run, "triton_paged_with_checks": t_paged, "triton_prepare": t_prepare,
+               "sdpa_contiguous": t_sdpa, "gather_then_sdpa": t_gather},
+        "TBps": {"triton_paged": nbytes / t_run / 1e9, "triton_paged_with_checks": nbytes / t_paged / 1e9,
+                 "sdpa_contiguous": nbytes / t_sdpa / 1e9, "gather_then_sdpa": nbytes / t_gather / 1e9},
         "max_abs_err_vs_fp32_sdpa": err,
     }  # fmt: skip
 
@@ -134,7 +140,10 @@ def prefill_point(new, cached, Hq, Hkv, D, dtype, device, kernel, label):
     # causal FLOPs: 2 matmuls x 2 FLOP x the visible (query, key) pairs
     pairs = new * cached + new * (new + 1) / 2
     flops = 4 * pairs * Hq * D
-    t_paged = bench(lambda: kernel(q, k, v, tables, seq_lens, loc), device)
+    from pagedattn.kernels.triton_paged_attention import prepare, run
+
+    prep = prepare(q, k, v, tables, seq_lens, loc)
+    t_paged = bench(lambda: run(prep, q, k, v), device)
     if cached == 0:
         t_sdpa = bench(lambda: sdpa(qd, kc, vc, is_causal=True), device)
     else:
@@ -206,7 +215,8 @@ def run(device: str, out: str | None) -> dict:
         for B in grid["decode_B"]:
             p = decode_point(B, L, 16 if device == "cuda" else 8, D, Hq, Hkv, dtype, device, kernel)
             decode.append(p)
-            print(f"decode B={B:4d} L={L:6d}: paged {p['TBps']['triton_paged']:.2f} TB/s, "
+            print(f"decode B={B:4d} L={L:6d}: paged {p['TBps']['triton_paged']:.2f} TB/s "
+                  f"(with checks {p['TBps']['triton_paged_with_checks']:.2f}), "
                   f"sdpa {p['TBps']['sdpa_contiguous']:.2f}, gather+sdpa {p['TBps']['gather_then_sdpa']:.2f}",
                   flush=True)  # fmt: skip
     result["decode"] = decode

@@ -207,7 +207,7 @@ def plan_launch(
             GROUP_PAD=group_pad,
             BLOCK_Q=block_q,
             BLOCK_N=PREFILL_BLOCK_N,
-            num_warps=4 if d_pad <= 64 else 8,
+            num_warps=8 if block_q * group_pad >= 128 and d_pad > 64 else 4,
             num_stages=2,
             **common,
         )
@@ -218,5 +218,5 @@ def plan_launch(
 #: SPLIT_SIZE keys per program; prefill tiles hold PREFILL_ROWS query rows.
 DECODE_BLOCK_N = 64
 SPLIT_SIZE = 512
-PREFILL_ROWS = 64
+PREFILL_ROWS = 128
 PREFILL_BLOCK_N = 64

@@ -32,6 +32,7 @@ import it only after the interpreter has been decided.
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -348,6 +349,133 @@ def _merge_kernel(
              mask=d < HEAD_DIM)  # fmt: skip
 
 
+@dataclass
+class PreparedBatch:
+    """A validated, planned batch: what ``run`` needs besides the tensors it reads.
+
+    Build it once per batch with ``prepare`` (the checks and the one device-to-host
+    transfer happen there) and call ``run`` for every layer, as serving engines build
+    their attention metadata once per step.
+    """
+
+    plan: LaunchPlan
+    scale: float
+    query_shape: tuple[int, ...]
+    cache_shape: tuple[int, ...]
+    dtype: torch.dtype
+    device: torch.device
+    block_tables: torch.Tensor
+    seq_lens: torch.Tensor
+    query_start_loc: torch.Tensor
+    decode_ids: torch.Tensor | None
+    other_ids: torch.Tensor | None
+    part_acc: torch.Tensor | None  # [n_decode, max_splits, num_heads, HEAD_DIM_PAD] fp32
+    part_ml: torch.Tensor | None  # [n_decode, max_splits, num_heads, 2] fp32
+
+
+def prepare(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> PreparedBatch:
+    """Check every input (``ValueError`` naming the field) and plan the launches.
+    Arguments as for ``paged_attention``."""
+    lens, loc = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    interp = interpreter_active()
+    if query.device.type != "cuda" and not interp:
+        raise RuntimeError(
+            "paged_attention: tensors are on the CPU but the Triton interpreter is off; set TRITON_INTERPRET=1 "
+            "before importing triton (the `triton` backend does this) or move the tensors to a GPU"
+        )
+    T, Hq, D = query.shape
+    plan = plan_launch(lens, [loc[i + 1] - loc[i] for i in range(len(lens))], Hq, key_cache.shape[2], D,
+                       key_cache.shape[1], query.dtype, interp)  # fmt: skip
+    dev = query.device
+    n_dec = len(plan.decode_seqs)
+    return PreparedBatch(
+        plan=plan,
+        scale=float(D**-0.5 if scale is None else scale),
+        query_shape=tuple(query.shape),
+        cache_shape=tuple(key_cache.shape),
+        dtype=query.dtype,
+        device=dev,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
+        decode_ids=torch.tensor(plan.decode_seqs, dtype=torch.int32, device=dev) if n_dec else None,
+        other_ids=torch.tensor(plan.other_seqs, dtype=torch.int32, device=dev) if plan.other_seqs else None,
+        part_acc=torch.empty(n_dec, plan.max_splits, Hq, plan.decode.HEAD_DIM_PAD, dtype=torch.float32, device=dev)
+        if n_dec
+        else None,
+        part_ml=torch.empty(n_dec, plan.max_splits, Hq, 2, dtype=torch.float32, device=dev) if n_dec else None,
+    )
+
+
+def run(
+    prep: PreparedBatch,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The launches of a prepared batch, over tensors of the prepared shapes (checked
+    here without touching the device: shapes, dtypes, devices, last-dim strides)."""
+    for name, t, shape in (("query", query, prep.query_shape), ("key_cache", key_cache, prep.cache_shape),
+                           ("value_cache", value_cache, prep.cache_shape)):  # fmt: skip
+        if tuple(t.shape) != shape or t.dtype != prep.dtype or t.device != prep.device or t.stride(-1) != 1:
+            raise ValueError(
+                f"paged_attention.run: {name} must match the prepared batch: shape {shape}, {prep.dtype}, "
+                f"{prep.device}, contiguous last dimension; got {tuple(t.shape)}, {t.dtype}, {t.device}"
+            )
+    if out is None:
+        out = torch.empty_like(query)
+    elif tuple(out.shape) != prep.query_shape or out.dtype != prep.dtype or out.device != prep.device:
+        raise ValueError(f"paged_attention.run: out must be {prep.dtype} of shape {prep.query_shape}")
+    plan = prep.plan
+    upcast = (plan.decode or plan.other).UPCAST
+    # bf16 on the interpreter: write fp32, round with torch (the interpreter truncates)
+    target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if upcast else out
+    Hq = query.shape[1]
+    tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
+    strides_kv = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+                  value_cache.stride(0), value_cache.stride(1), value_cache.stride(2))  # fmt: skip
+    if plan.decode is not None:
+        cfg, ids, part_acc, part_ml = plan.decode, prep.decode_ids, prep.part_acc, prep.part_ml
+        _decode_kernel[cfg.grid](
+            query, key_cache, value_cache, tables, seq_lens, loc, ids, part_acc, part_ml,
+            prep.scale,
+            query.stride(0), query.stride(1), *strides_kv, tables.stride(0),
+            part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
+            GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_N=cfg.BLOCK_N, HEAD_DIM=cfg.HEAD_DIM,
+            HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE, SPLIT_SIZE=cfg.SPLIT_SIZE,
+            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+        _merge_kernel[(len(plan.decode_seqs), Hq)](
+            part_acc, part_ml, seq_lens, loc, ids, target,
+            part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
+            target.stride(0), target.stride(1),
+            HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, SPLIT_SIZE=cfg.SPLIT_SIZE,
+        )  # fmt: skip
+    if plan.other is not None:
+        cfg = plan.other
+        _prefill_kernel[cfg.grid](
+            query, key_cache, value_cache, tables, seq_lens, loc, prep.other_ids, target,
+            prep.scale,
+            query.stride(0), query.stride(1), *strides_kv, tables.stride(0), target.stride(0), target.stride(1),
+            GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_Q=cfg.BLOCK_Q, BLOCK_N=cfg.BLOCK_N,
+            HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE,
+            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )  # fmt: skip
+    if upcast:
+        out.copy_(target)
+    return out
+
+
 def paged_attention(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -358,7 +486,7 @@ def paged_attention(
     scale: float | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Paged attention over a ragged batch (at most three launches: decode, merge, prefill).
+    """Paged attention over a ragged batch: ``run(prepare(...), ...)``.
 
     Args:
         query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
@@ -374,58 +502,5 @@ def paged_attention(
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in the query dtype (``out`` if given).
     """
-    lens, loc = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out)
-    if scale is None:
-        scale = query.shape[-1] ** -0.5
-    interp = interpreter_active()
-    if query.device.type != "cuda" and not interp:
-        raise RuntimeError(
-            "paged_attention: tensors are on the CPU but the Triton interpreter is off; set TRITON_INTERPRET=1 "
-            "before importing triton (the `triton` backend does this) or move the tensors to a GPU"
-        )
-    T, Hq, D = query.shape
-    plan = plan_launch(lens, [loc[i + 1] - loc[i] for i in range(len(lens))], Hq, key_cache.shape[2], D,
-                       key_cache.shape[1], query.dtype, interp)  # fmt: skip
-    if out is None:
-        out = torch.empty_like(query)
-    upcast = (plan.decode or plan.other).UPCAST
-    # bf16 on the interpreter: write fp32, round with torch (the interpreter truncates)
-    target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if upcast else out
-    dev = query.device
-    strides_kv = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-                  value_cache.stride(0), value_cache.stride(1), value_cache.stride(2))  # fmt: skip
-    if plan.decode is not None:
-        cfg = plan.decode
-        ids = torch.tensor(plan.decode_seqs, dtype=torch.int32, device=dev)
-        part_acc = torch.empty(len(plan.decode_seqs), plan.max_splits, Hq, cfg.HEAD_DIM_PAD, dtype=torch.float32,
-                               device=dev)  # fmt: skip
-        part_ml = torch.empty(len(plan.decode_seqs), plan.max_splits, Hq, 2, dtype=torch.float32, device=dev)
-        _decode_kernel[cfg.grid](
-            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, ids, part_acc, part_ml,
-            float(scale),
-            query.stride(0), query.stride(1), *strides_kv, block_tables.stride(0),
-            part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
-            GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_N=cfg.BLOCK_N, HEAD_DIM=cfg.HEAD_DIM,
-            HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE, SPLIT_SIZE=cfg.SPLIT_SIZE,
-            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
-        _merge_kernel[(len(plan.decode_seqs), Hq)](
-            part_acc, part_ml, seq_lens, query_start_loc, ids, target,
-            part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
-            target.stride(0), target.stride(1),
-            HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, SPLIT_SIZE=cfg.SPLIT_SIZE,
-        )  # fmt: skip
-    if plan.other is not None:
-        cfg = plan.other
-        ids = torch.tensor(plan.other_seqs, dtype=torch.int32, device=dev)
-        _prefill_kernel[cfg.grid](
-            query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, ids, target,
-            float(scale),
-            query.stride(0), query.stride(1), *strides_kv, block_tables.stride(0), target.stride(0), target.stride(1),
-            GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_Q=cfg.BLOCK_Q, BLOCK_N=cfg.BLOCK_N,
-            HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE,
-            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
-    if upcast:
-        out.copy_(target)
-    return out
+    prep = prepare(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    return run(prep, query, key_cache, value_cache, out)
