@@ -185,11 +185,12 @@ from triton.backends.compiler import GPUTarget
 from pagedattn.kernels import host
 from pagedattn.kernels import triton_paged_attention as m
 
-def compile_one(kernel, types, consts, num_warps=4):
+def compile_one(kernel, types, consts, num_warps=4, num_stages=2):
     names = kernel.arg_names
     sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in names}
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()})
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 results = []
 for dtype, heads, kv, d, bs in json.loads(sys.argv[1]):
@@ -201,14 +202,19 @@ for dtype, heads, kv, d, bs in json.loads(sys.argv[1]):
             "IEEE_FP32", "SPLIT_SIZE")
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
-        c = compile_one(kernel, types, consts, cfg.num_warps)
+        c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages)
         results.append({"cfg": [dtype, heads, kv, d, bs, name], "cubin": len(c.asm["cubin"]),
-                        "mma": "mma" in c.asm["ptx"]})
+                        "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared})
     c = compile_one(m._merge_kernel, types, {"HEAD_DIM": d, "HEAD_DIM_PAD": plan.decode.HEAD_DIM_PAD,
                                              "SPLIT_SIZE": plan.decode.SPLIT_SIZE})
-    results.append({"cfg": [dtype, heads, kv, d, bs, "merge"], "cubin": len(c.asm["cubin"]), "mma": None})
+    results.append({"cfg": [dtype, heads, kv, d, bs, "merge"], "cubin": len(c.asm["cubin"]), "mma": None,
+                    "shared": c.metadata.shared})
 print(json.dumps(results))
 """
+
+
+#: the most dynamic shared memory a block may use on sm_90 (227 KB)
+HOPPER_SHARED_MEMORY = 232448
 
 
 def test_kernel_compiles_for_hopper_without_a_gpu():
@@ -221,6 +227,8 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
         ["bfloat16", 8, 1, 80, 1],
         ["float16", 6, 2, 48, 13],
         ["float32", 4, 4, 256, 3],
+        ["float32", 8, 2, 256, 16],
+        ["bfloat16", 8, 2, 256, 16],
     ]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
@@ -231,6 +239,8 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
     assert len(results) == 3 * len(configs)
     for r in results:
         assert r["cubin"] > 0, f"{r['cfg']}: no cubin: {r}"
+        # the compiler accepts more shared memory than a launch gets: check the launch limit
+        assert r["shared"] <= HOPPER_SHARED_MEMORY, f"{r['cfg']}: {r['shared']} B of shared memory cannot launch"
         if r["mma"] is not None:
             # half-precision dots must land on the tensor cores; IEEE fp32 dots cannot (FMA)
             assert r["mma"] == (r["cfg"][0] != "float32"), f"{r['cfg']}: unexpected tensor-core use: {r}"

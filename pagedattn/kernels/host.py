@@ -195,18 +195,21 @@ def plan_launch(
             BLOCK_N=DECODE_BLOCK_N,
             SPLIT_SIZE=split,
             num_warps=4,
-            num_stages=3,
+            num_stages=2 if dtype == torch.float32 and d_pad > 128 else 3,
             **common,
         )
     if other_seqs:
-        rows = max(PREFILL_ROWS, group_pad)
+        # fp32 tiles are twice the bytes and run on FMA units, not the tensor cores:
+        # smaller tiles keep them inside the 227 KB of shared memory of a Hopper SM
+        wide = dtype == torch.float32
+        rows = max(PREFILL_ROWS // (2 if wide else 1) // (2 if wide and d_pad > 128 else 1), group_pad, MIN_DOT)
         block_q = rows // group_pad
         max_q = max(query_lens[b] for b in other_seqs)
         other = LaunchConfig(
             grid=(len(other_seqs), -(-max_q // block_q), num_kv_heads),
             GROUP_PAD=group_pad,
             BLOCK_Q=block_q,
-            BLOCK_N=PREFILL_BLOCK_N,
+            BLOCK_N=PREFILL_BLOCK_N // (2 if wide and d_pad > 128 else 1),
             num_warps=8 if block_q * group_pad >= 128 and d_pad > 64 else 4,
             num_stages=2,
             **common,
