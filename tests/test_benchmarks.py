@@ -1,0 +1,38 @@
+"""The benchmark harness runs end to end in its CPU mode (tiny sizes, Triton interpreter),
+so it never rots. No timing is asserted."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).parent.parent / "benchmarks" / "bench_paged_attention.py"
+
+
+def test_cpu_mode_writes_every_figure(tmp_path):
+    pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
+    out = tmp_path / "cpu.json"
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {"machine", "copy_TBps", "decode", "decode_variants", "prefill", "mixed", "targets"} <= set(result)
+    assert "interpreter" in result["machine"]["note"]
+    for p in result["decode"]:
+        assert set(p["ms"]) >= {"triton_paged", "triton_prepare", "sdpa_contiguous", "gather_then_sdpa"}
+        assert all(v > 0 for v in p["ms"].values())
+        assert p["max_abs_err_vs_fp32_sdpa"] < 1e-2, "the timed kernel must compute attention"
+    assert all({"target", "value", "floor", "met"} <= set(t) for t in result["targets"])
+    assert "targets met" in proc.stdout
+
+
+def test_plots_from_a_result(tmp_path):
+    pytest.importorskip("matplotlib", reason="plots need matplotlib")
+    src = Path(__file__).parent.parent / "benchmarks" / "results" / "h200.json"
+    dst = tmp_path / "h200.json"
+    dst.write_text(src.read_text())
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--plot", str(dst)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "h200-decode-time.png").stat().st_size > 1000
