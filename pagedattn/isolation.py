@@ -116,8 +116,8 @@ class IsolatedBackend:
             self.accepts_out = "out" in inspect.signature(local.paged_attention).parameters
         except (TypeError, ValueError):
             self.accepts_out = False
-        self._proc = None
-        self._conn = None
+        self._proc: Any = None
+        self._conn: Any = None
         self.restarts = 0
         if not hasattr(local, "gather"):
             self.gather = None  # type: ignore[assignment]
@@ -143,7 +143,8 @@ class IsolatedBackend:
         try:
             status, detail = self._conn.recv()
         except EOFError:
-            code = self._proc.exitcode if self._proc.join(5) is None else None
+            self._proc.join(5)
+            code = self._proc.exitcode
             self.close()
             raise BackendFault(f"the backend process {_describe_exit(code)} while loading the backend") from None
         if status != "ready":

@@ -14,6 +14,7 @@ import os
 import platform
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -112,9 +113,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker is not None and not device.startswith("cuda"):
         # one core per xdist worker: intra-op threads of several workers spin against each other
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1))))
-    if worker is not None and device == "cuda" and torch.cuda.device_count() > 1:
-        # one GPU per pytest-xdist worker: gw0 -> cuda:0, gw1 -> cuda:1, ...
-        device = f"cuda:{int(worker['workerid'][2:]) % torch.cuda.device_count()}"
+    if worker is not None and device == "cuda":
+        device = worker_device(device, worker["workerid"], torch.cuda.device_count())
     try:
         backend = load_backend(spec)
     except BackendLoadError as exc:
@@ -143,6 +143,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     suite = config.stash.get(SUITE_KEY, None)
     if suite is not None and hasattr(suite.backend, "close"):
         suite.backend.close()
+
+
+def worker_device(device: str, worker_id: str | None, device_count: int) -> str:
+    """The device of one pytest-xdist worker: with ``--device=cuda`` (no index) and several
+    GPUs, worker ``gwN`` takes ``cuda:(N mod device_count)``; an explicit index, one GPU, the
+    CPU or a serial run keep ``device`` as given."""
+    if worker_id is None or device != "cuda" or device_count <= 1:
+        return device
+    return f"cuda:{int(worker_id.removeprefix('gw')) % device_count}"
 
 
 def _target(suite: Suite) -> str:
@@ -206,6 +215,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     family = metafunc.module.FAMILY
     replay = config.getoption("--replay")
+    specs: list[Any]
     if replay:
         spec = _ReplaySpec(replay)
         wanted = spec.family == family and getattr(metafunc.module, "REPLAYABLE", True)
@@ -249,7 +259,7 @@ def _matches(entry: dict, case_id: str, test_name: str) -> bool:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.stash.get(SUITE_KEY, None) is None:
-        if any(getattr(i, "callspec", None) and "conformance_spec" in i.callspec.params for i in items):
+        if any("conformance_spec" in getattr(getattr(i, "callspec", None), "params", {}) for i in items):
             raise pytest.UsageError(_need_backend())
         return
     # modules with nothing to run in this mode (replay-only ones) got an empty parameter set
@@ -284,8 +294,8 @@ class _Recorder:
         self.config = config
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        props = dict(report.user_properties).get(RECORD_KEY)
-        if props is None:
+        props = next((v for k, v in report.user_properties if k == RECORD_KEY), None)
+        if not isinstance(props, dict):
             return
         if not (report.when == "call" or (report.when == "setup" and not report.passed)):
             return

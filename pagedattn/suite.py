@@ -59,9 +59,17 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def recorded(node: pytest.Item) -> dict[str, Any]:
+    """This case's result as attached so far (empty if none)."""
+    for key, value in node.user_properties:
+        if key == RECORD_KEY and isinstance(value, dict):
+            return value
+    return {}
+
+
 def record(node: pytest.Item, **fields: Any) -> None:
     """Attach (or update) this case's result on the test item."""
-    props = dict(next((v for k, v in node.user_properties if k == RECORD_KEY), {}))
+    props = dict(recorded(node))
     props.update(_clean(fields))
     node.user_properties[:] = [(k, v) for k, v in node.user_properties if k != RECORD_KEY]
     node.user_properties.append((RECORD_KEY, props))
@@ -129,7 +137,7 @@ class Suite:
         return " ".join(shlex.quote(a) for a in args)
 
     def _fail(self, node: pytest.Item, spec, case: PagedCase, message: str, operation: str) -> None:
-        family = dict(node.user_properties).get(RECORD_KEY, {}).get("family", spec.family)
+        family = recorded(node).get("family", spec.family)
         name = spec.id if spec.id.startswith(family) else f"{family}-{spec.id}"
         name = re.sub(r"[^A-Za-z0-9_.+-]", "_", name + ("" if operation == "attention" else f"-{operation}"))
         path = os.path.join(self.replay_dir, f"{name}.pt")
@@ -165,7 +173,7 @@ class Suite:
         check = check_attention(
             out, case, precision=self.caps.fp32_precision, tolerance_factor=self.caps.tolerance_factor
         )
-        prev = dict(node.user_properties).get(RECORD_KEY, {})
+        prev = recorded(node)
         record(node, id="search", family="search", dtype="mixed", operation="attention",
                status="failed" if not check.passed else prev.get("status", "passed"))  # fmt: skip
         if check.passed:

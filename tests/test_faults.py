@@ -5,6 +5,15 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
+
+from pagedattn.cases import grid
+
+# what the quick decode family holds, so the expectations follow the grid
+QUICK_DECODE = grid("quick", "decode")
+N_DECODE = len(QUICK_DECODE)
+N_DECODE_FP32 = sum(s.dtype == torch.float32 for s in QUICK_DECODE)
+N_SINGLE = sum(len(s.seqs) == 1 for s in QUICK_DECODE)  # single-sequence cases
 
 pytest_plugins = ["pytester"]
 
@@ -26,22 +35,22 @@ def _run(pytester, *args):
 
 def test_a_segfault_costs_one_case_and_the_run_goes_on(pytester, bad):
     result, report = _run(pytester, DECODE, f"--backend={bad}:SegfaultsOnLongDecode", "--isolate")
-    result.assert_outcomes(failed=3, passed=7)
+    result.assert_outcomes(failed=N_SINGLE, passed=N_DECODE - N_SINGLE)
     result.stdout.fnmatch_lines(
         [
             "*killed by signal SIGSEGV*fresh process serves the next case*",
             "*pagedattn conformance*isolated in a child process*",
-            "*decode*fp32*3*1*",
+            f"*decode*fp32*{N_DECODE_FP32 - 1}*1*",
         ]
     )
-    assert sum(c["status"] == "failed" for c in report["cases"]) == 3
+    assert sum(c["status"] == "failed" for c in report["cases"]) == N_SINGLE
 
 
 def test_a_hang_costs_one_case_per_timeout(pytester, bad):
     result, report = _run(pytester, DECODE, f"--backend={bad}:HangsOnLongDecode", "--case-timeout=3")
-    result.assert_outcomes(failed=3, passed=7)
+    result.assert_outcomes(failed=N_SINGLE, passed=N_DECODE - N_SINGLE)
     result.stdout.fnmatch_lines(["*did not answer within 3 s (--case-timeout)*"])
-    assert report["exit_status"] == 1 and len(report["cases"]) == 10
+    assert report["exit_status"] == 1 and len(report["cases"]) == N_DECODE
 
 
 BAD_ANSWERS = {
@@ -60,7 +69,7 @@ def test_bad_answers_fail_every_case_clearly(pytester, bad, cls, isolate):
     text = BAD_ANSWERS[cls]
     args = [DECODE, f"--backend={bad}:{cls}"] + (["--isolate"] if isolate else [])
     result, report = _run(pytester, *args)
-    result.assert_outcomes(failed=10)
+    result.assert_outcomes(failed=N_DECODE)
     result.stdout.fnmatch_lines([f"*{text}*"])
     assert {c["status"] for c in report["cases"]} == {"failed"}
 
@@ -74,7 +83,7 @@ def test_expectations_xfail_xpass_and_stale(pytester, bad):
     result, report = _run(
         pytester, DECODE, f"--backend={bad}:SegfaultsOnLongDecode", "--isolate", "--expectations=exp.json"
     )
-    result.assert_outcomes(passed=6, xfailed=3, xpassed=1)
+    result.assert_outcomes(passed=N_DECODE - N_SINGLE - 1, xfailed=N_SINGLE, xpassed=1)
     assert result.ret == 0
     result.stdout.fnmatch_lines([
         "*unexpected pass (listed in --expectations): decode-gqa2-bs16-d64-fp32-L70-B3*",
@@ -93,12 +102,12 @@ def test_bad_expectations_file_is_a_usage_error(pytester):
 
 def test_claimed_but_failing_fails(pytester, bad):
     result, _ = _run(pytester, DECODE, f"--backend={bad}:WrongScale")
-    result.assert_outcomes(failed=10)
+    result.assert_outcomes(failed=N_DECODE)
 
 
 def test_probe_unclaimed_reports_what_would_pass(pytester, bad):
     result, report = _run(pytester, DECODE, f"--backend={bad}:ClaimsFp32Only", "--probe-unclaimed=2")
-    result.assert_outcomes(passed=4, skipped=6)
+    result.assert_outcomes(passed=N_DECODE_FP32, skipped=N_DECODE - N_DECODE_FP32)
     result.stdout.fnmatch_lines(["*probe of unclaimed cases (dtype float16 not claimed (fp32 build only)): 2 of 2*"])
     probes = report["probes"]
     assert sum(p["probed"] for p in probes.values()) == 4

@@ -154,5 +154,5 @@ class CaseSpec:
             block_tables=block_tables,
             seq_lens=torch.tensor([s for s, _ in self.seqs], dtype=torch.int32),
             query_start_loc=loc,
-            scale=self.scale,
+            scale=self.scale,  # type: ignore[arg-type]  # None: the default scale
         )

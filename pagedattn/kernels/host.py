@@ -5,6 +5,7 @@ on any machine; nothing here imports triton."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -171,7 +172,7 @@ def plan_launch(
     group = num_heads // num_kv_heads
     group_pad = next_power_of_2(group)
     d_pad = max(MIN_DOT, next_power_of_2(head_dim))
-    common = dict(
+    common: dict[str, Any] = dict(
         GROUP=group,
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=d_pad,

@@ -91,10 +91,10 @@ def store(
     """``buffer[offsets] = value`` (cast to the buffer dtype) where ``mask``; a masked
     lane writes nothing, wherever its offset points."""
     _check_flat(buffer)
-    value = torch.as_tensor(value, device=buffer.device).to(buffer.dtype)
+    values = torch.as_tensor(value, device=buffer.device).to(buffer.dtype)
     if mask is None:
-        offsets, value = torch.broadcast_tensors(offsets, value)
-        buffer[offsets.reshape(-1)] = value.reshape(-1)
+        offsets, values = torch.broadcast_tensors(offsets, values)
+        buffer[offsets.reshape(-1)] = values.reshape(-1)
         return
-    offsets, value, mask = torch.broadcast_tensors(offsets, value, mask)
-    buffer[offsets[mask]] = value[mask]
+    offsets, values, mask = torch.broadcast_tensors(offsets, values, mask)
+    buffer[offsets[mask]] = values[mask]

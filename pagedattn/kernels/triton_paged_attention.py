@@ -397,6 +397,7 @@ def prepare(
                        key_cache.shape[1], query.dtype, interp)  # fmt: skip
     dev = query.device
     n_dec = len(plan.decode_seqs)
+    d_pad = plan.decode.HEAD_DIM_PAD if plan.decode is not None else 0
     return PreparedBatch(
         plan=plan,
         scale=float(D**-0.5 if scale is None else scale),
@@ -409,9 +410,7 @@ def prepare(
         query_start_loc=query_start_loc,
         decode_ids=torch.tensor(plan.decode_seqs, dtype=torch.int32, device=dev) if n_dec else None,
         other_ids=torch.tensor(plan.other_seqs, dtype=torch.int32, device=dev) if plan.other_seqs else None,
-        part_acc=torch.empty(n_dec, plan.max_splits, Hq, plan.decode.HEAD_DIM_PAD, dtype=torch.float32, device=dev)
-        if n_dec
-        else None,
+        part_acc=torch.empty(n_dec, plan.max_splits, Hq, d_pad, dtype=torch.float32, device=dev) if n_dec else None,
         part_ml=torch.empty(n_dec, plan.max_splits, Hq, 2, dtype=torch.float32, device=dev) if n_dec else None,
     )
 
@@ -437,7 +436,7 @@ def run(
     elif tuple(out.shape) != prep.query_shape or out.dtype != prep.dtype or out.device != prep.device:
         raise ValueError(f"paged_attention.run: out must be {prep.dtype} of shape {prep.query_shape}")
     plan = prep.plan
-    upcast = (plan.decode or plan.other).UPCAST
+    upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
     # bf16 on the interpreter: write fp32, round with torch (the interpreter truncates)
     target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if upcast else out
     Hq = query.shape[1]
@@ -446,6 +445,7 @@ def run(
                   value_cache.stride(0), value_cache.stride(1), value_cache.stride(2))  # fmt: skip
     if plan.decode is not None:
         cfg, ids, part_acc, part_ml = plan.decode, prep.decode_ids, prep.part_acc, prep.part_ml
+        assert part_acc is not None and part_ml is not None  # prepared with the decode launch
         _decode_kernel[cfg.grid](
             query, key_cache, value_cache, tables, seq_lens, loc, ids, part_acc, part_ml,
             prep.scale,

@@ -58,7 +58,8 @@ class PagedCase:
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
-    scale: float | None = None
+    # None at construction means head_dim ** -0.5; after construction it is always a float
+    scale: float = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         _validate(self)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -240,7 +241,7 @@ def check_attention(
         tolerance_factor: an explicit loosening (> 1) or tightening, shown in the report.
         reference: the oracle output if already computed.
     """
-    common = dict(precision=precision, tolerance_factor=tolerance_factor, case_summary=repr(case))
+    common: dict[str, Any] = dict(precision=precision, tolerance_factor=tolerance_factor, case_summary=repr(case))
     want_shape = (case.num_tokens, case.num_heads, case.head_dim)
     problem = ""
     if not isinstance(output, torch.Tensor):
