@@ -7,11 +7,12 @@ checkout without an install). It does nothing unless a test asks for the
 
 from __future__ import annotations
 
-import fnmatch
 import importlib.metadata
+import importlib.util
 import json
 import os
 import platform
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,21 @@ from pagedattn.suite import RECORD_KEY, Suite
 SUITE_KEY = pytest.StashKey["Suite | None"]()
 RESULTS_KEY = pytest.StashKey[list]()
 EXPECT_KEY = pytest.StashKey[list]()
-SUITE_DIR = str(Path(__file__).resolve().parent.parent / "conformance")
+
+
+def _suite_dir() -> str:
+    """Where the suite's test modules are: ``pagedattn/conformance`` in an installed wheel,
+    ``conformance/`` in a checkout (editable or on ``PYTHONPATH``)."""
+    try:
+        spec = importlib.util.find_spec("pagedattn.conformance")
+    except ImportError:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return str(list(spec.submodule_search_locations)[0])
+    return str(Path(__file__).resolve().parent.parent / "conformance")
+
+
+SUITE_DIR = _suite_dir()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -236,7 +251,8 @@ def _spec_of(item: pytest.Item):
 
 def load_expectations(path: str | None) -> list[dict]:
     """The known failures of ``path``: ``[{"case": pattern, "reason": text}]``. A pattern
-    (fnmatch) matches a case id or a test name such as ``test_property[determinism-mixed-*]``."""
+    (``*`` and ``?`` wildcards) matches a case id or a test name such as
+    ``test_property[mixed-*-determinism]``."""
     if not path:
         return []
     try:
@@ -253,8 +269,14 @@ def load_expectations(path: str | None) -> list[dict]:
     return entries
 
 
+def _glob(pattern: str) -> re.Pattern:
+    """``*`` and ``?`` wildcards only: brackets are literal, as in test names ``test_x[id]``."""
+    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".") + r"\Z")
+
+
 def _matches(entry: dict, case_id: str, test_name: str) -> bool:
-    return fnmatch.fnmatchcase(case_id, entry["case"]) or fnmatch.fnmatchcase(test_name, entry["case"])
+    pattern = _glob(entry["case"])
+    return bool(pattern.match(case_id) or pattern.match(test_name))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -2,6 +2,7 @@
 ``python -m pagedattn`` tells a newcomer what will run; xdist workers spread over GPUs."""
 
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -40,10 +41,20 @@ def test_python_m_pagedattn_lists_what_runs_here():
     assert "runs here" in out
 
 
+def _source_copy(tmp_path: Path) -> Path:
+    """The source tree without build leftovers: building in the checkout itself would leave
+    an egg-info there that shadows the installed metadata (entry points) for the checkout."""
+    src = tmp_path / "src"
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".tox", "build", "dist", "*.egg-info",
+                                                             "__pycache__", ".pagedattn", ".hypothesis"))  # fmt: skip
+    return src
+
+
 def test_wheel_installs_and_runs_the_suite(tmp_path):
     dist = tmp_path / "dist"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist),
+         str(_source_copy(tmp_path))],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert build.returncode == 0, build.stderr[-3000:]
@@ -71,7 +82,8 @@ def test_wheel_installs_and_runs_the_suite(tmp_path):
 
 def test_sdist_builds(tmp_path):
     pytest.importorskip("build", reason="sdist building needs the 'build' package (test extra)")
-    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path), str(ROOT)],
+    src = _source_copy(tmp_path)
+    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path), str(src)],
                           capture_output=True, text=True, timeout=600)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     sdist = next(tmp_path.glob("pagedattn_conformance-*.tar.gz"))

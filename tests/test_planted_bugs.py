@@ -17,7 +17,9 @@ STREAMED = Path(__file__).parent / "streamed.py"
 
 
 def run_quick(pytester, factory: str) -> dict:
-    result = pytester.runpytest_inprocess(
+    # a subprocess: in-process, the checkout's pagedattn/ (on sys.path for the tests) would
+    # shadow an installed package and its pagedattn.conformance
+    result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "-q", "--pyargs", "pagedattn.conformance",
         f"--backend={STREAMED}:{factory}", "--report-json=r.json",
     )  # fmt: skip

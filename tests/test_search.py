@@ -14,7 +14,7 @@ def test_search_finds_shrinks_and_replays(pytester, monkeypatch):
     shutil.copy(HERE / "bad_backends.py", pytester.path / "bad_backends.py")
     backend = f"--backend={pytester.path / 'bad_backends.py'}:OffForWideGroups"
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance.test_search", backend, "--search-examples=80"
+        "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance.test_search", backend, "--search-examples=300"
     )
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
