@@ -14,6 +14,8 @@ On CUDA the call is compiled (``torch.compile``); on the CPU it runs eagerly.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from pagedattn.adapters.protocol import Capabilities
@@ -32,7 +34,7 @@ class FlexBackend:
                 f"the flex backend needs torch >= 2.5 (FlexAttention); this is torch {torch.__version__}"
             ) from exc
         self._fa = fa
-        self._compiled = None
+        self._compiled: Any = None
         self.version = f"torch {torch.__version__}"
 
     @property
