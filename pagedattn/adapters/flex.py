@@ -9,7 +9,10 @@ batch in one call, skipping the blocks the mask rules out.
 Only the slots that sequences use are copied into FlexAttention's pool, as an engine
 writes its cache through the slot mapping; the rest stay zero (a dense kernel
 multiplies masked weights by whatever sits in V, so poison there would leak NaN).
-On CUDA the call is compiled (``torch.compile``); on the CPU it runs eagerly.
+By default the call runs eagerly (FlexAttention's reference path: every case shape
+works, nothing compiles); ``--backend=pagedattn.adapters.flex:compiled`` runs it
+through ``torch.compile`` on CUDA, FlexAttention's fused Triton kernel, which
+compiles once per case shape.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ class FlexBackend:
     name = "flex"
     capabilities = Capabilities()
 
-    def __init__(self) -> None:
+    def __init__(self, compiled: bool = False) -> None:
         try:
             from torch.nn.attention import flex_attention as fa
         except ImportError as exc:  # torch < 2.5
@@ -34,16 +37,17 @@ class FlexBackend:
                 f"the flex backend needs torch >= 2.5 (FlexAttention); this is torch {torch.__version__}"
             ) from exc
         self._fa = fa
+        self.compile = compiled
         self._compiled: Any = None
         self.version = f"torch {torch.__version__}"
 
     @property
     def target(self) -> str:
-        mode = "compiled on CUDA, eager on the CPU"
+        mode = "compiled on CUDA, eager on the CPU" if self.compile else "eager"
         return f"flex (torch {torch.__version__} FlexAttention; {mode})"
 
     def _kernel(self, device: torch.device):
-        if device.type != "cuda":
+        if device.type != "cuda" or not self.compile:
             return self._fa.flex_attention
         if self._compiled is None:
             self._compiled = torch.compile(self._fa.flex_attention, dynamic=False)
@@ -77,3 +81,8 @@ class FlexBackend:
         q = case.query.transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]
         out = self._kernel(dev)(q, k_pool, v_pool, block_mask=block_mask, scale=case.scale, enable_gqa=True)
         return out[0].transpose(0, 1).contiguous()  # [T, Hq, D]
+
+
+def compiled() -> FlexBackend:
+    """FlexAttention through ``torch.compile`` on CUDA (its fused Triton kernel)."""
+    return FlexBackend(compiled=True)
