@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from pagedattn.cases import grid
 from pagedattn.oracle import PagedCase
+
+# what the quick decode family holds, so expectations about suite runs follow the grid
+QUICK_DECODE = grid("quick", "decode")
+N_DECODE = len(QUICK_DECODE)
+N_DECODE_FP32 = sum(s.dtype == torch.float32 for s in QUICK_DECODE)
+N_SINGLE = sum(len(s.seqs) == 1 for s in QUICK_DECODE)  # single-sequence cases
 
 
 def naive_attention(case: PagedCase) -> torch.Tensor:

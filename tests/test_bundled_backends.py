@@ -8,8 +8,6 @@ import torch
 
 import pagedattn.adapters
 
-pytest_plugins = ["pytester"]
-
 # What each bundled backend legitimately leaves out on this machine, and why.
 EXPECTED_UNSUPPORTED = {
     "reference": {"paged_attention takes no out= argument"},

@@ -3,8 +3,6 @@
 import re
 from pathlib import Path
 
-pytest_plugins = ["pytester"]
-
 DOC = Path(__file__).parent.parent / "docs" / "writing-an-adapter.md"
 
 

@@ -11,8 +11,6 @@ import pytest
 
 from tests.streamed import BUGS
 
-pytest_plugins = ["pytester"]
-
 STREAMED = Path(__file__).parent / "streamed.py"
 
 

@@ -2,31 +2,15 @@
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import pytest
-import torch
 
-from pagedattn.cases import grid
-
-# what the quick decode family holds, so the expectations follow the grid
-QUICK_DECODE = grid("quick", "decode")
-N_DECODE = len(QUICK_DECODE)
-N_DECODE_FP32 = sum(s.dtype == torch.float32 for s in QUICK_DECODE)
-N_SINGLE = sum(len(s.seqs) == 1 for s in QUICK_DECODE)  # single-sequence cases
-
-pytest_plugins = ["pytester"]
+from tests.helpers import N_DECODE, N_DECODE_FP32, N_SINGLE  # noqa: F401
 
 HERE = Path(__file__).parent
 DECODE = "pagedattn.conformance.test_decode"
 PROPS = "pagedattn.conformance.test_properties"
-
-
-@pytest.fixture
-def bad(pytester):
-    shutil.copy(HERE / "bad_backends.py", pytester.path / "bad_backends.py")
-    return str(pytester.path / "bad_backends.py")
 
 
 def _run(pytester, *args):

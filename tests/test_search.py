@@ -4,8 +4,6 @@ import re
 import shutil
 from pathlib import Path
 
-pytest_plugins = ["pytester"]
-
 HERE = Path(__file__).parent
 
 
