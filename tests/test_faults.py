@@ -1,13 +1,11 @@
 """Fault isolation, expectations and probing of unclaimed cases, with faulty backends."""
 
 import json
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import N_DECODE, N_DECODE_FP32, N_SINGLE  # noqa: F401
+from tests.helpers import N_DECODE, N_DECODE_FP32, N_SINGLE
 
-HERE = Path(__file__).parent
 DECODE = "pagedattn.conformance.test_decode"
 
 

@@ -2,13 +2,11 @@
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import N_DECODE, N_DECODE_FP32, N_SINGLE  # noqa: F401
+from tests.helpers import N_DECODE, N_DECODE_FP32
 
-HERE = Path(__file__).parent
 DECODE = "pagedattn.conformance.test_decode"
 PROPS = "pagedattn.conformance.test_properties"
 
