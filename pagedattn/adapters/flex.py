@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from pagedattn.adapters.protocol import Capabilities
+from pagedattn.kernels.paged_attention import token_to_seq
 from pagedattn.oracle import PagedCase
 
 
@@ -69,7 +70,7 @@ class FlexBackend:
             phys_to_logical[b, slots] = torch.arange(slots.shape[0], device=dev)
         loc = case.query_start_loc.long()
         q_lens = loc[1:] - loc[:-1]
-        token_seq = torch.repeat_interleave(torch.arange(case.num_seqs, device=dev), q_lens)  # [T]
+        token_seq = token_to_seq(case.query_start_loc, case.num_tokens)  # [T]
         first = case.seq_lens.long() - q_lens  # absolute position of each sequence's first new token
         token_pos = first[token_seq] + torch.arange(case.num_tokens, device=dev) - loc[token_seq]  # [T]
 
