@@ -35,11 +35,8 @@ class BackendFault(Exception):
 
 
 def _to(x: Any, device: str | torch.device) -> Any:
-    if isinstance(x, torch.Tensor):
-        return x.to(device)
-    if isinstance(x, PagedCase):
-        return x.to(device)
-    return x
+    """Tensors to ``device``; anything else (a backend's wrong answer) as it is."""
+    return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
 def _case_payload(case: PagedCase) -> dict:
