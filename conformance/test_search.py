@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, assume, example, given, settings, target
 
 from pagedattn.cases import CaseSpec
 from pagedattn.cases.strategies import case_specs
+from pagedattn.suite import record
 
 FAMILY = "search"
 EXAMPLES = {"quick": 25, "standard": 100, "thorough": 300}
@@ -42,8 +43,13 @@ def test_search(pagedattn_suite, request):
     suite = pagedattn_suite
     n = request.config.getoption("--search-examples") or EXAMPLES[suite.profile]
     dtypes = sorted(suite.caps.dtypes & {torch.float32, torch.float16, torch.bfloat16}, key=str)
-    if not dtypes:
-        pytest.skip("unsupported: the backend claims none of fp32/fp16/bf16")
+    reason = suite.caps.unsupported_reason(device=suite.device) or (
+        None if dtypes else "the backend claims none of fp32/fp16/bf16"
+    )
+    if reason:
+        record(request.node, id="search", family="search", dtype="mixed", operation="attention",
+               status="unsupported", reason=reason)  # fmt: skip
+        pytest.skip(f"unsupported: {reason}")
     worst = {"budget": 0.0}
 
     @settings(

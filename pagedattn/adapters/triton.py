@@ -17,6 +17,10 @@ from pagedattn._version import __version__
 from pagedattn.adapters.protocol import Capabilities
 from pagedattn.oracle import PagedCase
 
+#: The oldest Triton whose interpreter runs this kernel: 3.5's interpreter rejects a
+#: ``range`` over loaded scalars (seen with triton 3.5.1, the one torch 2.9 pins).
+MIN_INTERPRETER_TRITON = (3, 6)
+
 INSTALL_HINT = "pip install 'pagedattn-conformance[triton]'  (or: pip install triton)"
 
 
@@ -48,7 +52,14 @@ class TritonBackend:
 
         self._kernel = kernel
         self.version = f"pagedattn {__version__}, triton {triton.__version__}"
-        if self.interpreter:
+        version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+        if self.interpreter and version < MIN_INTERPRETER_TRITON:
+            self.capabilities = Capabilities(
+                devices=frozenset(),
+                notes={"devices": f"triton {triton.__version__}'s interpreter cannot run this kernel; "
+                       "use triton >= 3.6 (pip install 'triton>=3.6') or a GPU"},
+            )  # fmt: skip
+        elif self.interpreter:
             self.capabilities = Capabilities(
                 devices=frozenset({"cpu"}),
                 notes={"devices": "Triton interpreter: tensors on the CPU"},
