@@ -267,7 +267,7 @@ class Suite:
     def batch_invariance(self, node, spec) -> None:
         case = self._property(node, spec, "batch_invariance")
         whole = self._call(case.clone())
-        loc = case.query_start_loc.tolist()
+        loc = case.query_start_loc_list
         for b in range(case.num_seqs):
             alone = self._call(single_sequence(case, b))
             if not bits_equal(alone, whole[loc[b] : loc[b + 1]]):
@@ -350,7 +350,7 @@ def _with_nan_payloads(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
 
 def single_sequence(case: PagedCase, b: int) -> PagedCase:
     """Sequence ``b`` of ``case`` as a batch of one, over the same cache."""
-    loc = case.query_start_loc.tolist()
+    loc = case.query_start_loc_list
     return case.replace(
         query=case.query[loc[b] : loc[b + 1]].clone(),
         key_cache=case.key_cache.clone(),

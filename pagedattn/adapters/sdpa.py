@@ -26,7 +26,7 @@ class SDPABackend:
 
     def paged_attention(self, case: PagedCase) -> torch.Tensor:
         out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=case.dtype, device=case.device)
-        loc = case.query_start_loc.tolist()
+        loc = case.query_start_loc_list
         for b, L in enumerate(case.seq_lens_list):
             k, v = gather_history(case, b)  # [L, Hkv, D]
             k = k.repeat_interleave(case.gqa_ratio, 1).transpose(0, 1)  # [Hq, L, D]

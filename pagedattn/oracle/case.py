@@ -60,9 +60,16 @@ class PagedCase:
     query_start_loc: torch.Tensor
     # None at construction means head_dim ** -0.5; after construction it is always a float
     scale: float = None  # type: ignore[assignment]
+    # host copies of query_start_loc and seq_lens, taken by validation
+    _loc: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    _seq_lens: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _validate(self)
+        # validation reads the lengths on the host once; keep them, so that the many
+        # per-sequence lookups of the oracle and the suite never synchronize a device again
+        loc, seq_lens = _validate(self)
+        object.__setattr__(self, "_loc", tuple(loc))
+        object.__setattr__(self, "_seq_lens", tuple(seq_lens))
         if self.scale is None:
             object.__setattr__(self, "scale", float(self.head_dim) ** -0.5)
         else:
@@ -112,11 +119,15 @@ class PagedCase:
     # ---------------------------------------------------------- per sequence
     @property
     def seq_lens_list(self) -> list[int]:
-        return [int(x) for x in self.seq_lens.tolist()]
+        return list(self._seq_lens)
+
+    @property
+    def query_start_loc_list(self) -> list[int]:
+        return list(self._loc)
 
     @property
     def query_lens(self) -> list[int]:
-        loc = [int(x) for x in self.query_start_loc.tolist()]
+        loc = self._loc
         return [loc[b + 1] - loc[b] for b in range(self.num_seqs)]
 
     @property
@@ -176,7 +187,7 @@ _TENSOR_FIELDS = (
 )
 
 
-def _validate(case: PagedCase) -> None:
+def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
     """Every invariant of the canonical problem; raises ``ValueError`` naming the field."""
     q, k, v = case.query, case.key_cache, case.value_cache
     for name in _TENSOR_FIELDS:
@@ -260,3 +271,4 @@ def _validate(case: PagedCase) -> None:
                 "block_tables",
                 f"[{b}, {i}] = {int(used[i])} is outside [0, num_blocks={N})",
             )
+    return loc, seq_lens

@@ -216,7 +216,7 @@ class AttentionCheck:
 
 
 def _token_coords(case: PagedCase, token: int) -> tuple[int, int]:
-    loc = case.query_start_loc.tolist()
+    loc = case.query_start_loc_list
     for b in range(case.num_seqs):
         if loc[b] <= token < loc[b + 1]:
             return b, case.context_lens[b] + token - loc[b]

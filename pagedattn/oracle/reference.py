@@ -62,7 +62,7 @@ class Chunk(NamedTuple):
 def iter_chunks(case: PagedCase) -> Iterator[Chunk]:
     """The oracle's work, sequence by sequence, in query chunks small enough that the
     float64 score matrix stays a few hundred MB even for a 32k-token prefill."""
-    loc = case.query_start_loc.tolist()
+    loc = case.query_start_loc_list
     for b, L in enumerate(case.seq_lens_list):
         k, v = gather_history(case, b)
         k = k.to(torch.float64).repeat_interleave(case.gqa_ratio, dim=1)  # [L, Hq, D]
