@@ -2,6 +2,7 @@
 invariance, input immutability, poisoned padding, and a fully written ``out=``."""
 
 import pytest
+import torch
 
 from pagedattn.cases import grid
 
@@ -10,8 +11,15 @@ FAMILY = "properties"
 
 def SPECS(profile):
     """Per dtype: the mixed batch (decode + continuation + prefill, permuted blocks) and
-    the shared-prefix layout case; they exercise every property at once."""
-    return [s for s in grid(profile) if s.family == "mixed" or (s.family == "layout" and s.layout == "shared")]
+    the shared-prefix layout case; they exercise every property at once. In bf16, the
+    combined variant cases too (capability-gated: unsupported where not claimed)."""
+    return [
+        s
+        for s in grid(profile)
+        if s.family == "mixed"
+        or (s.family == "layout" and s.layout == "shared")
+        or (s.family == "combined" and s.dtype == torch.bfloat16)
+    ]
 
 
 PROPERTIES = [

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from pagedattn.oracle import PagedCase, bits_equal
-from pagedattn.oracle.case import _TENSOR_FIELDS
+from pagedattn.cases.io import case_from_state, case_state
 
 #: Time allowed for a fresh child to import torch and load the backend.
 STARTUP_TIMEOUT_S = 180.0
@@ -37,14 +37,6 @@ class BackendFault(Exception):
 def _to(x: Any, device: str | torch.device) -> Any:
     """Tensors to ``device``; anything else (a backend's wrong answer) as it is."""
     return x.to(device) if isinstance(x, torch.Tensor) else x
-
-
-def _case_payload(case: PagedCase) -> dict:
-    return {"tensors": {f: getattr(case, f).cpu() for f in _TENSOR_FIELDS}, "scale": case.scale}
-
-
-def _case_from(payload: dict, device: str) -> PagedCase:
-    return PagedCase(**{f: t.to(device) for f, t in payload["tensors"].items()}, scale=payload["scale"])
 
 
 def _child_main(conn, spec: str, path: list[str]) -> None:
@@ -64,13 +56,15 @@ def _child_main(conn, spec: str, path: list[str]) -> None:
         except EOFError:
             return
         try:
-            if method == "paged_attention":
-                case = _case_from(payload["case"], device)
+            if method in ("paged_attention", "paged_attention_lse"):
+                case = case_from_state(payload["case"], device)
                 kwargs = {}
                 if payload.get("out") is not None:
                     kwargs["out"] = payload["out"].to(device)
-                result = backend.paged_attention(case, **kwargs)
-                after = {f: getattr(case, f).cpu() for f in _TENSOR_FIELDS}
+                result = getattr(backend, method)(case, **kwargs)
+                if isinstance(result, tuple):
+                    result = tuple(_to(r, "cpu") for r in result)
+                after = {f: t.cpu() for f, t in case.tensors().items()}
                 out = kwargs["out"].cpu() if "out" in kwargs else None
                 conn.send(("ok", (_to(result, "cpu"), after, out)))
             elif method == "gather":
@@ -120,6 +114,8 @@ class IsolatedBackend:
             self.gather = None  # type: ignore[assignment]
         if not hasattr(local, "write_cache"):
             self.write_cache = None  # type: ignore[assignment]
+        if not hasattr(local, "paged_attention_lse"):
+            self.paged_attention_lse = None  # type: ignore[assignment]
 
     @property
     def target(self) -> str:
@@ -190,18 +186,28 @@ class IsolatedBackend:
 
     # ------------------------------------------------------------ the contract
     def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
-        payload = {"case": _case_payload(case), "out": out.cpu() if out is not None else None}
+        payload = {"case": case_state(case), "out": out.cpu() if out is not None else None}
         result, after, out_after = self._request("paged_attention", payload)
-        for f in _TENSOR_FIELDS:  # mirror what the backend did to its inputs
-            mine = getattr(case, f)
-            theirs = after[f].to(mine.device)
-            if not bits_equal(mine, theirs):
-                mine.copy_(theirs)
+        self._mirror(case, after)
         if out is not None and out_after is not None:
             out.copy_(out_after)
             if isinstance(result, torch.Tensor) and result.shape == out.shape:
                 return out
         return _to(result, self.device)
+
+    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+        result, after, _ = self._request("paged_attention_lse", {"case": case_state(case), "out": None})
+        self._mirror(case, after)
+        if isinstance(result, tuple):
+            return tuple(_to(r, self.device) for r in result)  # type: ignore[return-value]
+        return result
+
+    @staticmethod
+    def _mirror(case: PagedCase, after: dict) -> None:
+        for f, mine in case.tensors().items():  # mirror what the backend did to its inputs
+            theirs = after[f].to(mine.device)
+            if not bits_equal(mine, theirs):
+                mine.copy_(theirs)
 
     def gather(self, pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:  # noqa: F811
         result, _ = self._request("gather", (pool.cpu(), slot_mapping.cpu()))

@@ -355,13 +355,14 @@ def summarize(results: list[dict]) -> dict[tuple[str, str], dict]:
 def format_table(table: dict[tuple[str, str], dict]) -> list[str]:
     cols = ["passed", "failed", "warned", "unsupported"]
     cols += [c for c in ("xfailed", "xpassed") if any(row[c] for row in table.values())]
-    head = f"{'family':<14}{'dtype':<7}" + "".join(f"{c:>{max(8, len(c) + 2)}}" for c in cols) + f"{'worst budget':>14}"
+    dw = max([7] + [len(d) + 2 for _, d in table])
+    head = f"{'family':<14}{'dtype':<{dw}}" + "".join(f"{c:>{max(8, len(c) + 2)}}" for c in cols) + f"{'worst budget':>14}"
     lines = [head, "-" * len(head)]
     for (family, dtype), row in sorted(table.items()):
         wb = row["worst_budget"]
         wb_s = "-" if wb is None else f"{wb:.3g}"
         cells = "".join(f"{row[c]:>{max(8, len(c) + 2)}}" for c in cols)
-        lines.append(f"{family:<14}{dtype:<7}{cells}{wb_s:>14}")
+        lines.append(f"{family:<14}{dtype:<{dw}}{cells}{wb_s:>14}")
     return lines
 
 

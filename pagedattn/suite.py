@@ -21,9 +21,16 @@ import pytest
 import torch
 
 from pagedattn.cases import save_case
-from pagedattn.cases.spec import DTYPE_NAMES
+from pagedattn.cases.spec import DTYPE_NAMES, KV_DTYPE_NAMES
 from pagedattn.isolation import BackendFault
-from pagedattn.oracle import PagedCase, bits_equal, check_attention, check_bitexact, paged_gather
+from pagedattn.oracle import (
+    PagedCase,
+    bits_equal,
+    check_attention,
+    check_attention_lse,
+    check_bitexact,
+    paged_gather,
+)
 from pagedattn.oracle.policy import AttentionCheck, BitCheck
 
 RECORD_KEY = "pagedattn"
@@ -75,8 +82,12 @@ def record(node: pytest.Item, **fields: Any) -> None:
     node.user_properties.append((RECORD_KEY, props))
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    return DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+def dtype_name(dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> str:
+    """``bf16``; with an fp8 cache, the query and cache dtypes: ``bf16/e4m3``."""
+    name = DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
+    if kv_dtype is not None and kv_dtype != dtype:
+        name += "/" + KV_DTYPE_NAMES.get(kv_dtype, str(kv_dtype).replace("torch.", ""))
+    return name
 
 
 @dataclass
@@ -104,10 +115,12 @@ class Suite:
             node,
             id=spec.id,
             family=family or spec.family,
-            dtype=dtype_name(case.dtype),
+            dtype=dtype_name(case.dtype, case.kv_dtype),
             operation=operation,
             status="error",  # replaced once the backend has answered
         )
+        if case.variants:
+            record(node, variants=sorted(case.variants))
         reason = self.caps.case_reason(case, operation)
         if reason:
             record(node, status="unsupported", reason=reason)
@@ -195,6 +208,31 @@ class Suite:
         pristine = case.clone()  # judged on an untouched copy, whatever the backend does
         out = self.backend.paged_attention(case)
         return self._judge(node, spec, pristine, out)
+
+    @guarded
+    def attention_lse(self, node: pytest.Item, spec) -> tuple[AttentionCheck, AttentionCheck]:
+        """The ``lse`` operation: the output and its log-sum-exp, each within its bound."""
+        case = self._start(node, spec, "lse")
+        pristine = case.clone()
+        result = self.backend.paged_attention_lse(case)
+        if not (isinstance(result, tuple) and len(result) == 2):
+            record(node, status="failed")
+            self._fail(node, spec, pristine.to("cpu"), f"paged_attention_lse must return (out, lse), got "
+                       f"{type(result).__name__}", "lse")  # fmt: skip
+        out_check, lse_check = check_attention_lse(
+            result[0], result[1], pristine, precision=self.caps.fp32_precision,
+            tolerance_factor=self.caps.tolerance_factor,
+        )  # fmt: skip
+        worse = max((out_check, lse_check), key=lambda c: (not c.passed, c.budget_used))
+        status = "failed" if not (out_check.passed and lse_check.passed) else worse.status
+        record(node, status=status, metrics=worse.metrics(),
+               checks={"output": out_check.metrics(), "lse": lse_check.metrics()})  # fmt: skip
+        if status == "failed":
+            failed = [str(c) for c in (out_check, lse_check) if not c.passed]
+            self._fail(node, spec, pristine.to("cpu"), "\n".join(failed), "lse")
+        if status == "warned":
+            warnings.warn(PagedAttnWarning(f"{spec.id}: {worse}"), stacklevel=2)
+        return out_check, lse_check
 
     def _bit_verdict(self, node, spec, case, check: BitCheck, operation: str) -> None:
         record(node, status=check.status, metrics=check.metrics())
@@ -294,11 +332,7 @@ class Suite:
         case = self._property(node, spec, "immutability")
         before = case.clone()
         self._call(case)
-        changed = [
-            f
-            for f in ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "query_start_loc")
-            if not bits_equal(getattr(case, f), getattr(before, f))
-        ]
+        changed = [f for f, t in case.tensors().items() if not bits_equal(t, getattr(before, f))]
         self._property_verdict(
             node, spec, before, not changed, f"input immutability: the backend modified {', '.join(changed)}"
         )

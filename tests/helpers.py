@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from pagedattn.cases import grid
@@ -14,35 +16,51 @@ N_DECODE_FP32 = sum(s.dtype == torch.float32 for s in QUICK_DECODE)
 N_SINGLE = sum(len(s.seqs) == 1 for s in QUICK_DECODE)  # single-sequence cases
 
 
-def naive_attention(case: PagedCase) -> torch.Tensor:
+def naive_attention(case: PagedCase, return_lse: bool = False):
     """An independent float64 reference: one loop per query token and head, reading the
-    cache block by block through the table, written without the oracle's helpers."""
+    cache block by block through the table, written without the oracle's helpers.
+
+    Variants, written from their definitions: keys dequantized (``* k_scale``), the
+    score capped (``c * tanh(s / c)``), ALiBi added (``slope * (j - p)``), only keys in
+    ``(p - W, p]`` visited, the sink's ``exp`` added to the denominator. With
+    ``return_lse``, also ``[T, Hq]`` float64: ``log`` of the denominator.
+    """
     q_all = case.query.double()
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, dtype=torch.float64)
+    lse = torch.zeros(case.num_tokens, case.num_heads, dtype=torch.float64)
     loc = case.query_start_loc.tolist()
     lens = case.seq_lens.tolist()
     bs = case.key_cache.shape[1]
     group = case.num_heads // case.key_cache.shape[2]
+    window = case.sliding_window
     for b in range(len(lens)):
         n_new = loc[b + 1] - loc[b]
         for i in range(n_new):
             pos = lens[b] - n_new + i
+            first = 0 if window is None else max(0, pos - window + 1)
             for h in range(case.num_heads):
                 kvh = h // group
                 scores, values = [], []
-                for j in range(pos + 1):
+                for j in range(first, pos + 1):
                     blk = int(case.block_tables[b, j // bs])
-                    kj = case.key_cache[blk, j % bs, kvh].double()
-                    values.append(case.value_cache[blk, j % bs, kvh].double())
-                    scores.append(float(torch.dot(q_all[loc[b] + i, h], kj)) * case.scale)
-                m = max(scores)
-                w = [pow(2.718281828459045, s - m) for s in scores]
-                tot = sum(w)
+                    kj = case.key_cache[blk, j % bs, kvh].double() * case.k_scale
+                    values.append(case.value_cache[blk, j % bs, kvh].double() * case.v_scale)
+                    sc = float(torch.dot(q_all[loc[b] + i, h], kj)) * case.scale
+                    if case.logits_soft_cap is not None:
+                        sc = case.logits_soft_cap * math.tanh(sc / case.logits_soft_cap)
+                    if case.alibi_slopes is not None:
+                        sc += float(case.alibi_slopes[h]) * (j - pos)
+                    scores.append(sc)
+                sink = float(case.sinks[h]) if case.sinks is not None else None
+                m = max(scores + ([sink] if sink is not None else []))
+                w = [math.exp(s - m) for s in scores]
+                tot = math.fsum(w) + (math.exp(sink - m) if sink is not None else 0.0)
                 acc = torch.zeros(case.head_dim, dtype=torch.float64)
                 for wj, vj in zip(w, values):
                     acc += (wj / tot) * vj
                 out[loc[b] + i, h] = acc
-    return out
+                lse[loc[b] + i, h] = m + math.log(tot)
+    return (out, lse) if return_lse else out
 
 
 def make_case(

@@ -91,6 +91,30 @@ BAD = {
     "scale-nan": (lambda g: _bad(g, scale=float("nan")), "scale", "finite"),
     "not-a-tensor": (lambda g: _bad(g, seq_lens=[5, 3]), "seq_lens", "torch.Tensor"),
     "device": (lambda g: _bad(g, seq_lens=g["seq_lens"].to("meta")), "seq_lens", "one device for all"),
+    # the variants
+    "window-zero": (lambda g: _bad(g, sliding_window=0), "sliding_window", "int >= 1"),
+    "window-float": (lambda g: _bad(g, sliding_window=4.0), "sliding_window", "int >= 1"),
+    "window-bool": (lambda g: _bad(g, sliding_window=True), "sliding_window", "int >= 1"),
+    "cap-negative": (lambda g: _bad(g, logits_soft_cap=-1.0), "logits_soft_cap", "> 0"),
+    "cap-inf": (lambda g: _bad(g, logits_soft_cap=float("inf")), "logits_soft_cap", "finite"),
+    "alibi-shape": (lambda g: _bad(g, alibi_slopes=torch.ones(2)), "alibi_slopes", "[num_heads] = (4,)"),
+    "alibi-dtype": (lambda g: _bad(g, alibi_slopes=torch.ones(4, dtype=torch.float64)), "alibi_slopes", "float32"),
+    "alibi-list": (lambda g: _bad(g, alibi_slopes=[1.0] * 4), "alibi_slopes", "torch.Tensor"),
+    "sinks-nan": (lambda g: _bad(g, sinks=torch.tensor([0.0, float("nan"), 0.0, 0.0])), "sinks", "finite"),
+    "sinks-device": (lambda g: _bad(g, sinks=torch.zeros(4, device="meta")), "sinks", "one device for all"),
+    "k-scale-not-fp8": (lambda g: _bad(g, k_scale=0.5), "k_scale", "fp8 caches only"),
+    "v-scale-zero": (lambda g: _bad(g, v_scale=0.0), "v_scale", "> 0"),
+    "kv-other-dtype": (
+        lambda g: _bad(g, key_cache=g["key_cache"].half(), value_cache=g["value_cache"].half()),
+        "key_cache",
+        "must equal the query dtype",
+    ),
+    "fp8-query": (lambda g: _bad(g, query=g["query"].to(torch.float8_e4m3fn)), "query", "floating"),
+    "fp8-k-only": (
+        lambda g: _bad(g, key_cache=g["key_cache"].to(torch.float8_e4m3fn)),
+        "value_cache",
+        "must equal key_cache dtype",
+    ),
 }
 
 
@@ -125,3 +149,25 @@ def test_case_is_frozen(good):
     case = PagedCase(**good)
     with pytest.raises(AttributeError):
         case.scale = 2.0
+
+
+def test_variants_round_trip(good, tmp_path):
+    from pagedattn.cases import load_case, save_case
+
+    case = PagedCase(**_bad(good, query=good["query"].float(),
+                            key_cache=good["key_cache"].to(torch.float8_e5m2),
+                            value_cache=good["value_cache"].to(torch.float8_e5m2),
+                            sliding_window=3, logits_soft_cap=7.5, alibi_slopes=torch.rand(4),
+                            sinks=torch.randn(4), k_scale=0.25, v_scale=3.0))  # fmt: skip
+    assert case.variants == {"sliding_window", "logits_soft_cap", "alibi", "sinks", "fp8_e5m2"}
+    assert case.kv_dtype == torch.float8_e5m2 and case.dtype == torch.float32
+    assert "sliding_window=3" in repr(case) and "k_scale=0.25" in repr(case)
+    save_case(case, tmp_path / "c.pt")
+    back, _ = load_case(tmp_path / "c.pt")
+    assert back.options() == case.options()
+    for name, t in case.tensors().items():
+        assert torch.equal(t.view(torch.uint8) if t.element_size() == 1 else t, back.tensors()[name].view(
+            torch.uint8) if t.element_size() == 1 else back.tensors()[name]), name  # fmt: skip
+    clone = case.clone()
+    assert clone.sinks is not None and clone.sinks.data_ptr() != case.sinks.data_ptr()
+    assert PagedCase(**good).variants == frozenset()

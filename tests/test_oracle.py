@@ -7,7 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from pagedattn import PagedCase, paged_attention_reference, paged_gather
-from pagedattn.cases import CaseSpec
+from pagedattn.cases import CaseSpec, grid
+from pagedattn.cases.grid import VARIANT_FAMILIES
+from pagedattn.oracle import paged_attention_reference_lse
 from tests.helpers import make_case, naive_attention
 
 
@@ -152,3 +154,102 @@ def test_oracle_on_cuda_matches_cpu():
 
 def test_case_type_is_exported():
     assert PagedCase.__module__ == "pagedattn.oracle.case"
+
+
+# --------------------------------------------------------------------- variants
+def _cost(spec):
+    return spec.num_heads * sum(q * s for s, q in spec.seqs)
+
+
+#: every quick variant case the naive loop gets through in about a second
+VARIANT_SPECS = [s for s in grid("quick") if s.family in VARIANT_FAMILIES and _cost(s) < 40_000]
+
+
+def test_variant_specs_cover_every_variant():
+    seen = set().union(*(s.build().variants for s in VARIANT_SPECS))
+    assert seen == {"sliding_window", "logits_soft_cap", "alibi", "sinks", "fp8_e4m3", "fp8_e5m2"}
+
+
+@pytest.mark.parametrize("spec", VARIANT_SPECS, ids=lambda s: s.id)
+def test_variant_oracle_matches_naive_loop(spec):
+    case = spec.build()
+    out, lse = paged_attention_reference_lse(case)
+    naive_out, naive_lse = naive_attention(case, return_lse=True)
+    err = _rel_err(out, naive_out)
+    assert err < 1e-12, f"{spec.id}: oracle and naive loop differ by {err:.3g} relative (bound 1e-12)"
+    lse_err = float(((lse - naive_lse).abs() / naive_lse.abs().clamp_min(1.0)).max())
+    assert lse_err < 1e-12, f"{spec.id}: log-sum-exp differs by {lse_err:.3g} (bound 1e-12)"
+
+
+def _f64(case):
+    return case.replace(query=case.query.double(), key_cache=case.key_cache.double(),
+                        value_cache=case.value_cache.double())  # fmt: skip
+
+
+def test_window_of_one_returns_the_own_value():
+    case = _f64(make_case([(9, 1), (7, 7)], num_heads=2, num_kv_heads=1, block_size=3)).replace(sliding_window=1)
+    out = paged_attention_reference(case)
+    for b, (L, n) in enumerate(zip(case.seq_lens_list, case.query_lens)):
+        hist = case.value_cache.reshape(-1, 1, 4)[case.slot_mapping(b)]  # [L, 1, D]
+        rows = out[case.query_start_loc_list[b] : case.query_start_loc_list[b + 1]]
+        assert torch.equal(rows, hist[L - n :].expand(-1, 2, -1)), f"sequence {b}"
+
+
+def test_window_covering_the_history_changes_nothing():
+    case = _f64(make_case([(9, 1), (7, 7), (12, 5)], num_heads=2, num_kv_heads=1, block_size=3))
+    assert torch.equal(paged_attention_reference(case), paged_attention_reference(case.replace(sliding_window=12)))
+    assert not torch.equal(paged_attention_reference(case), paged_attention_reference(case.replace(sliding_window=11)))
+
+
+def test_window_equals_a_shorter_history():
+    # the last W keys alone: the same as attending to a history that starts at p - W + 1
+    case = _f64(make_case([(10, 1)], num_heads=2, num_kv_heads=1, block_size=2))
+    out = paged_attention_reference(case.replace(sliding_window=4))
+    k, v = case.key_cache.reshape(-1, 1, 4)[6:10], case.value_cache.reshape(-1, 1, 4)[6:10]
+    s = torch.einsum("hd,kd->hk", case.query[0], k[:, 0]) * case.scale
+    want = torch.softmax(s, -1) @ v[:, 0]
+    assert _rel_err(out[0], want) < 1e-14
+
+
+def test_sink_scales_the_output_by_its_share():
+    case = _f64(make_case([(6, 1), (5, 5)], num_heads=2, num_kv_heads=1))
+    sinks = torch.tensor([0.5, -2.0])
+    plain, plain_lse = paged_attention_reference_lse(case)
+    out, lse = paged_attention_reference_lse(case.replace(sinks=sinks))
+    share = torch.exp(plain_lse) / (torch.exp(plain_lse) + torch.exp(sinks.double()))  # keys' share
+    assert _rel_err(out, plain * share[..., None]) < 1e-14
+    assert float((lse - torch.logaddexp(plain_lse, sinks.double())).abs().max()) < 1e-14
+
+
+def test_huge_cap_and_zero_slopes_change_nothing_but_a_small_cap_does():
+    case = _f64(make_case([(6, 1), (5, 5)], num_heads=2, num_kv_heads=1))
+    ref = paged_attention_reference(case)
+    assert _rel_err(paged_attention_reference(case.replace(logits_soft_cap=1e9)), ref) < 1e-12
+    assert torch.equal(paged_attention_reference(case.replace(alibi_slopes=torch.zeros(2))), ref)
+    assert _rel_err(paged_attention_reference(case.replace(logits_soft_cap=0.5)), ref) > 1e-3
+
+
+def test_alibi_is_a_per_key_bias_the_lse_sees_from_the_query_position():
+    # softmax is shift invariant per row: slope * (j - p) and slope * j give the same output,
+    # and log-sum-exps that differ by exactly slope * p
+    case = _f64(make_case([(8, 3)], num_heads=2, num_kv_heads=1))
+    slopes = torch.tensor([0.5, 0.125])
+    out, lse = paged_attention_reference_lse(case.replace(alibi_slopes=slopes))
+    k = case.key_cache.reshape(-1, 1, 4)[:8, 0]
+    v = case.value_cache.reshape(-1, 1, 4)[:8, 0]
+    for i, p in enumerate(range(5, 8)):
+        s = torch.einsum("hd,kd->hk", case.query[i], k) * case.scale + slopes.double()[:, None] * torch.arange(8)
+        s[:, p + 1 :] = float("-inf")
+        assert _rel_err(out[i], torch.softmax(s, -1) @ v) < 1e-14
+        assert float((lse[i] + slopes.double() * p - torch.logsumexp(s, -1)).abs().max()) < 1e-13
+
+
+@pytest.mark.parametrize("kv", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_reads_the_stored_bytes_times_the_scales(kv):
+    case = make_case([(9, 1), (7, 7)], num_heads=2, num_kv_heads=1, dtype=torch.float32)
+    q8 = case.replace(key_cache=case.key_cache.to(kv), value_cache=case.value_cache.to(kv), k_scale=0.3, v_scale=2.5)
+    # the same bytes, dequantized by hand into a float64 cache
+    dq = q8.replace(query=case.query.double(), key_cache=q8.key_cache.double() * 0.3,
+                    value_cache=q8.value_cache.double() * 2.5, k_scale=1.0, v_scale=1.0)  # fmt: skip
+    assert torch.equal(paged_attention_reference(q8), paged_attention_reference(dq))
+    assert _rel_err(paged_attention_reference(q8), paged_attention_reference(case)) > 1e-3  # quantized != original

@@ -8,10 +8,11 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.case import VARIANTS, PagedCase
 
 CORE_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
-OPERATIONS = frozenset({"attention", "gather", "write_cache"})
+#: ``lse``: ``paged_attention_lse(case) -> (out, lse)``, the output and its log-sum-exp
+OPERATIONS = frozenset({"attention", "gather", "write_cache", "lse"})
 
 IntSpec = Collection[int] | Callable[[int], bool] | None
 
@@ -28,8 +29,8 @@ def _admits(spec: IntSpec, value: int) -> bool:
 class Capabilities:
     """What a backend claims. ``Capabilities()`` claims the core: fp32/fp16/bf16, any
     head_dim, any block size, any GQA ratio, any length, decode, prefill and
-    continuation, on CPU and CUDA. Optional operations (``gather``, ``write_cache``)
-    and attention variants are off until claimed.
+    continuation, on CPU and CUDA. Optional operations (``gather``, ``write_cache``,
+    ``lse``) and attention variants are off until claimed.
 
     Attributes:
         dtypes: query/cache dtypes it accepts.
@@ -38,8 +39,11 @@ class Capabilities:
         max_gqa_ratio: largest ``num_heads // num_kv_heads``, ``None`` for any.
         max_seq_len: longest history, ``None`` for any.
         devices: device types (``"cpu"``, ``"cuda"``).
-        operations: subset of ``{"attention", "gather", "write_cache"}``.
-        variants: claimed attention variants (none are defined by the core).
+        operations: subset of ``{"attention", "gather", "write_cache", "lse"}``.
+        variants: claimed attention variants, from ``pagedattn.oracle.VARIANTS``:
+            ``sliding_window``, ``logits_soft_cap``, ``alibi``, ``sinks``, ``fp8_e4m3``,
+            ``fp8_e5m2`` (an fp8 cache of that format with a query of a claimed dtype).
+            A case runs only when the backend claims every variant it uses.
         fp32_precision: ``"ieee"`` or ``"tf32"``: how its fp32 dot products round
             their operands. The policy widens its bound for TF32 and the report says so.
         tolerance_factor: an explicit multiplier on every attention bound (1.0 = the
@@ -66,6 +70,9 @@ class Capabilities:
         unknown = set(self.operations) - OPERATIONS
         if unknown:
             raise ValueError(f"Capabilities.operations: unknown {sorted(unknown)}, known {sorted(OPERATIONS)}")
+        unknown = set(self.variants) - set(VARIANTS)
+        if unknown:
+            raise ValueError(f"Capabilities.variants: unknown {sorted(unknown)}, known {list(VARIANTS)}")
         if not self.tolerance_factor > 0:
             raise ValueError(f"Capabilities.tolerance_factor must be > 0, got {self.tolerance_factor}")
 
@@ -104,7 +111,8 @@ class Capabilities:
                 return self._why("devices", f"device '{dev}' not claimed")
         missing = set(variants) - set(self.variants)
         if missing:
-            return self._why("variants", f"variants {sorted(missing)} not claimed")
+            return self._why("variants", f"variant{'s' if len(missing) > 1 else ''} {', '.join(sorted(missing))} "
+                                         "not claimed")  # fmt: skip
         return None
 
     def case_reason(self, case: PagedCase, operation: str = "attention") -> str | None:
@@ -117,6 +125,7 @@ class Capabilities:
             gqa_ratio=case.gqa_ratio,
             max_seq_len=case.max_seq_len,
             device=case.device,
+            variants=case.variants,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -177,6 +186,11 @@ class Backend(Protocol):
 #   gather(pool, slot_mapping) -> Tensor
 #       pool: [num_blocks, block_size, num_kv_heads, head_dim]; slot_mapping: [n] int64
 #       returns [n, num_kv_heads, head_dim], bit-identical to pool.view(-1, ...)[slot_mapping]
+#
+#   paged_attention_lse(case) -> (Tensor, Tensor)      (operation "lse")
+#       the output [num_tokens, num_heads, head_dim] in the query dtype, and the log-sum-exp
+#       [num_tokens, num_heads] float32: natural log of each row's softmax denominator,
+#       the sink included (see PagedCase). FlashInfer returns log2: multiply by ln 2.
 #
 #   write_cache(pool, slot_mapping, new) -> None
 #       pool: [num_blocks, block_size, num_kv_heads, head_dim], written in place;

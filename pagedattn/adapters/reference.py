@@ -6,7 +6,7 @@ import torch
 
 from pagedattn._version import __version__
 from pagedattn.adapters.protocol import Capabilities
-from pagedattn.oracle import PagedCase, paged_attention_reference, paged_gather
+from pagedattn.oracle import VARIANTS, PagedCase, paged_attention_reference_lse, paged_gather
 
 
 def write_cache_by_indexing(pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor) -> None:
@@ -25,10 +25,17 @@ class ReferenceBackend:
 
     name = "reference"
     version = __version__
-    capabilities = Capabilities(operations=frozenset({"attention", "gather", "write_cache"}))
+    capabilities = Capabilities(
+        operations=frozenset({"attention", "gather", "write_cache", "lse"}),
+        variants=frozenset(VARIANTS),
+    )
 
     def paged_attention(self, case: PagedCase) -> torch.Tensor:
-        return paged_attention_reference(case).to(case.dtype)
+        return paged_attention_reference_lse(case)[0].to(case.dtype)
+
+    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+        out, lse = paged_attention_reference_lse(case)
+        return out.to(case.dtype), lse.to(torch.float32)
 
     def gather(self, pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         return paged_gather(pool, slot_mapping)

@@ -13,7 +13,11 @@ import torch
 from pagedattn.cases.spec import CaseSpec
 
 PROFILES = ("quick", "standard", "thorough")
-FAMILIES = ("gather", "cache_write", "decode", "prefill", "continuation", "gqa", "layout", "mixed")
+#: the core families, then one family per attention variant (capability-gated) and their
+#: combinations; ``lse`` checks the log-sum-exp output (an optional operation)
+CORE_FAMILIES = ("gather", "cache_write", "decode", "prefill", "continuation", "gqa", "layout", "mixed")
+VARIANT_FAMILIES = ("window", "softcap", "alibi", "sinks", "fp8", "lse", "combined")
+FAMILIES = CORE_FAMILIES + VARIANT_FAMILIES
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (48, 64, 80, 96, 112, 128, 256)
 BLOCK_SIZES = (1, 2, 3, 13, 16, 32, 128)
@@ -141,6 +145,139 @@ def _data_movement(family: str, profile: str) -> list[CaseSpec]:
     return out
 
 
+# ----------------------------------------------------------------- variants
+# Each family holds the cases that caught a shipped bug of its kind: histories long
+# enough that the decode launch splits them (a window or a sink handled in one split
+# only), windows ending on and across block edges (off by one), masked keys in every
+# tile (a cap applied after the mask turns -inf into -c), scales far from 1.0 (ignored).
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+SPLIT = ((1100, 1), (600, 1))  # decode histories over the Triton kernel's 512-key split
+
+
+def _window(profile: str) -> list[CaseSpec]:
+    out = []
+    for dt in DTYPES:
+        # prefill and a continuation: every row's window starts somewhere else
+        out.append(CaseSpec("window", ((40, 40), (50, 9)), block_size=4, sliding_window=8, dtype=dt))
+        # decode: W = 1 (only itself), W on a block edge, W longer than the history
+        out.append(CaseSpec("window", ((33, 1), (40, 1), (5, 1)), block_size=16, sliding_window=16, dtype=dt))
+    out.append(CaseSpec("window", ((20, 1), (9, 3)), block_size=3, sliding_window=1, dtype=F32, tag="self"))
+    out.append(CaseSpec("window", ((20, 1), (9, 9)), sliding_window=64, dtype=F16, tag="wide"))
+    for dt in (F32, BF16):  # a window ending inside a split, and one starting several splits in
+        out.append(CaseSpec("window", SPLIT, num_heads=8, sliding_window=700, dtype=dt))
+        out.append(CaseSpec("window", SPLIT, num_heads=8, sliding_window=77, dtype=dt))
+    out.append(CaseSpec("window", ((70, 13),), num_heads=8, num_kv_heads=1, head_dim=80, block_size=13,
+                        layout="permuted", sliding_window=30, dtype=BF16))  # fmt: skip
+    if profile != "quick":
+        for dt in DTYPES:
+            out.append(CaseSpec("window", ((4000, 1), (3000, 300), (600, 600)), num_heads=16, num_kv_heads=4,
+                                head_dim=128, layout="permuted", sliding_window=1024, dtype=dt))  # fmt: skip
+    if profile == "thorough":
+        for dt in DTYPES:
+            out.append(CaseSpec("window", ((32768, 1), (8192, 8192)), num_heads=8, num_kv_heads=1, head_dim=128,
+                                sliding_window=4096, dtype=dt))  # fmt: skip
+    return out
+
+
+def _softcap(profile: str) -> list[CaseSpec]:
+    out = []
+    for dt in DTYPES:
+        # a realistic cap (Gemma 2 uses 50) on a prefill, and a small one the scores saturate
+        out.append(CaseSpec("softcap", ((33, 33), (40, 7)), soft_cap=50.0, query_gain=8.0, dtype=dt))
+        out.append(CaseSpec("softcap", ((24, 24), (45, 1)), block_size=8, soft_cap=2.5, query_gain=4.0, dtype=dt))
+    for dt in (F32, BF16):
+        out.append(CaseSpec("softcap", SPLIT, num_heads=8, soft_cap=5.0, query_gain=4.0, dtype=dt))
+    if profile != "quick":
+        for dt in DTYPES:
+            out.append(CaseSpec("softcap", ((2000, 1), (700, 700)), num_heads=16, num_kv_heads=8, head_dim=128,
+                                soft_cap=30.0, query_gain=8.0, dtype=dt))  # fmt: skip
+    return out
+
+
+def _alibi(profile: str) -> list[CaseSpec]:
+    out = []
+    for dt in DTYPES:
+        out.append(CaseSpec("alibi", ((33, 33), (40, 7), (17, 1)), num_heads=8, alibi=True, dtype=dt))
+    for dt in (F32, BF16):
+        out.append(CaseSpec("alibi", SPLIT, num_heads=8, alibi=True, dtype=dt))
+    out.append(CaseSpec("alibi", ((30, 4),), num_heads=8, num_kv_heads=1, block_size=3, alibi=True, dtype=F32))
+    if profile != "quick":
+        for dt in DTYPES:
+            out.append(CaseSpec("alibi", ((3000, 1), (900, 900)), num_heads=16, num_kv_heads=16, head_dim=128,
+                                alibi=True, dtype=dt))  # fmt: skip
+    return out
+
+
+def _sinks(profile: str) -> list[CaseSpec]:
+    out = []
+    for dt in DTYPES:
+        out.append(CaseSpec("sinks", ((33, 33), (40, 7), (17, 1)), num_heads=8, sinks=True, dtype=dt))
+    for dt in (F32, BF16):  # the sink must join the softmax once, not once per split
+        out.append(CaseSpec("sinks", SPLIT, num_heads=8, sinks=True, dtype=dt))
+    out.append(CaseSpec("sinks", ((1, 1), (2, 1)), num_heads=4, num_kv_heads=1, sinks=True, dtype=F32, tag="short"))
+    if profile != "quick":
+        for dt in DTYPES:
+            out.append(CaseSpec("sinks", ((4000, 1), (1000, 1000)), num_heads=64, num_kv_heads=8, head_dim=64,
+                                sinks=True, dtype=dt))  # fmt: skip
+    return out
+
+
+def _fp8(profile: str) -> list[CaseSpec]:
+    out = []
+    scales = dict(k_scale=0.37, v_scale=1.9)  # not 1.0, not each other: ignored or swapped scales show
+    for dt in DTYPES:
+        out.append(CaseSpec("fp8", ((33, 33), (40, 7), (17, 1)), kv_dtype=E4M3, dtype=dt, **scales))
+    out.append(CaseSpec("fp8", ((40, 1), (25, 25)), kv_dtype=E5M2, dtype=BF16, **scales))
+    out.append(CaseSpec("fp8", ((40, 1), (25, 25)), kv_dtype=E5M2, dtype=F16, k_scale=3.0, v_scale=0.25))
+    for dt in (F32, BF16):
+        out.append(CaseSpec("fp8", SPLIT, num_heads=8, kv_dtype=E4M3, dtype=dt, **scales))
+    out.append(CaseSpec("fp8", ((30, 5),), head_dim=80, block_size=13, layout="permuted", kv_dtype=E4M3,
+                        dtype=BF16, **scales))  # fmt: skip
+    if profile != "quick":
+        for dt in (F16, BF16):
+            for kv in (E4M3, E5M2):
+                out.append(CaseSpec("fp8", ((4000, 1), (1000, 100), (600, 600)), num_heads=32, num_kv_heads=8,
+                                    head_dim=128, layout="permuted", kv_dtype=kv, dtype=dt, **scales))  # fmt: skip
+    return out
+
+
+def _lse(profile: str) -> list[CaseSpec]:
+    out = []
+    for dt in DTYPES:
+        out.append(CaseSpec("lse", ((33, 33), (40, 7), (17, 1)), dtype=dt))
+    for dt in (F32, BF16):  # split decode: the merged lse
+        out.append(CaseSpec("lse", SPLIT, num_heads=8, dtype=dt))
+    # variants change the lse: the sink joins it; ALiBi's (j - p) shifts it (the output cannot see
+    # a bias measured from the wrong origin, the lse can)
+    out.append(CaseSpec("lse", ((40, 7), (1100, 1)), num_heads=8, sinks=True, dtype=F32))
+    out.append(CaseSpec("lse", ((40, 7), (1100, 1)), num_heads=8, alibi=True, dtype=F32))
+    out.append(CaseSpec("lse", ((40, 40), (1100, 1)), sliding_window=20, soft_cap=5.0, dtype=BF16))
+    if profile != "quick":
+        for dt in DTYPES:
+            out.append(CaseSpec("lse", ((4000, 1), (700, 700)), num_heads=16, num_kv_heads=4, head_dim=128, dtype=dt))
+    return out
+
+
+def _combined(profile: str) -> list[CaseSpec]:
+    """What real models ship together."""
+    out = []
+    for dt in DTYPES:
+        # gpt-oss: GQA 8:1, head_dim 64, a 128-key window and sinks (on alternate layers)
+        out.append(CaseSpec("combined", ((300, 1), (150, 150), (200, 20)), num_heads=16, num_kv_heads=2,
+                            block_size=16, layout="permuted", sliding_window=128, sinks=True, dtype=dt))  # fmt: skip
+        # Gemma 2: soft-capped scores in a sliding window
+        out.append(CaseSpec("combined", ((100, 1), (60, 60), (90, 11)), num_heads=8, num_kv_heads=4, head_dim=128,
+                            sliding_window=32, soft_cap=50.0, query_gain=8.0, dtype=dt))  # fmt: skip
+    for dt in (F16, BF16):  # a quantized cache under a window with sinks
+        out.append(CaseSpec("combined", SPLIT, num_heads=8, sliding_window=600, sinks=True, kv_dtype=E4M3,
+                            k_scale=0.37, v_scale=1.9, dtype=dt))  # fmt: skip
+    if profile != "quick":
+        for dt in DTYPES:
+            out.append(CaseSpec("combined", ((8000, 1), (2000, 2000), (3000, 100)), num_heads=64, num_kv_heads=8,
+                                layout="permuted", sliding_window=128, sinks=True, dtype=dt))  # fmt: skip
+    return out
+
+
 _BUILDERS = {
     "decode": _decode,
     "prefill": _prefill,
@@ -150,6 +287,13 @@ _BUILDERS = {
     "mixed": _mixed,
     "gather": lambda p: _data_movement("gather", p),
     "cache_write": lambda p: _data_movement("cache_write", p),
+    "window": _window,
+    "softcap": _softcap,
+    "alibi": _alibi,
+    "sinks": _sinks,
+    "fp8": _fp8,
+    "lse": _lse,
+    "combined": _combined,
 }
 
 

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.case import FP8_DTYPES, PagedCase
 
 LAYOUTS = ("sequential", "permuted", "interleaved", "shared")
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+KV_DTYPE_NAMES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
 
 # Extra physical blocks filled with NaN that padding table entries point at.
@@ -40,6 +41,15 @@ class CaseSpec:
         shared_blocks: how many leading blocks are shared (layout ``shared``).
         query_gain: standard deviation of the queries: > 1 sharpens the softmax.
         tag: a suffix that keeps ids unique when two specs differ elsewhere.
+        sliding_window: ``PagedCase.sliding_window`` (``None``: off).
+        soft_cap: ``PagedCase.logits_soft_cap`` (``None``: off).
+        alibi: per-head ALiBi slopes ``2 ** (-8 (h + 1) / num_heads)`` (the ALiBi paper's).
+        sinks: per-head sink logits drawn in ``[-1, 6)``, where they take a visible share
+            of the softmax from scores of this generator's size.
+        kv_dtype: an fp8 cache dtype (``None``: the query dtype). The cache holds
+            ``(x / scale).to(kv_dtype)`` of normal draws ``x``, so the dequantized cache
+            is of the usual size.
+        k_scale, v_scale: the fp8 scales (only with ``kv_dtype``).
     """
 
     family: str
@@ -55,8 +65,17 @@ class CaseSpec:
     shared_blocks: int = 0
     query_gain: float = 2.0
     tag: str = ""
+    sliding_window: int | None = None
+    soft_cap: float | None = None
+    alibi: bool = False
+    sinks: bool = False
+    kv_dtype: torch.dtype | None = None
+    k_scale: float = 1.0
+    v_scale: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.kv_dtype is not None and self.kv_dtype not in FP8_DTYPES:
+            raise ValueError(f"CaseSpec.kv_dtype must be an fp8 dtype or None, got {self.kv_dtype}")
         if self.layout not in LAYOUTS:
             raise ValueError(f"CaseSpec.layout must be one of {LAYOUTS}, got {self.layout!r}")
         if self.layout == "shared":
@@ -92,6 +111,16 @@ class CaseSpec:
             parts.append(self.layout)
         if self.scale is not None:
             parts.append(f"scale{self.scale:g}")
+        if self.sliding_window is not None:
+            parts.append(f"win{self.sliding_window}")
+        if self.soft_cap is not None:
+            parts.append(f"cap{self.soft_cap:g}")
+        if self.alibi:
+            parts.append("alibi")
+        if self.sinks:
+            parts.append("sinks")
+        if self.kv_dtype is not None:
+            parts.append(f"kv{KV_DTYPE_NAMES[self.kv_dtype]}")
         if self.tag:
             parts.append(self.tag)
         return "-".join(parts)
@@ -137,6 +166,8 @@ class CaseSpec:
             block_tables[b] = torch.tensor(row + [pad] * (width - len(row)), dtype=torch.int32)
         k = torch.randn(N, bs, Hkv, D, generator=gen)
         v = torch.randn(N, bs, Hkv, D, generator=gen)
+        # drawn after the data, so that adding a variant to a spec keeps its other tensors
+        sinks = torch.rand(self.num_heads, generator=gen) * 7.0 - 1.0 if self.sinks else None
         if self.poison:
             for cache in (k, v):
                 cache[poison_ids] = float("nan")
@@ -147,12 +178,24 @@ class CaseSpec:
         qlens = [q for _, q in self.seqs]
         q = torch.randn(sum(qlens), self.num_heads, D, generator=gen) * self.query_gain
         loc = torch.tensor([0] + qlens, dtype=torch.int64).cumsum(0).to(torch.int32)
+        if self.kv_dtype is not None:
+            k, v = (k / self.k_scale).to(self.kv_dtype), (v / self.v_scale).to(self.kv_dtype)
+        else:
+            k, v = k.to(self.dtype), v.to(self.dtype)
+        H = self.num_heads
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)]) if self.alibi else None
         return PagedCase(
             query=q.to(self.dtype),
-            key_cache=k.to(self.dtype),
-            value_cache=v.to(self.dtype),
+            key_cache=k,
+            value_cache=v,
             block_tables=block_tables,
             seq_lens=torch.tensor([s for s, _ in self.seqs], dtype=torch.int32),
             query_start_loc=loc,
             scale=self.scale,  # type: ignore[arg-type]  # None: the default scale
+            sliding_window=self.sliding_window,
+            logits_soft_cap=self.soft_cap,
+            alibi_slopes=slopes,
+            sinks=sinks,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
         )

@@ -1,6 +1,6 @@
 """The canonical case, the float64 oracle and the tolerance policy."""
 
-from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.case import FP8_DTYPES, VARIANTS, PagedCase
 from pagedattn.oracle.policy import (
     DTYPE_TABLE,
     WARN_FACTOR,
@@ -9,12 +9,14 @@ from pagedattn.oracle.policy import (
     attention_error_bound,
     bits_equal,
     check_attention,
+    check_attention_lse,
     check_bitexact,
 )
 from pagedattn.oracle.reference import (
     causal_mask,
     gather_history,
     paged_attention_reference,
+    paged_attention_reference_lse,
     paged_gather,
 )
 
@@ -23,13 +25,17 @@ __all__ = [
     "WARN_FACTOR",
     "AttentionCheck",
     "BitCheck",
+    "FP8_DTYPES",
     "PagedCase",
+    "VARIANTS",
     "attention_error_bound",
     "bits_equal",
     "causal_mask",
     "check_attention",
+    "check_attention_lse",
     "check_bitexact",
     "gather_history",
     "paged_attention_reference",
+    "paged_attention_reference_lse",
     "paged_gather",
 ]

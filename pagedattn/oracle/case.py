@@ -13,6 +13,10 @@ from dataclasses import dataclass
 import torch
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+#: fp8 cache dtypes and the variant name each one claims
+FP8_DTYPES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+#: every attention variant a case can carry (``PagedCase.variants``)
+VARIANTS = ("sliding_window", "logits_soft_cap", "alibi", "sinks", "fp8_e4m3", "fp8_e5m2")
 
 
 def _fail(field: str, message: str) -> ValueError:
@@ -38,6 +42,19 @@ class PagedCase:
         query_start_loc: ``[num_seqs + 1]`` int32. Cumulative query lengths: the new
             tokens of sequence ``b`` are ``query[query_start_loc[b]:query_start_loc[b+1]]``.
         scale: softmax scale; ``None`` (default) means ``head_dim ** -0.5``.
+        sliding_window: ``W >= 1`` or ``None``: the query at position ``p`` sees keys
+            ``max(0, p - W + 1) .. p`` only (``W`` keys, itself included). FlashAttention's
+            ``window_size=(W - 1, 0)`` and FlashInfer's ``window_left=W - 1`` are this
+            window (``pagedattn.adapters.conventions`` converts).
+        logits_soft_cap: ``c > 0`` or ``None``: every scaled score ``s`` becomes
+            ``c * tanh(s / c)`` (before ALiBi, before masking).
+        alibi_slopes: ``[num_heads]`` float32 or ``None``: head ``h`` adds
+            ``alibi_slopes[h] * (j - p)`` to the score of key ``j`` for the query at ``p``.
+        sinks: ``[num_heads]`` float32 or ``None``: a per-head logit that joins the softmax
+            denominator (``exp(sinks[h] - max)``) and contributes no value.
+        k_scale, v_scale: dequantization scales of an fp8 cache: the key that enters the
+            score is ``float(key_cache[...]) * k_scale`` (values likewise). Only an fp8
+            cache (``float8_e4m3fn``/``float8_e5m2``) may carry a scale other than 1.0.
 
     The ``q_b`` new tokens of sequence ``b`` sit at absolute positions
     ``seq_lens[b] - q_b .. seq_lens[b] - 1``; their keys and values are already in the
@@ -47,6 +64,17 @@ class PagedCase:
     allowing it would make every kernel special-case empty rows.
 
     Query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``.
+
+    The score of key ``j`` for the query at ``p`` (head ``h``), in this order::
+
+        s = scale * (q . k_j * k_scale)              # k_j as stored, dequantized
+        s = c * tanh(s / c)                          # logits_soft_cap
+        s = s + alibi_slopes[h] * (j - p)            # ALiBi
+        s = -inf unless p - W < j <= p               # causal (and sliding window)
+        o = sum_j exp(s_j - lse) * v_j * v_scale,  lse = log(exp(sinks[h]) + sum_j exp(s_j))
+
+    ``lse`` is the natural log of the softmax denominator actually used (the sink
+    included), so ``o`` and ``lse`` merge with other partial results exactly.
 
     Raises:
         ValueError: naming the field and the bound it breaks.
@@ -60,6 +88,12 @@ class PagedCase:
     query_start_loc: torch.Tensor
     # None at construction means head_dim ** -0.5; after construction it is always a float
     scale: float = None  # type: ignore[assignment]
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
+    alibi_slopes: torch.Tensor | None = None
+    sinks: torch.Tensor | None = None
+    k_scale: float = 1.0
+    v_scale: float = 1.0
     # host copies of query_start_loc and seq_lens, taken by validation
     _loc: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
     _seq_lens: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
@@ -74,6 +108,10 @@ class PagedCase:
             object.__setattr__(self, "scale", float(self.head_dim) ** -0.5)
         else:
             object.__setattr__(self, "scale", float(self.scale))
+        object.__setattr__(self, "k_scale", float(self.k_scale))
+        object.__setattr__(self, "v_scale", float(self.v_scale))
+        if self.logits_soft_cap is not None:
+            object.__setattr__(self, "logits_soft_cap", float(self.logits_soft_cap))
 
     # ----------------------------------------------------------------- sizes
     @property
@@ -110,7 +148,29 @@ class PagedCase:
 
     @property
     def dtype(self) -> torch.dtype:
+        """The query (and output) dtype."""
         return self.query.dtype
+
+    @property
+    def kv_dtype(self) -> torch.dtype:
+        """The cache dtype: the query dtype, or an fp8 dtype."""
+        return self.key_cache.dtype
+
+    @property
+    def variants(self) -> frozenset[str]:
+        """The attention variants this case uses (names from ``VARIANTS``)."""
+        out = set()
+        if self.sliding_window is not None:
+            out.add("sliding_window")
+        if self.logits_soft_cap is not None:
+            out.add("logits_soft_cap")
+        if self.alibi_slopes is not None:
+            out.add("alibi")
+        if self.sinks is not None:
+            out.add("sinks")
+        if self.kv_dtype in FP8_DTYPES:
+            out.add(FP8_DTYPES[self.kv_dtype])
+        return frozenset(out)
 
     @property
     def device(self) -> torch.device:
@@ -153,11 +213,19 @@ class PagedCase:
         pos = torch.arange(n, device=self.block_tables.device)
         return blocks[pos // self.block_size] * self.block_size + pos % self.block_size
 
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor field that is set, by name (the optional ones only when present)."""
+        out = {f: getattr(self, f) for f in _TENSOR_FIELDS}
+        out.update({f: getattr(self, f) for f in OPTIONAL_TENSOR_FIELDS if getattr(self, f) is not None})
+        return out
+
+    def options(self) -> dict:
+        """The non-tensor fields (scale and the variants' parameters), by name."""
+        return {f: getattr(self, f) for f in _SCALAR_FIELDS}
+
     def to(self, device: torch.device | str) -> PagedCase:
         """The same case with every tensor on ``device`` (a new, validated case)."""
-        return self.replace(
-            **{f: getattr(self, f).to(device) for f in _TENSOR_FIELDS},
-        )
+        return self.replace(**{f: t.to(device) for f, t in self.tensors().items()})
 
     def replace(self, **changes) -> PagedCase:
         """A new case with ``changes`` applied (and validated)."""
@@ -165,7 +233,7 @@ class PagedCase:
 
     def clone(self) -> PagedCase:
         """A deep copy: every tensor cloned."""
-        return self.replace(**{f: getattr(self, f).clone() for f in _TENSOR_FIELDS})
+        return self.replace(**{f: t.clone() for f, t in self.tensors().items()})
 
     def __repr__(self) -> str:
         return (
@@ -173,8 +241,22 @@ class PagedCase:
             f"query_lens={self.query_lens}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
             f"block_size={self.block_size}, num_blocks={self.num_blocks}, "
-            f"dtype={self.dtype}, scale={self.scale:.6g}, device={self.device})"
+            f"dtype={self.dtype}, scale={self.scale:.6g}{self._variant_repr()}, device={self.device})"
         )
+
+    def _variant_repr(self) -> str:
+        parts = []
+        if self.sliding_window is not None:
+            parts.append(f"sliding_window={self.sliding_window}")
+        if self.logits_soft_cap is not None:
+            parts.append(f"logits_soft_cap={self.logits_soft_cap:g}")
+        if self.alibi_slopes is not None:
+            parts.append("alibi_slopes=[" + ", ".join(f"{x:.3g}" for x in self.alibi_slopes.tolist()) + "]")
+        if self.sinks is not None:
+            parts.append("sinks=[" + ", ".join(f"{x:.3g}" for x in self.sinks.tolist()) + "]")
+        if self.kv_dtype != self.dtype:
+            parts.append(f"kv_dtype={self.kv_dtype}, k_scale={self.k_scale:g}, v_scale={self.v_scale:g}")
+        return "".join(", " + p for p in parts)
 
 
 _TENSOR_FIELDS = (
@@ -185,6 +267,9 @@ _TENSOR_FIELDS = (
     "seq_lens",
     "query_start_loc",
 )
+#: per-head variant tensors, ``None`` when the variant is off
+OPTIONAL_TENSOR_FIELDS = ("alibi_slopes", "sinks")
+_SCALAR_FIELDS = ("scale", "sliding_window", "logits_soft_cap", "k_scale", "v_scale")
 
 
 def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
@@ -198,8 +283,9 @@ def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
     for name, t, rank in (("query", q, 3), ("key_cache", k, 4), ("value_cache", v, 4)):
         if t.dim() != rank:
             raise _fail(name, f"must have rank {rank}, got shape {tuple(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES:
-            raise _fail(name, f"must be floating (float32/float16/bfloat16), got {t.dtype}")
+        if t.dtype not in _FLOAT_DTYPES and not (name != "query" and t.dtype in FP8_DTYPES):
+            allowed = "floating (float32/float16/bfloat16" + (")" if name == "query" else ", or float8_e4m3fn/float8_e5m2)")
+            raise _fail(name, f"must be {allowed}, got {t.dtype}")
     for name, rank in (("block_tables", 2), ("seq_lens", 1), ("query_start_loc", 1)):
         t = getattr(case, name)
         if t.dim() != rank:
@@ -218,6 +304,8 @@ def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
         raise _fail("value_cache", f"shape {tuple(v.shape)} must equal key_cache shape {tuple(k.shape)}")
     if k.dtype != v.dtype:
         raise _fail("value_cache", f"dtype {v.dtype} must equal key_cache dtype {k.dtype}")
+    if k.dtype != q.dtype and k.dtype not in FP8_DTYPES:
+        raise _fail("key_cache", f"dtype {k.dtype} must equal the query dtype {q.dtype} (or be an fp8 dtype)")
     T, Hq, D = q.shape
     N, bs, Hkv, Dk = k.shape
     if Dk != D:
@@ -239,6 +327,8 @@ def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
         s = float(case.scale)
         if not (s > 0.0 and s < float("inf")):
             raise _fail("scale", f"must be finite and > 0, got {case.scale}")
+
+    _validate_variants(case, Hq, dev)
 
     # values (on the host: validation reads a few small int tensors)
     loc = case.query_start_loc.tolist()
@@ -272,3 +362,39 @@ def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
                 f"[{b}, {i}] = {int(used[i])} is outside [0, num_blocks={N})",
             )
     return loc, seq_lens
+
+
+def _finite_positive(name: str, x: object) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise _fail(name, f"must be a float, got {type(x).__name__}")
+    if not (0.0 < float(x) < float("inf")):
+        raise _fail(name, f"must be finite and > 0, got {x}")
+    return float(x)
+
+
+def _validate_variants(case: PagedCase, num_heads: int, dev: torch.device) -> None:
+    """The variants' fields: types, bounds, per-head shapes, one device."""
+    w = case.sliding_window
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+        raise _fail("sliding_window", f"must be an int >= 1 (keys seen, the query's own included) or None, got {w!r}")
+    if case.logits_soft_cap is not None:
+        _finite_positive("logits_soft_cap", case.logits_soft_cap)
+    for name in OPTIONAL_TENSOR_FIELDS:
+        t = getattr(case, name)
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise _fail(name, f"must be a torch.Tensor or None, got {type(t).__name__}")
+        if tuple(t.shape) != (num_heads,):
+            raise _fail(name, f"must have shape [num_heads] = ({num_heads},), got {tuple(t.shape)}")
+        if t.dtype != torch.float32:
+            raise _fail(name, f"must be float32, got {t.dtype}")
+        if t.device != dev:
+            raise _fail(name, f"is on {t.device}, query is on {dev}: one device for all")
+        if not bool(torch.isfinite(t).all()):
+            raise _fail(name, "must be finite")
+    fp8 = case.key_cache.dtype in FP8_DTYPES
+    for name in ("k_scale", "v_scale"):
+        x = _finite_positive(name, getattr(case, name))
+        if x != 1.0 and not fp8:
+            raise _fail(name, f"= {x:g} applies to fp8 caches only; the cache is {case.key_cache.dtype}")

@@ -85,6 +85,65 @@ def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------ bounds
+def _u(dtype: torch.dtype) -> float:
+    """Unit roundoff of ``dtype``."""
+    return 2.0 ** -DTYPE_TABLE[dtype].significand
+
+
+def _chunk_bounds(case: PagedCase, precision: str):
+    """Per chunk of query rows: ``(tokens, o, e_out, lse, e_lse)``, ``o``/``e_out``
+    ``[n, Hq, D]`` and ``lse``/``e_lse`` ``[n, Hq]`` float64."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    model = DTYPE_TABLE[case.dtype]
+    u_dot = U_TF32 if (precision == "tf32" and case.dtype == torch.float32) else 0.0
+    u_w = model.weights_u
+    if precision == "tf32" and case.dtype == torch.float32:
+        u_w = max(u_w, U_TF32)
+    # an fp8 cache may be dequantized into the query dtype before the products (vLLM does):
+    # one rounding of every K and V element, legitimate, so part of the bound
+    u_kv = _u(case.dtype) if case.kv_dtype != case.dtype else 0.0
+    D = case.head_dim
+    cap = case.logits_soft_cap
+    sinks = case.sinks.to(torch.float64) if case.sinks is not None else None
+    for c in iter_chunks(case):
+        o = torch.einsum("hqk,khd->qhd", c.probs, c.v)  # [n, Hq, D]
+        A = torch.einsum("qhd,khd->hqk", c.q.abs(), c.k.abs()) * case.scale  # [Hq, n, L]
+        finite = torch.isfinite(c.scores)
+        s = torch.where(finite, c.scores, torch.zeros_like(c.scores))
+        m = s.masked_fill(~finite, float("-inf")).amax(dim=-1, keepdim=True)  # [Hq, n, 1]
+        if sinks is not None:
+            m = torch.maximum(m, sinks[:, None, None])
+        ds = (C_DOT * U_FP32 * math.sqrt(D) + 2.0 * u_dot + u_kv) * A + U_FP32 * (C_EXP + s.abs() + (s - m).abs())
+        if cap is not None:  # tanh in fp32: a few ulps of the capped range
+            ds = ds + U_FP32 * C_EXP * cap
+        if c.bias is not None:  # slope * (j - p) rounded once in fp32
+            ds = ds + U_FP32 * torch.where(finite, c.bias, torch.zeros_like(c.bias)).abs()
+        w = c.probs * ds  # zero where masked
+        W0 = w.sum(-1).transpose(0, 1)  # [n, Hq]
+        W1 = torch.einsum("hqk,khd->qhd", w, c.v)
+        W2 = torch.einsum("hqk,khd->qhd", w, c.v * c.v)
+        spread2 = (W2 - 2.0 * o * W1 + o * o * W0[..., None]).clamp_min(0.0)
+        e_scores = torch.sqrt(W0[..., None] * spread2)
+        lse_scores = W0
+        if sinks is not None and c.sink_probs is not None:
+            # the sink's logit is exact; its exp and the max subtraction round like a key's,
+            # and a perturbed sink weight moves the output towards 0 (its value)
+            ds_sink = U_FP32 * (C_EXP + sinks[:, None].abs() + (sinks[:, None] - m[..., 0]).abs())  # [Hq, n]
+            w_sink = (c.sink_probs * ds_sink).transpose(0, 1)  # [n, Hq]
+            e_scores = e_scores + w_sink[..., None] * o.abs()
+            lse_scores = lse_scores + w_sink
+        abs_pv = torch.einsum("hqk,khd->qhd", c.probs, c.v.abs())
+        L = c.k.shape[0]
+        e = e_scores + (C_W * u_w + u_kv) * abs_pv + C_ACC * U_FP32 * math.sqrt(L) * (abs_pv + o.abs())
+        e = e + 0.5 * _ulp(o.abs() + e, case.dtype)
+        lse = c.lse.transpose(0, 1)  # [n, Hq]
+        # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
+        # sum rounded, a base change (log2 kernels) rounded, the denominator's sqrt(L) growth
+        e_lse = lse_scores + U_FP32 * (C_EXP + 2.0 * lse.abs()) + C_ACC * U_FP32 * math.sqrt(L)
+        yield c.tokens, o, e, lse, e_lse
+
+
 def attention_error_bound(
     case: PagedCase,
     reference: torch.Tensor | None = None,
@@ -101,36 +160,26 @@ def attention_error_bound(
     Returns:
         ``(reference, bound)``: two ``[T, Hq, D]`` float64 tensors on the case's device.
     """
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
-    model = DTYPE_TABLE[case.dtype]
-    u_dot = U_TF32 if (precision == "tf32" and case.dtype == torch.float32) else 0.0
-    u_w = model.weights_u
-    if precision == "tf32" and case.dtype == torch.float32:
-        u_w = max(u_w, U_TF32)
-    D = case.head_dim
     ref_chunks, bounds = [], []
-    for c in iter_chunks(case):
-        o = torch.einsum("hqk,khd->qhd", c.probs, c.v)  # [n, Hq, D]
-        A = torch.einsum("qhd,khd->hqk", c.q.abs(), c.k.abs()) * case.scale  # [Hq, n, L]
-        finite = torch.isfinite(c.scores)
-        s = torch.where(finite, c.scores, torch.zeros_like(c.scores))
-        m = s.masked_fill(~finite, float("-inf")).amax(dim=-1, keepdim=True)
-        ds = (C_DOT * U_FP32 * math.sqrt(D) + 2.0 * u_dot) * A + U_FP32 * (C_EXP + s.abs() + (s - m).abs())
-        w = c.probs * ds  # zero where masked
-        W0 = w.sum(-1).transpose(0, 1)[..., None]  # [n, Hq, 1]
-        W1 = torch.einsum("hqk,khd->qhd", w, c.v)
-        W2 = torch.einsum("hqk,khd->qhd", w, c.v * c.v)
-        spread2 = (W2 - 2.0 * o * W1 + o * o * W0).clamp_min(0.0)
-        e_scores = torch.sqrt(W0 * spread2)
-        abs_pv = torch.einsum("hqk,khd->qhd", c.probs, c.v.abs())
-        L = c.k.shape[0]
-        e = e_scores + C_W * u_w * abs_pv + C_ACC * U_FP32 * math.sqrt(L) * (abs_pv + o.abs())
-        e = e + 0.5 * _ulp(o.abs() + e, case.dtype)
+    for _, o, e, _, _ in _chunk_bounds(case, precision):
         ref_chunks.append(o)
         bounds.append(e)
     ref = torch.cat(ref_chunks) if reference is None else reference
     return ref, torch.cat(bounds)
+
+
+def attention_lse_error_bounds(
+    case: PagedCase, precision: str = "ieee"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Output and log-sum-exp references and bounds in one pass over the oracle:
+    ``(ref [T, Hq, D], bound [T, Hq, D], ref_lse [T, Hq], bound_lse [T, Hq])``, float64
+    on the case's device (natural log; see ``PagedCase`` for the definition)."""
+    parts: list[list[torch.Tensor]] = [[], [], [], []]
+    for _, *tensors in _chunk_bounds(case, precision):
+        for acc, t in zip(parts, tensors):
+            acc.append(t)
+    ref, bound, ref_lse, bound_lse = (torch.cat(p) for p in parts)
+    return ref, bound, ref_lse, bound_lse
 
 
 # ------------------------------------------------------------------------ checks
@@ -161,6 +210,7 @@ class AttentionCheck:
     precision: str = "ieee"
     tolerance_factor: float = 1.0
     case_summary: str = ""
+    what: str = "attention"  # or "log-sum-exp" (then worst_channel is -1)
     extra: dict = field(default_factory=dict)
 
     @property
@@ -188,15 +238,16 @@ class AttentionCheck:
             "problem": self.problem,
             "precision": self.precision,
             "tolerance_factor": self.tolerance_factor,
+            "what": self.what,
         }
 
     def __str__(self) -> str:
         if self.problem:
-            return f"attention output rejected: {self.problem}\n  case: {self.case_summary}"
+            return f"{self.what} output rejected: {self.problem}\n  case: {self.case_summary}"
         head = {
-            "passed": "attention within the error bound",
-            "warned": f"attention in the warning band (above the bound, within {WARN_FACTOR:g}x of it)",
-            "failed": "attention outside the error bound",
+            "passed": f"{self.what} within the error bound",
+            "warned": f"{self.what} in the warning band (above the bound, within {WARN_FACTOR:g}x of it)",
+            "failed": f"{self.what} outside the error bound",
         }[self.status]
         lines = [
             f"{head}: budget used {self.budget_used:.3g} "
@@ -204,8 +255,8 @@ class AttentionCheck:
             + (f", {self.num_nonfinite} non-finite where the reference is finite" if self.num_nonfinite else "")
             + ")",
             f"  worst element: seq {self.worst_seq}, token {self.worst_token} "
-            f"(position {self.worst_position} in its sequence), head {self.worst_head}, "
-            f"channel {self.worst_channel}",
+            f"(position {self.worst_position} in its sequence), head {self.worst_head}"
+            + (f", channel {self.worst_channel}" if self.worst_channel >= 0 else ""),
             f"  got {self.value!r}, reference {self.reference!r}, "
             f"|error| {abs(self.value - self.reference):.3g}, bound {self.bound:.3g}",
             f"  policy: fp32 dot precision {self.precision}"
@@ -242,28 +293,74 @@ def check_attention(
         reference: the oracle output if already computed.
     """
     common: dict[str, Any] = dict(precision=precision, tolerance_factor=tolerance_factor, case_summary=repr(case))
-    want_shape = (case.num_tokens, case.num_heads, case.head_dim)
-    problem = ""
-    if not isinstance(output, torch.Tensor):
-        problem = f"expected a torch.Tensor, got {type(output).__name__}"
-    elif tuple(output.shape) != want_shape:
-        problem = f"shape {tuple(output.shape)}, expected {want_shape} [num_tokens, num_heads, head_dim]"
-    elif output.dtype != case.dtype:
-        problem = f"dtype {output.dtype}, expected the query dtype {case.dtype}"
-    elif output.device != case.device:
-        problem = f"device {output.device}, expected the case's device {case.device}"
+    problem = _structural(output, case, (case.num_tokens, case.num_heads, case.head_dim), case.dtype,
+                          "[num_tokens, num_heads, head_dim]", "the query dtype")  # fmt: skip
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
-
     ref, bound = attention_error_bound(case, reference, precision)
-    bound = bound * tolerance_factor
+    return _judge(output, ref, bound * tolerance_factor, case, common)
+
+
+def check_attention_lse(
+    output: torch.Tensor,
+    lse: torch.Tensor,
+    case: PagedCase,
+    *,
+    precision: str = "ieee",
+    tolerance_factor: float = 1.0,
+) -> tuple[AttentionCheck, AttentionCheck]:
+    """Judge an output and its log-sum-exp (one pass over the oracle).
+
+    Args:
+        output: ``[num_tokens, num_heads, head_dim]`` in the query dtype.
+        lse: ``[num_tokens, num_heads]`` float32, natural log of each row's softmax
+            denominator (sink included).
+        case, precision, tolerance_factor: as for ``check_attention``.
+
+    Returns:
+        ``(output_check, lse_check)``.
+    """
+    common: dict[str, Any] = dict(precision=precision, tolerance_factor=tolerance_factor, case_summary=repr(case))
+    p_out = _structural(output, case, (case.num_tokens, case.num_heads, case.head_dim), case.dtype,
+                        "[num_tokens, num_heads, head_dim]", "the query dtype")  # fmt: skip
+    p_lse = _structural(lse, case, (case.num_tokens, case.num_heads), torch.float32, "[num_tokens, num_heads]",
+                        "float32")  # fmt: skip
+    if p_out or p_lse:
+        out_check = AttentionCheck(False, False, float("inf"), problem=p_out or "not judged: the log-sum-exp "
+                                   "was rejected", **common)  # fmt: skip
+        lse_check = AttentionCheck(False, False, float("inf"), problem=p_lse or "not judged: the output was "
+                                   "rejected", what="log-sum-exp", **common)  # fmt: skip
+        return out_check, lse_check
+    ref, bound, ref_lse, bound_lse = attention_lse_error_bounds(case, precision)
+    return (
+        _judge(output, ref, bound * tolerance_factor, case, common),
+        _judge(lse, ref_lse, bound_lse * tolerance_factor, case, dict(common, what="log-sum-exp")),
+    )
+
+
+def _structural(t: Any, case: PagedCase, shape: tuple, dtype: torch.dtype, shape_doc: str, dtype_doc: str) -> str:
+    if not isinstance(t, torch.Tensor):
+        return f"expected a torch.Tensor, got {type(t).__name__}"
+    if tuple(t.shape) != shape:
+        return f"shape {tuple(t.shape)}, expected {shape} {shape_doc}"
+    if t.dtype != dtype:
+        return f"dtype {t.dtype}, expected {dtype_doc} {dtype}"
+    if t.device != case.device:
+        return f"device {t.device}, expected the case's device {case.device}"
+    return ""
+
+
+def _judge(output: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, case: PagedCase, common: dict) -> AttentionCheck:
+    """The verdict on ``output`` ``[T, Hq(, D)]`` against ``ref`` and its per-element bound."""
     out = output.to(torch.float64)
-    err = (out - ref).abs()
+    same_inf = torch.isinf(ref) & (out == ref)  # an lse of -inf where the reference is -inf
+    err = torch.where(same_inf, torch.zeros_like(ref), (out - ref).abs())
     nonfinite = ~torch.isfinite(out) & torch.isfinite(ref)
     ratio = torch.where(nonfinite, torch.full_like(err, float("inf")), err / bound)
-    ratio = torch.nan_to_num(ratio, nan=float("inf"))
+    ratio = torch.where(same_inf, torch.zeros_like(ratio), torch.nan_to_num(ratio, nan=float("inf")))
     flat = int(torch.argmax(ratio))
-    t, h, d = (int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape))
+    idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape)]
+    t, h = idx[0], idx[1]
     budget = float(ratio.reshape(-1)[flat])
     n_nonfinite = int(nonfinite.sum())
     seq, pos = _token_coords(case, t)
@@ -278,10 +375,10 @@ def check_attention(
         worst_token=t,
         worst_position=pos,
         worst_head=h,
-        worst_channel=d,
-        value=float(out[t, h, d]),
-        reference=float(ref[t, h, d]),
-        bound=float(bound[t, h, d]),
+        worst_channel=idx[2] if len(idx) > 2 else -1,
+        value=float(out[tuple(idx)]),
+        reference=float(ref[tuple(idx)]),
+        bound=float(bound[tuple(idx)]),
         **common,
     )
 

@@ -1,0 +1,10 @@
+"""Sliding window: the query at position ``p`` sees keys ``p - W + 1 .. p`` only (``PagedCase.sliding_window``).
+
+Runs only where the backend claims the variant (``Capabilities.variants``); elsewhere each
+case is reported as unsupported, with the reason."""
+
+FAMILY = "window"
+
+
+def test_window(pagedattn_suite, conformance_spec, request):
+    pagedattn_suite.attention(request.node, conformance_spec)
