@@ -7,7 +7,7 @@ import torch
 from pagedattn._version import __version__
 from pagedattn.adapters.protocol import Capabilities
 from pagedattn.kernels import paged_attention as kernels
-from pagedattn.oracle import PagedCase
+from pagedattn.oracle import VARIANTS, PagedCase
 
 
 class TLSimBackend:
@@ -17,7 +17,10 @@ class TLSimBackend:
 
     name = "tlsim"
     version = __version__
-    capabilities = Capabilities(operations=frozenset({"attention", "gather", "write_cache"}))
+    capabilities = Capabilities(
+        operations=frozenset({"attention", "gather", "write_cache", "lse"}),
+        variants=frozenset(VARIANTS),
+    )
 
     def __init__(self, tile: int = 16):
         self.tile = tile
@@ -28,6 +31,9 @@ class TLSimBackend:
 
     def paged_attention(self, case: PagedCase) -> torch.Tensor:
         return kernels.paged_attention(case, tile=self.tile)
+
+    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+        return kernels.paged_attention(case, tile=self.tile, return_lse=True)
 
     def gather(self, pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
         return kernels.gather_slots(pool, slot_mapping, tile=self.tile)

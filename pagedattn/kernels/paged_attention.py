@@ -120,9 +120,16 @@ def _attention_kernel(
     seq_lens,
     query_start_loc,
     token_seq,
+    alibi_slopes,
+    sinks,
     out,
+    lse,
     # sizes
     scale: float,
+    k_scale: float,
+    v_scale: float,
+    window: int,
+    soft_cap: float,
     # strides (elements)
     stride_qt: int,
     stride_qh: int,
@@ -138,6 +145,11 @@ def _attention_kernel(
     HEAD_DIM_PAD: int,
     BLOCK_SIZE: int,
     TILE: int,
+    USE_WINDOW: bool,
+    USE_SOFTCAP: bool,
+    USE_ALIBI: bool,
+    USE_SINKS: bool,
+    WRITE_LSE: bool,
 ):
     t = prog.program_id(0)  # query token
     kv_head = prog.program_id(1)  # all GROUP query heads of this kv head
@@ -147,25 +159,36 @@ def _attention_kernel(
     q_start, q_len = int(bounds[0]), int(bounds[1] - bounds[0])
     pos = seq_len - q_len + (t - q_start)  # absolute position: sees keys 0..pos
     n_keys = pos + 1
+    first = max(0, pos - window + 1) if USE_WINDOW else 0  # the window's first key
+    # start on a tile edge below it: tiles stay aligned, the mask drops the keys before it
+    lo = first - first % TILE
 
     heads = kv_head * GROUP + tl.arange(0, GROUP)  # [G]
     d = tl.arange(0, HEAD_DIM_PAD)
     dmask = d < HEAD_DIM  # padded channels
     q_tile = tl.load(q, t * stride_qt + heads[:, None] * stride_qh + d[None, :], dmask[None, :]).float()  # [G, Dp]
+    slopes = tl.load(alibi_slopes, heads) if USE_ALIBI else None
 
     m = torch.full((GROUP,), float("-inf"), device=q.device)
     l_sum = torch.zeros(GROUP, device=q.device)
     acc = torch.zeros(GROUP, HEAD_DIM_PAD, device=q.device)
-    for j0 in range(0, n_keys, TILE):
+    if USE_SINKS:  # the sink starts the running softmax: weight exp(sink - m), no value
+        m = tl.load(sinks, heads).float()
+        l_sum = torch.ones(GROUP, device=q.device)
+    for j0 in range(lo, n_keys, TILE):
         j = j0 + tl.arange(0, TILE)
-        kmask = j < n_keys
+        kmask = (j < n_keys) & (j >= first)
         blk = tl.load(block_tables, seq * stride_bt + j // BLOCK_SIZE, kmask, 0)
         base = blk * stride_kb + (j % BLOCK_SIZE) * stride_ks + kv_head * stride_kh  # [TILE]
         both = kmask[:, None] & dmask[None, :]
-        k = tl.load(k_cache, base[:, None] + d[None, :], both).float()  # [TILE, Dp]
+        k = tl.load(k_cache, base[:, None] + d[None, :], both).float()  # [TILE, Dp], fp8 upcast exactly
         v = tl.load(v_cache, base[:, None] + d[None, :], both).float()
-        s = (q_tile @ k.T) * scale  # [G, TILE]
-        # a masked load gave zero keys, and a zero key still scores: force them out
+        s = (q_tile @ k.T) * (scale * k_scale)  # [G, TILE]
+        if USE_SOFTCAP:
+            s = soft_cap * torch.tanh(s / soft_cap)
+        if USE_ALIBI:
+            s = s + slopes[:, None] * (j - pos).float()[None, :]
+        # a masked load gave zero keys, and a zero key still scores: force them out (after the cap)
         s = torch.where(kmask[None, :], s, torch.tensor(float("-inf"), device=s.device))
         m_new = torch.maximum(m, s.amax(dim=1))
         alpha = torch.exp(m - m_new)  # rescale what was accumulated under the old max
@@ -173,8 +196,10 @@ def _attention_kernel(
         l_sum = l_sum * alpha + p.sum(dim=1)
         acc = acc * alpha[:, None] + p @ v
         m = m_new
-    result = acc / l_sum[:, None]
+    result = acc * (v_scale / l_sum)[:, None]
     tl.store(out, t * stride_ot + heads[:, None] * stride_oh + d[None, :], result, dmask[None, :])
+    if WRITE_LSE:
+        tl.store(lse, t * (GROUP * prog.num_programs(1)) + heads, m + torch.log(l_sum))
 
 
 def token_to_seq(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
@@ -183,21 +208,27 @@ def token_to_seq(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor
     return torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens.long(), output_size=num_tokens)
 
 
-def paged_attention(case: PagedCase, tile: int = 16) -> torch.Tensor:
+def paged_attention(case: PagedCase, tile: int = 16, return_lse: bool = False):
     """The fused streaming kernel over a ragged batch, as tlsim programs.
 
-    One program per (query token, kv head) walks the token's visible history a tile
-    of ``tile`` keys at a time through the block table, with an online softmax in
-    fp32; the full history is never assembled.
+    One program per (query token, kv head) walks the token's visible history (its
+    sliding window only, when the case has one) a tile of ``tile`` keys at a time
+    through the block table, with an online softmax in fp32 that starts from the sink
+    when the case has sinks; the full history is never assembled. fp8 caches are read
+    as stored and upcast exactly; ``k_scale`` joins the score scale, ``v_scale`` the
+    final normalization.
 
     Returns:
-        ``[num_tokens, num_heads, head_dim]`` in the query dtype.
+        ``[num_tokens, num_heads, head_dim]`` in the query dtype; with ``return_lse``,
+        also ``[num_tokens, num_heads]`` float32 (natural log, sink included).
     """
     q = case.query.contiguous()
     k = case.key_cache.contiguous()
     v = case.value_cache.contiguous()
     tables = case.block_tables.contiguous()
     out = torch.empty_like(q)
+    lse = torch.empty(case.num_tokens, case.num_heads, dtype=torch.float32, device=q.device)
+    none = torch.zeros(1, device=q.device)  # a placeholder buffer for an unused pointer
     tl.launch(
         (case.num_tokens, case.num_kv_heads),
         _attention_kernel,
@@ -208,8 +239,15 @@ def paged_attention(case: PagedCase, tile: int = 16) -> torch.Tensor:
         case.seq_lens.to(torch.int64),
         case.query_start_loc.to(torch.int64),
         token_to_seq(case.query_start_loc, case.num_tokens),
+        case.alibi_slopes if case.alibi_slopes is not None else none,
+        case.sinks if case.sinks is not None else none,
         out.view(-1),
+        lse.view(-1),
         case.scale,
+        case.k_scale,
+        case.v_scale,
+        case.sliding_window or 0,
+        case.logits_soft_cap or 0.0,
         q.stride(0),
         q.stride(1),
         k.stride(0),
@@ -223,5 +261,10 @@ def paged_attention(case: PagedCase, tile: int = 16) -> torch.Tensor:
         HEAD_DIM_PAD=tl.next_power_of_2(case.head_dim),
         BLOCK_SIZE=case.block_size,
         TILE=tile,
+        USE_WINDOW=case.sliding_window is not None,
+        USE_SOFTCAP=case.logits_soft_cap is not None,
+        USE_ALIBI=case.alibi_slopes is not None,
+        USE_SINKS=case.sinks is not None,
+        WRITE_LSE=return_lse,
     )
-    return out
+    return (out, lse) if return_lse else out
