@@ -206,21 +206,28 @@ def compile_one(kernel, types, consts, num_warps=4, num_stages=2):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 results = []
-for dtype, heads, kv, d, bs in json.loads(sys.argv[1]):
+for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
     plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False)
     t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
-    types = {"q_ptr": "*" + t, "k_cache_ptr": "*" + t, "v_cache_ptr": "*" + t, "out_ptr": "*" + t,
-             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "scale": "fp32"}
+    tk = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", None: t}[kv_dtype]
+    types = {"q_ptr": "*" + t, "k_cache_ptr": "*" + tk, "v_cache_ptr": "*" + tk, "out_ptr": "*" + t,
+             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "alibi_ptr": "*fp32", "sinks_ptr": "*fp32",
+             "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
+    flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
+             "KV_FP8": kv_dtype is not None}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE")
+    cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
+        consts.update({k: v for k, v in flags.items() if k in kernel.arg_names})
         c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages)
-        results.append({"cfg": [dtype, heads, kv, d, bs, name], "cubin": len(c.asm["cubin"]),
+        results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]),
                         "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared})
-    c = compile_one(m._merge_kernel, types, {"HEAD_DIM": d, "HEAD_DIM_PAD": plan.decode.HEAD_DIM_PAD,
-                                             "SPLIT_SIZE": plan.decode.SPLIT_SIZE})
-    results.append({"cfg": [dtype, heads, kv, d, bs, "merge"], "cubin": len(c.asm["cubin"]), "mma": None,
+    consts = {"HEAD_DIM": d, "HEAD_DIM_PAD": plan.decode.HEAD_DIM_PAD, "SPLIT_SIZE": plan.decode.SPLIT_SIZE}
+    consts.update({k: v for k, v in flags.items() if k in m._merge_kernel.arg_names})
+    c = compile_one(m._merge_kernel, types, consts)
+    results.append({"cfg": cfg_name + ["merge"], "cubin": len(c.asm["cubin"]), "mma": None,
                     "shared": c.metadata.shared})
 print(json.dumps(results))
 """
@@ -233,15 +240,21 @@ HOPPER_SHARED_MEMORY = 232448
 def test_kernel_compiles_for_hopper_without_a_gpu():
     """Code the interpreter accepts but the GPU compiler rejects (tl.dot under 16, dtype
     mixes in dot) fails here, on a CPU machine, in CI."""
+    # (query dtype, heads, kv heads, head_dim, block size, fp8 cache dtype, every variant on)
     configs = [
-        ["float32", 8, 2, 64, 16],
-        ["float16", 32, 8, 128, 16],
-        ["bfloat16", 32, 8, 128, 64],
-        ["bfloat16", 8, 1, 80, 1],
-        ["float16", 6, 2, 48, 13],
-        ["float32", 4, 4, 256, 3],
-        ["float32", 8, 2, 256, 16],
-        ["bfloat16", 8, 2, 256, 16],
+        ["float32", 8, 2, 64, 16, None, False],
+        ["float16", 32, 8, 128, 16, None, False],
+        ["bfloat16", 32, 8, 128, 64, None, False],
+        ["bfloat16", 8, 1, 80, 1, None, False],
+        ["float16", 6, 2, 48, 13, None, False],
+        ["float32", 4, 4, 256, 3, None, False],
+        ["float32", 8, 2, 256, 16, None, False],
+        ["bfloat16", 8, 2, 256, 16, None, False],
+        # the variants: window, soft-cap, ALiBi, sinks, lse; fp8 caches of both formats
+        ["bfloat16", 32, 8, 128, 16, None, True],
+        ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True],
+        ["float16", 8, 2, 64, 16, "float8_e5m2", False],
+        ["float32", 8, 2, 256, 16, "float8_e4m3fn", True],
     ]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"

@@ -15,7 +15,7 @@ import torch
 
 from pagedattn._version import __version__
 from pagedattn.adapters.protocol import Capabilities
-from pagedattn.oracle import PagedCase
+from pagedattn.oracle import VARIANTS, PagedCase
 
 #: The oldest Triton whose interpreter runs this kernel: 3.5's interpreter rejects a
 #: ``range`` over loaded scalars (seen with triton 3.5.1, the one torch 2.9 pins).
@@ -62,11 +62,15 @@ class TritonBackend:
         elif self.interpreter:
             self.capabilities = Capabilities(
                 devices=frozenset({"cpu"}),
+                operations=frozenset({"attention", "lse"}),
+                variants=frozenset(VARIANTS),
                 notes={"devices": "Triton interpreter: tensors on the CPU"},
             )
         else:
             self.capabilities = Capabilities(
                 devices=frozenset({"cuda"}),
+                operations=frozenset({"attention", "lse"}),
+                variants=frozenset(VARIANTS),
                 notes={"devices": "compiled Triton: CUDA tensors only (no interpreter fallback)"},
             )
 
@@ -80,6 +84,12 @@ class TritonBackend:
         return f"triton (cuda: {torch.cuda.get_device_name()})"
 
     def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
+        return self._call(case, out=out)
+
+    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._call(case, return_lse=True)
+
+    def _call(self, case: PagedCase, **kwargs):
         return self._kernel.paged_attention(
             case.query,
             case.key_cache,
@@ -88,5 +98,11 @@ class TritonBackend:
             case.seq_lens,
             case.query_start_loc,
             scale=case.scale,
-            out=out,
+            sliding_window=case.sliding_window,
+            logits_soft_cap=case.logits_soft_cap,
+            alibi_slopes=case.alibi_slopes,
+            sinks=case.sinks,
+            k_scale=case.k_scale,
+            v_scale=case.v_scale,
+            **kwargs,
         )

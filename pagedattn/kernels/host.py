@@ -12,6 +12,7 @@ import torch
 from pagedattn.kernels.tlsim import next_power_of_2
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def check_paged_inputs(
@@ -41,12 +42,13 @@ def check_paged_inputs(
                           ("query_start_loc", query_start_loc, 1)):  # fmt: skip
         if t.dim() != rank:
             raise fail(name, f"must have rank {rank}, got shape {tuple(t.shape)}")
-    for name, t in (("query", query), ("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype not in _FLOAT_DTYPES:
-            raise fail(name, f"dtype must be float32, float16 or bfloat16, got {t.dtype}")
-    if not (query.dtype == key_cache.dtype == value_cache.dtype):
-        raise fail("key_cache", f"query, key_cache and value_cache must share a dtype, got "
-                                f"{query.dtype}, {key_cache.dtype}, {value_cache.dtype}")  # fmt: skip
+    if query.dtype not in _FLOAT_DTYPES:
+        raise fail("query", f"dtype must be float32, float16 or bfloat16, got {query.dtype}")
+    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
+        if t.dtype != query.dtype and t.dtype not in _FP8_DTYPES:
+            raise fail(name, f"dtype must be the query dtype {query.dtype} or float8_e4m3fn/float8_e5m2, got {t.dtype}")
+    if key_cache.dtype != value_cache.dtype:
+        raise fail("value_cache", f"dtype {value_cache.dtype} must equal key_cache dtype {key_cache.dtype}")
     for name in ("block_tables", "seq_lens", "query_start_loc"):
         if named[name].dtype != torch.int32:
             raise fail(name, f"must be int32, got {named[name].dtype}")
@@ -112,6 +114,73 @@ def check_paged_inputs(
         if out.stride(-1) != 1:
             raise fail("out", "the last dimension must be contiguous")
     return lens, loc
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The attention variants of one batch, checked (see ``check_variants``)."""
+
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
+    alibi_slopes: torch.Tensor | None = None  # [num_heads] float32
+    sinks: torch.Tensor | None = None  # [num_heads] float32
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    return_lse: bool = False
+
+
+def check_variants(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    *,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    return_lse: bool = False,
+) -> Variants:
+    """The variants' arguments, checked on the host (no device transfer): ``ValueError``
+    naming the field and the bound."""
+
+    def fail(field: str, msg: str) -> ValueError:
+        return ValueError(f"paged_attention: {field}: {msg}")
+
+    w = sliding_window
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+        raise fail("sliding_window", f"must be an int >= 1 (keys seen, the query's own included) or None, got {w!r}")
+    if w is not None and w > 2**31 - 1:
+        raise fail("sliding_window", f"must be <= 2**31 - 1 (an int32 in the kernel), got {w}")
+    finite = {"logits_soft_cap": logits_soft_cap, "k_scale": k_scale, "v_scale": v_scale}
+    for name, x in finite.items():
+        if x is None and name == "logits_soft_cap":
+            continue
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0.0 < float(x) < float("inf")):
+            raise fail(name, f"must be a finite float > 0, got {x!r}")
+    if (k_scale != 1.0 or v_scale != 1.0) and key_cache.dtype not in _FP8_DTYPES:
+        raise fail("k_scale", f"k_scale/v_scale apply to fp8 caches only; the cache is {key_cache.dtype}")
+    num_heads = query.shape[1]
+    for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        if t is None:
+            continue
+        if not isinstance(t, torch.Tensor):
+            raise fail(name, f"must be a torch.Tensor or None, got {type(t).__name__}")
+        if tuple(t.shape) != (num_heads,) or t.dtype != torch.float32:
+            raise fail(name, f"must be float32 of shape [num_heads] = ({num_heads},), got {t.dtype} {tuple(t.shape)}")
+        if t.device != query.device:
+            raise fail(name, f"is on {t.device}, query is on {query.device}: one device for all")
+        if t.stride(0) != 1:
+            raise fail(name, "must be contiguous")
+    return Variants(
+        sliding_window=w,
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        k_scale=float(k_scale),
+        v_scale=float(v_scale),
+        return_lse=bool(return_lse),
+    )
 
 
 #: tl.dot needs every dimension >= 16 on NVIDIA GPUs (the interpreter accepts less).

@@ -42,7 +42,9 @@ from pagedattn.kernels.host import (  # noqa: F401  (re-exported: the host side 
     MIN_DOT,
     LaunchConfig,
     LaunchPlan,
+    Variants,
     check_paged_inputs,
+    check_variants,
     plan_launch,
 )
 
@@ -53,6 +55,16 @@ def interpreter_active() -> bool:
 
 
 # --------------------------------------------------------------- the kernels
+@triton.jit
+def _soft_cap(s, cap):
+    """``cap * tanh(s / cap)``, written so that it never overflows: ``exp`` of a
+    non-positive argument only (``tanh(x) = sign(x) (1 - e) / (1 + e)``, ``e = exp(-2|x|)``)."""
+    x = s / cap
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return cap * tl.where(x < 0, -t, t)
+
+
 @triton.jit
 def _attend(
     q,
@@ -66,7 +78,10 @@ def _attend(
     lo,
     hi,
     pos,
+    slopes,
     scale,
+    window,
+    soft_cap,
     stride_kb,
     stride_ks,
     stride_kh,
@@ -79,9 +94,15 @@ def _attend(
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE_FP32: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """Online softmax of the rows ``q`` [ROWS, D] over keys ``lo .. hi-1`` of one
-    sequence (its block-table row at ``table_ptr``); row ``r`` sees keys ``<= pos[r]``."""
+    sequence (its block-table row at ``table_ptr``); row ``r`` sees keys ``<= pos[r]``
+    (and ``> pos[r] - window`` with ``USE_WINDOW``). ``scale`` includes an fp8 cache's
+    ``k_scale``; ``slopes`` [ROWS] are the rows' ALiBi slopes (unused without ``USE_ALIBI``)."""
     d = tl.arange(0, HEAD_DIM_PAD)
     dmask = d < HEAD_DIM
     for j0 in range(lo, hi, BLOCK_N):
@@ -93,6 +114,9 @@ def _attend(
         v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
         kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
         v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
+        if KV_FP8:  # fp8 -> the query dtype is exact (fewer exponent and significand bits)
+            kt = kt.to(q.dtype)
+            v = v.to(q.dtype)
         if UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
@@ -100,8 +124,14 @@ def _attend(
             s = tl.dot(q, kt, input_precision="ieee") * scale  # [ROWS, BLOCK_N]
         else:
             s = tl.dot(q, kt) * scale
+        if USE_SOFTCAP:  # on the scores, before any mask: a masked score stays -inf
+            s = _soft_cap(s, soft_cap)
+        if USE_ALIBI:
+            s += slopes[:, None] * (j[None, :] - pos[:, None]).to(tl.float32)
         # masked loads gave zero keys, and a zero key still scores: force them out
         visible = kmask[None, :] & (j[None, :] <= pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (j[None, :] > pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
@@ -127,9 +157,15 @@ def _prefill_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     seq_ids_ptr,
+    alibi_ptr,
+    sinks_ptr,
     out_ptr,
+    lse_ptr,
     # sizes
     scale,
+    v_scale,
+    window,
+    soft_cap,
     # strides (elements)
     stride_qt,
     stride_qh,
@@ -142,6 +178,7 @@ def _prefill_kernel(
     stride_bt,
     stride_ot,
     stride_oh,
+    stride_lt,
     # meta-parameters
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -152,6 +189,12 @@ def _prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE_FP32: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):
     seq = tl.load(seq_ids_ptr + tl.program_id(0))
     q_tile = tl.program_id(1)
@@ -175,39 +218,30 @@ def _prefill_kernel(
         context = seq_len - q_len
         pos = context + tok  # absolute position of each row: it sees keys 0..pos
         n_keys = context + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)  # visible to the tile's last row
-        m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-        l_sum = tl.zeros([ROWS], dtype=tl.float32)
+        lo = 0
+        if USE_WINDOW:  # the tile's first row sees nothing before its window
+            lo = tl.maximum(0, context + q_tile * BLOCK_Q - window + 1)
+        slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([ROWS], tl.float32)
+        if USE_SINKS:  # the sink seeds the running softmax: weight exp(sink - m), no value
+            m = tl.load(sinks_ptr + head, mask=row_mask, other=float("-inf")).to(tl.float32)
+            l_sum = tl.where(row_mask, 1.0, 0.0)
+        else:
+            m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+            l_sum = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
         m, l_sum, acc = _attend(
-            q,
-            m,
-            l_sum,
-            acc,
-            k_cache_ptr,
-            v_cache_ptr,
-            block_tables_ptr + seq * stride_bt,
-            kv_head,
-            0,
-            n_keys,
-            pos,
-            scale,
-            stride_kb,
-            stride_ks,
-            stride_kh,
-            stride_vb,
-            stride_vs,
-            stride_vh,
-            BLOCK_N,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_SIZE,
-            UPCAST,
-            IEEE_FP32,
-        )
+            q, m, l_sum, acc, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
+            lo, n_keys, pos, slopes, scale, window, soft_cap,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
+            KV_FP8,
+        )  # fmt: skip
         l_safe = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
-        result = acc / l_safe[:, None]
+        result = acc * (v_scale / l_safe)[:, None]
         o_off = (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
+        if WRITE_LSE:
+            tl.store(lse_ptr + (q_start + tok) * stride_lt + head, m + tl.log(l_safe), mask=row_mask)
 
 
 @triton.jit
@@ -220,10 +254,13 @@ def _decode_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     seq_ids_ptr,
+    alibi_ptr,
     part_acc_ptr,
     part_ml_ptr,
     # sizes
     scale,
+    window,
+    soft_cap,
     # strides (elements); partials are [n_decode, max_splits, num_heads, HEAD_DIM_PAD] and [..., 2]
     stride_qt,
     stride_qh,
@@ -248,15 +285,23 @@ def _decode_kernel(
     SPLIT_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE_FP32: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     i = tl.program_id(0)  # index among the decode sequences
     split = tl.program_id(1)
     kv_head = tl.program_id(2)
     seq = tl.load(seq_ids_ptr + i)
     seq_len = tl.load(seq_lens_ptr + seq)
+    first = 0
+    if USE_WINDOW:  # the new token's first visible key: splits wholly before it have no work
+        first = tl.maximum(0, seq_len - window)
     lo = split * SPLIT_SIZE
-    if lo < seq_len:  # the grid is sized for the longest history of the launch
-        hi = tl.minimum(seq_len, lo + SPLIT_SIZE)
+    hi = tl.minimum(seq_len, lo + SPLIT_SIZE)
+    if (lo < seq_len) & (hi > first):  # the grid is sized for the longest history of the launch
+        lo = tl.maximum(lo, first)
         t = tl.load(query_start_loc_ptr + seq)
         g = tl.arange(0, GROUP_PAD)
         head = kv_head * GROUP + g
@@ -268,35 +313,17 @@ def _decode_kernel(
         if UPCAST:
             q = q.to(tl.float32)
         pos = tl.full([GROUP_PAD], 0, dtype=tl.int32) + (seq_len - 1)  # the new token sees everything
+        slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([GROUP_PAD], tl.float32)
         m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
         l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
         m, l_sum, acc = _attend(
-            q,
-            m,
-            l_sum,
-            acc,
-            k_cache_ptr,
-            v_cache_ptr,
-            block_tables_ptr + seq * stride_bt,
-            kv_head,
-            lo,
-            hi,
-            pos,
-            scale,
-            stride_kb,
-            stride_ks,
-            stride_kh,
-            stride_vb,
-            stride_vs,
-            stride_vh,
-            BLOCK_N,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_SIZE,
-            UPCAST,
-            IEEE_FP32,
-        )
+            q, m, l_sum, acc, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
+            lo, hi, pos, slopes, scale, window, soft_cap,
+            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
+            KV_FP8,
+        )  # fmt: skip
         pa = part_acc_ptr + i * stride_pa_seq + split * stride_pa_split
         tl.store(pa + head[:, None] * HEAD_DIM_PAD + d[None, :], acc, mask=row_mask[:, None])
         pml = part_ml_ptr + i * stride_pml_seq + split * stride_pml_split
@@ -311,30 +338,44 @@ def _merge_kernel(
     seq_lens_ptr,
     query_start_loc_ptr,
     seq_ids_ptr,
+    sinks_ptr,
     out_ptr,
+    lse_ptr,
+    v_scale,
+    window,
     stride_pa_seq,
     stride_pa_split,
     stride_pml_seq,
     stride_pml_split,
     stride_ot,
     stride_oh,
+    stride_lt,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
     SPLIT_SIZE: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SINKS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):
-    """out = sum_s exp(m_s - M) acc_s / sum_s exp(m_s - M) l_s over a decode sequence's
-    splits, in split order (a fixed order: the same bits in any batch)."""
+    """out = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s) over a
+    decode sequence's splits that hold visible keys, in split order (a fixed order: the
+    same bits in any batch). The sink joins here, once, not in every split."""
     i = tl.program_id(0)
     head = tl.program_id(1)
     seq = tl.load(seq_ids_ptr + i)
-    n_splits = (tl.load(seq_lens_ptr + seq) + SPLIT_SIZE - 1) // SPLIT_SIZE
+    seq_len = tl.load(seq_lens_ptr + seq)
+    n_splits = (seq_len + SPLIT_SIZE - 1) // SPLIT_SIZE
+    first = 0
+    if USE_WINDOW:
+        first = tl.maximum(0, seq_len - window) // SPLIT_SIZE
     d = tl.arange(0, HEAD_DIM_PAD)
     pml = part_ml_ptr + i * stride_pml_seq + head * 2
     pa = part_acc_ptr + i * stride_pa_seq + head * HEAD_DIM_PAD
-    m = tl.load(pml)
-    l_sum = tl.load(pml + 1)
-    acc = tl.load(pa + d)
-    for s in range(1, n_splits):
+    # the first split with visible keys: its max is finite, so no exp(-inf - -inf) below
+    m = tl.load(pml + first * stride_pml_split)
+    l_sum = tl.load(pml + first * stride_pml_split + 1)
+    acc = tl.load(pa + first * stride_pa_split + d)
+    for s in range(first + 1, n_splits):
         m_s = tl.load(pml + s * stride_pml_split)
         l_s = tl.load(pml + s * stride_pml_split + 1)
         acc_s = tl.load(pa + s * stride_pa_split + d)
@@ -344,9 +385,18 @@ def _merge_kernel(
         l_sum = l_sum * a + l_s * b
         acc = acc * a + acc_s * b
         m = m_new
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + head)
+        m_new = tl.maximum(m, sink)
+        a = tl.exp(m - m_new)
+        l_sum = l_sum * a + tl.exp(sink - m_new)
+        acc = acc * a
+        m = m_new
     t = tl.load(query_start_loc_ptr + seq)
-    tl.store(out_ptr + t * stride_ot + head * stride_oh + d, (acc / l_sum).to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + t * stride_ot + head * stride_oh + d, (acc * (v_scale / l_sum)).to(out_ptr.dtype.element_ty),
              mask=d < HEAD_DIM)  # fmt: skip
+    if WRITE_LSE:
+        tl.store(lse_ptr + t * stride_lt + head, m + tl.log(l_sum))
 
 
 @dataclass
@@ -359,10 +409,11 @@ class PreparedBatch:
     """
 
     plan: LaunchPlan
-    scale: float
+    scale: float  # the softmax scale times k_scale (an fp8 cache's dequantization)
     query_shape: tuple[int, ...]
     cache_shape: tuple[int, ...]
     dtype: torch.dtype
+    kv_dtype: torch.dtype
     device: torch.device
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
@@ -371,6 +422,7 @@ class PreparedBatch:
     other_ids: torch.Tensor | None
     part_acc: torch.Tensor | None  # [n_decode, max_splits, num_heads, HEAD_DIM_PAD] fp32
     part_ml: torch.Tensor | None  # [n_decode, max_splits, num_heads, 2] fp32
+    variants: Variants = Variants()
 
 
 def prepare(
@@ -382,10 +434,12 @@ def prepare(
     query_start_loc: torch.Tensor,
     scale: float | None = None,
     out: torch.Tensor | None = None,
+    **variants,
 ) -> PreparedBatch:
     """Check every input (``ValueError`` naming the field) and plan the launches.
     Arguments as for ``paged_attention``."""
     lens, loc = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    var = check_variants(query, key_cache, **variants)
     interp = interpreter_active()
     if query.device.type != "cuda" and not interp:
         raise RuntimeError(
@@ -400,10 +454,11 @@ def prepare(
     d_pad = plan.decode.HEAD_DIM_PAD if plan.decode is not None else 0
     return PreparedBatch(
         plan=plan,
-        scale=float(D**-0.5 if scale is None else scale),
+        scale=float(D**-0.5 if scale is None else scale) * var.k_scale,
         query_shape=tuple(query.shape),
         cache_shape=tuple(key_cache.shape),
         dtype=query.dtype,
+        kv_dtype=key_cache.dtype,
         device=dev,
         block_tables=block_tables,
         seq_lens=seq_lens,
@@ -412,6 +467,7 @@ def prepare(
         other_ids=torch.tensor(plan.other_seqs, dtype=torch.int32, device=dev) if plan.other_seqs else None,
         part_acc=torch.empty(n_dec, plan.max_splits, Hq, d_pad, dtype=torch.float32, device=dev) if n_dec else None,
         part_ml=torch.empty(n_dec, plan.max_splits, Hq, 2, dtype=torch.float32, device=dev) if n_dec else None,
+        variants=var,
     )
 
 
@@ -421,25 +477,35 @@ def run(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     out: torch.Tensor | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The launches of a prepared batch, over tensors of the prepared shapes (checked
-    here without touching the device: shapes, dtypes, devices, last-dim strides)."""
-    for name, t, shape in (("query", query, prep.query_shape), ("key_cache", key_cache, prep.cache_shape),
-                           ("value_cache", value_cache, prep.cache_shape)):  # fmt: skip
-        if tuple(t.shape) != shape or t.dtype != prep.dtype or t.device != prep.device or t.stride(-1) != 1:
+    here without touching the device: shapes, dtypes, devices, last-dim strides).
+    Returns ``out``, or ``(out, lse)`` when prepared with ``return_lse=True``."""
+    for name, t, shape, dtype in (("query", query, prep.query_shape, prep.dtype),
+                                  ("key_cache", key_cache, prep.cache_shape, prep.kv_dtype),
+                                  ("value_cache", value_cache, prep.cache_shape, prep.kv_dtype)):  # fmt: skip
+        if tuple(t.shape) != shape or t.dtype != dtype or t.device != prep.device or t.stride(-1) != 1:
             raise ValueError(
-                f"paged_attention.run: {name} must match the prepared batch: shape {shape}, {prep.dtype}, "
+                f"paged_attention.run: {name} must match the prepared batch: shape {shape}, {dtype}, "
                 f"{prep.device}, contiguous last dimension; got {tuple(t.shape)}, {t.dtype}, {t.device}"
             )
     if out is None:
         out = torch.empty_like(query)
     elif tuple(out.shape) != prep.query_shape or out.dtype != prep.dtype or out.device != prep.device:
         raise ValueError(f"paged_attention.run: out must be {prep.dtype} of shape {prep.query_shape}")
-    plan = prep.plan
+    plan, var = prep.plan, prep.variants
     upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
     # bf16 on the interpreter: write fp32, round with torch (the interpreter truncates)
     target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if upcast else out
-    Hq = query.shape[1]
+    T, Hq = query.shape[:2]
+    lse = torch.empty(T, Hq, dtype=torch.float32, device=query.device) if var.return_lse else target
+    # an unused pointer still needs a tensor: any of the right device will do
+    alibi = var.alibi_slopes if var.alibi_slopes is not None else target
+    sinks = var.sinks if var.sinks is not None else target
+    window = var.sliding_window or 0
+    cap = var.logits_soft_cap or 1.0
+    flags = dict(USE_WINDOW=var.sliding_window is not None, USE_SOFTCAP=var.logits_soft_cap is not None,
+                 USE_ALIBI=var.alibi_slopes is not None, KV_FP8=prep.kv_dtype != prep.dtype)  # fmt: skip
     tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
     strides_kv = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
                   value_cache.stride(0), value_cache.stride(1), value_cache.stride(2))  # fmt: skip
@@ -447,33 +513,36 @@ def run(
         cfg, ids, part_acc, part_ml = plan.decode, prep.decode_ids, prep.part_acc, prep.part_ml
         assert part_acc is not None and part_ml is not None  # prepared with the decode launch
         _decode_kernel[cfg.grid](
-            query, key_cache, value_cache, tables, seq_lens, loc, ids, part_acc, part_ml,
-            prep.scale,
+            query, key_cache, value_cache, tables, seq_lens, loc, ids, alibi, part_acc, part_ml,
+            prep.scale, window, cap,
             query.stride(0), query.stride(1), *strides_kv, tables.stride(0),
             part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
             GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_N=cfg.BLOCK_N, HEAD_DIM=cfg.HEAD_DIM,
             HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE, SPLIT_SIZE=cfg.SPLIT_SIZE,
-            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         _merge_kernel[(len(plan.decode_seqs), Hq)](
-            part_acc, part_ml, seq_lens, loc, ids, target,
+            part_acc, part_ml, seq_lens, loc, ids, sinks, target, lse, var.v_scale, window,
             part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
-            target.stride(0), target.stride(1),
+            target.stride(0), target.stride(1), lse.stride(0),
             HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, SPLIT_SIZE=cfg.SPLIT_SIZE,
+            USE_WINDOW=flags["USE_WINDOW"], USE_SINKS=var.sinks is not None, WRITE_LSE=var.return_lse,
         )  # fmt: skip
     if plan.other is not None:
         cfg = plan.other
         _prefill_kernel[cfg.grid](
-            query, key_cache, value_cache, tables, seq_lens, loc, prep.other_ids, target,
-            prep.scale,
+            query, key_cache, value_cache, tables, seq_lens, loc, prep.other_ids, alibi, sinks, target, lse,
+            prep.scale, var.v_scale, window, cap,
             query.stride(0), query.stride(1), *strides_kv, tables.stride(0), target.stride(0), target.stride(1),
+            lse.stride(0),
             GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_Q=cfg.BLOCK_Q, BLOCK_N=cfg.BLOCK_N,
             HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE,
-            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, **flags, USE_SINKS=var.sinks is not None,
+            WRITE_LSE=var.return_lse, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if upcast:
         out.copy_(target)
-    return out
+    return (out, lse) if var.return_lse else out
 
 
 def paged_attention(
@@ -485,22 +554,41 @@ def paged_attention(
     query_start_loc: torch.Tensor,
     scale: float | None = None,
     out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    *,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Paged attention over a ragged batch: ``run(prepare(...), ...)``.
 
     Args:
         query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``,
-            query dtype; any strides with a contiguous last dimension.
+            the query dtype or float8_e4m3fn/float8_e5m2; any strides with a contiguous
+            last dimension.
         block_tables: ``[num_seqs, max_blocks]`` int32 (entries past a sequence's last
             block are never read).
         seq_lens: ``[num_seqs]`` int32, new tokens included.
         query_start_loc: ``[num_seqs + 1]`` int32.
         scale: softmax scale, default ``head_dim ** -0.5``.
         out: optional ``[num_tokens, num_heads, head_dim]`` query-dtype tensor to write.
+        sliding_window: ``W >= 1``: the query at position ``p`` sees keys ``p-W+1 .. p``.
+        logits_soft_cap: ``c > 0``: scores become ``c * tanh(s / c)`` before masking.
+        alibi_slopes: ``[num_heads]`` float32: score ``+= slope[h] * (j - p)``.
+        sinks: ``[num_heads]`` float32: a logit per head that joins the denominator.
+        k_scale, v_scale: dequantization scales of an fp8 cache (1.0 otherwise).
+        return_lse: also return the log-sum-exp.
 
     Returns:
-        ``[num_tokens, num_heads, head_dim]`` in the query dtype (``out`` if given).
+        ``[num_tokens, num_heads, head_dim]`` in the query dtype (``out`` if given);
+        with ``return_lse``, also ``[num_tokens, num_heads]`` float32, the natural log of
+        each row's softmax denominator (the sink included).
     """
-    prep = prepare(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out)
+    prep = prepare(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out,
+                   sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes,
+                   sinks=sinks, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)  # fmt: skip
     return run(prep, query, key_cache, value_cache, out)
