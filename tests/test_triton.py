@@ -12,7 +12,7 @@ import torch
 
 from pagedattn.cases import CaseSpec
 from pagedattn.kernels import host
-from pagedattn.oracle import check_attention
+from pagedattn.oracle import check_attention, check_attention_lse, paged_attention_reference_lse
 
 triton = pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
 from pagedattn.kernels import triton_paged_attention as tpa  # noqa: E402  (after the interpreter is decided)
@@ -54,7 +54,9 @@ def _strided(t):
 
 BAD = {
     "query-rank": ("query", "rank 3", lambda a: a.update(query=a["query"][0])),
-    "dtype-mix": ("key_cache", "share a dtype", lambda a: a.update(key_cache=a["key_cache"].half())),
+    "dtype-mix": ("key_cache", "must be the query dtype", lambda a: a.update(key_cache=a["key_cache"].half())),
+    "fp8-k-only": ("value_cache", "must equal key_cache dtype",
+                   lambda a: a.update(key_cache=a["key_cache"].to(torch.float8_e4m3fn))),
     "int-query": ("query", "dtype must be", lambda a: a.update(query=a["query"].int())),
     "tables-int64": ("block_tables", "int32", lambda a: a.update(block_tables=a["block_tables"].long())),
     "head-dim": ("key_cache", "head_dim", lambda a: a.update(query=a["query"][..., :8].contiguous())),
@@ -79,6 +81,62 @@ def test_check_paged_inputs_names_field_and_bound(name):
         host.check_paged_inputs(**args)
     msg = str(info.value)
     assert msg.startswith(f"paged_attention: {field}:") and text in msg, f"{name}: {msg}"
+
+
+BAD_VARIANTS = {
+    "window-zero": ("sliding_window", "int >= 1", dict(sliding_window=0)),
+    "window-float": ("sliding_window", "int >= 1", dict(sliding_window=8.0)),
+    "cap-nan": ("logits_soft_cap", "finite float > 0", dict(logits_soft_cap=float("nan"))),
+    "cap-zero": ("logits_soft_cap", "finite float > 0", dict(logits_soft_cap=0.0)),
+    "alibi-shape": ("alibi_slopes", "[num_heads] = (4,)", dict(alibi_slopes=torch.ones(3))),
+    "alibi-dtype": ("alibi_slopes", "float32", dict(alibi_slopes=torch.ones(4, dtype=torch.float16))),
+    "sinks-device": ("sinks", "one device for all", dict(sinks=torch.ones(4, device="meta"))),
+    "sinks-list": ("sinks", "torch.Tensor", dict(sinks=[0.0] * 4)),
+    "k-scale-bf16-cache": ("k_scale", "fp8 caches only", dict(k_scale=0.5)),
+    "v-scale-inf": ("v_scale", "finite float > 0", dict(v_scale=float("inf"))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(BAD_VARIANTS))
+def test_check_variants_names_field_and_bound(name):
+    field, text, kwargs = BAD_VARIANTS[name]
+    args = _bad("query", lambda a: None)
+    with pytest.raises(ValueError) as info:
+        host.check_variants(args["query"], args["key_cache"], **kwargs)
+    msg = str(info.value)
+    assert msg.startswith(f"paged_attention: {field}:") and text in msg, f"{name}: {msg}"
+
+
+def test_bad_variant_fails_before_any_launch(monkeypatch):
+    monkeypatch.setattr(tpa, "plan_launch", lambda *a: pytest.fail("planned a launch for invalid input"))
+    args = _bad("query", lambda a: None)
+    with pytest.raises(ValueError, match="sinks"):
+        tpa.paged_attention(**args, sinks=torch.zeros(7))
+
+
+@runs_kernel
+def test_decode_splits_before_the_window_are_neither_computed_nor_merged():
+    # 1100 keys, window 77: only the last split holds visible keys. NaN in every other
+    # split's scratch proves the merge never reads them.
+    spec = CaseSpec("t", ((1100, 1), (600, 1)), num_heads=8, sliding_window=77, sinks=True)
+    case = spec.build().to(DEVICE)
+    kw = dict(scale=case.scale, sliding_window=77, sinks=case.sinks, return_lse=True)
+    prep = tpa.prepare(*_args(case), **kw)
+    assert prep.part_acc is not None and prep.part_ml is not None and prep.plan.max_splits == 3
+    prep.part_acc.fill_(float("nan"))
+    prep.part_ml.fill_(float("nan"))
+    out, lse = tpa.run(prep, case.query, case.key_cache, case.value_cache)
+    out_check, lse_check = check_attention_lse(out, lse, case)
+    assert out_check.passed and lse_check.passed, f"{out_check}\n{lse_check}"
+
+
+@runs_kernel
+def test_lse_is_float32_natural_log_of_the_denominator():
+    case = CaseSpec("t", ((40, 7), (30, 1)), num_heads=4, alibi=True).build().to(DEVICE)
+    out, lse = tpa.paged_attention(*_args(case), scale=case.scale, alibi_slopes=case.alibi_slopes, return_lse=True)
+    assert lse.dtype == torch.float32 and lse.shape == (case.num_tokens, case.num_heads)
+    ref = paged_attention_reference_lse(case)[1]
+    assert float((lse.double() - ref).abs().max()) < 1e-4  # natural log, not log2 (ln 2 apart)
 
 
 def test_bad_input_fails_before_any_launch(monkeypatch):
