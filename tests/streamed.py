@@ -9,10 +9,12 @@ with an online softmax in fp32, vectorized over the sequence's query rows and he
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from pagedattn import Capabilities
-from pagedattn.oracle import PagedCase
+from pagedattn.oracle import VARIANTS, PagedCase
 
 #: Bugs the policy must catch at fp32 by the numbers alone.
 PRECISION_BUGS = ("exp_bf16", "acc_fp16", "query_bf16", "drop_key", "scale_1pct", "no_rescale")
@@ -39,7 +41,17 @@ BUGS = {
     "batch_dependent_order": "tile size (reduction order) chosen from the batch size",
     "writes_cache": "the kernel writes into the key cache",
     "partly_unwritten": "the last token's output of each launch left unwritten",
+    # the variants
+    "window_off_by_one": "sliding window keeps keys p-W .. p (W + 1 keys) instead of p-W+1 .. p",
+    "softcap_after_mask": "soft-cap applied after the mask: a masked -inf score becomes -cap and leaks in",
+    "alibi_sign": "ALiBi bias slope * (p - j) instead of slope * (j - p)",
+    "sink_dropped_in_split": "the sink is lost when the history is split (decode histories over 512 keys)",
+    "fp8_scale_ignored": "fp8 k_scale and v_scale treated as 1.0",
+    "lse_log2": "the log-sum-exp returned in base 2 (FlashInfer's convention) where natural log is asked",
 }
+
+#: the history length above which the model splits a decode row (as the Triton kernel does)
+SPLIT_KEYS = 512
 
 
 def _slots(case: PagedCase, b: int, j: torch.Tensor, bug: str | None) -> torch.Tensor:
@@ -63,9 +75,11 @@ def streamed_attention(
     round_weights: bool = False,
     bug: str | None = None,
     out: torch.Tensor | None = None,
+    lse_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[T, Hq, D]`` in the query dtype. ``round_weights`` rounds ``p`` to the input dtype
-    before the weighted-V product, as flash-style kernels do (legitimate)."""
+    before the weighted-V product, as flash-style kernels do (legitimate). Every variant
+    of ``PagedCase``; the log-sum-exp goes to ``lse_out`` (``[T, Hq]`` float32) if given."""
     if bug is not None and bug not in BUGS:
         raise ValueError(f"unknown bug {bug!r}")
     if bug == "batch_dependent_order":
@@ -76,6 +90,11 @@ def streamed_attention(
     loc = case.query_start_loc.tolist()
     lens = case.seq_lens_list
     scale = case.head_dim**-0.5 if bug == "scale_ignored" else case.scale * (1.01 if bug == "scale_1pct" else 1.0)
+    k_scale, v_scale = (1.0, 1.0) if bug == "fp8_scale_ignored" else (case.k_scale, case.v_scale)
+    scale *= k_scale  # folded into the score scale, as kernels do
+    window, cap = case.sliding_window, case.logits_soft_cap
+    slopes = case.alibi_slopes.float()[:, None, None] if case.alibi_slopes is not None else None
+    weights_dtype = case.dtype
     k_flat = case.key_cache.reshape(-1, case.num_kv_heads, case.head_dim)
     v_flat = case.value_cache.reshape(-1, case.num_kv_heads, case.head_dim)
     if bug == "wrong_gqa":
@@ -100,6 +119,9 @@ def streamed_attention(
             order = [order[i] for i in torch.randperm(len(order)).tolist()]
         m = torch.full((case.num_heads, n, 1), float("-inf"), device=dev)
         l_sum = torch.zeros(case.num_heads, n, 1, device=dev)
+        if case.sinks is not None and not (bug == "sink_dropped_in_split" and n == 1 and L > SPLIT_KEYS):
+            m = case.sinks.float()[:, None, None].expand(-1, n, 1).clone()  # the sink seeds the softmax
+            l_sum = torch.ones(case.num_heads, n, 1, device=dev)
         acc = torch.zeros(case.num_heads, n, case.head_dim, device=dev)
         for j0 in order:
             j = torch.arange(j0, min(n_keys, j0 + tile), device=dev)
@@ -107,6 +129,11 @@ def streamed_attention(
             k = k_flat[slots][:, kv_of_head].float().transpose(0, 1)  # [Hq, t, D]
             v = v_flat[slots][:, kv_of_head].float().transpose(0, 1)
             s = (q @ k.transpose(1, 2)) * scale  # [Hq, n, t]
+            if cap is not None and bug != "softcap_after_mask":
+                s = cap * torch.tanh(s / cap)
+            if slopes is not None:
+                rel = (pos[:, None] - j[None, :]) if bug == "alibi_sign" else (j[None, :] - pos[:, None])
+                s = s + slopes * rel.float()[None]
             if bug == "causal_off_by_one":
                 visible = j[None, :] < pos[:, None]
                 visible[:, 0] |= j[0] == 0  # keep key 0 so no row is empty
@@ -118,19 +145,27 @@ def streamed_attention(
                 visible = j[None, :] <= pos[:, None]
             if bug == "drop_key":
                 visible = visible & (j[None, :] != 0) if L > 1 else visible
+            if window is not None:
+                reach = window + (1 if bug == "window_off_by_one" else 0)
+                visible = visible & (j[None, :] > pos[:, None] - reach)
             s = s.masked_fill(~visible[None], float("-inf"))
+            if cap is not None and bug == "softcap_after_mask":
+                s = cap * torch.tanh(s / cap)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             x = s - m_safe
             p = torch.exp(x.to(torch.bfloat16)).float() if bug == "exp_bf16" else torch.exp(x)
             alpha = torch.ones_like(m) if bug == "no_rescale" else torch.exp(m - m_safe)
             l_sum = l_sum * alpha + p.sum(-1, keepdim=True)
-            pv = p.to(case.dtype).float() if round_weights else p
+            pv = p.to(weights_dtype).float() if round_weights else p
             acc = acc * alpha + pv @ v
             if bug == "acc_fp16":
                 acc = acc.half().float()
             m = m_new
-        result = (acc / l_sum).transpose(0, 1).to(case.dtype)
+        result = (acc * (v_scale / l_sum)).transpose(0, 1).to(case.dtype)
+        if lse_out is not None:
+            lse = (m + torch.log(l_sum))[..., 0].transpose(0, 1)  # [n, Hq]
+            lse_out[loc[b] : loc[b + 1]] = lse / math.log(2.0) if bug == "lse_log2" else lse
         if bug == "partly_unwritten":
             result = result[:-1] if b == case.num_seqs - 1 else result
         out[loc[b] : loc[b] + result.shape[0]] = result
@@ -143,7 +178,7 @@ def streamed_attention(
 class PlantedBackend:
     """The streamed kernel behind the adapter contract, with at most one bug."""
 
-    capabilities = Capabilities()
+    capabilities = Capabilities(operations=frozenset({"attention", "lse"}), variants=frozenset(VARIANTS))
 
     def __init__(self, bug: str | None = None):
         self.bug = bug
@@ -151,6 +186,10 @@ class PlantedBackend:
 
     def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
         return streamed_attention(case, 16, bug=self.bug, out=out)
+
+    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+        lse = torch.empty(case.num_tokens, case.num_heads, dtype=torch.float32, device=case.device)
+        return streamed_attention(case, 16, bug=self.bug, lse_out=lse), lse
 
 
 def correct() -> PlantedBackend:

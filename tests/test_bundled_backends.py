@@ -9,9 +9,15 @@ import torch
 import pagedattn.adapters
 
 # What each bundled backend legitimately leaves out on this machine, and why.
+_NO_HOOK = "(SDPA has no hook for a logits soft-cap or attention sinks)"
 EXPECTED_UNSUPPORTED = {
     "reference": {"paged_attention takes no out= argument"},
-    "sdpa": {"paged_attention takes no out= argument"},
+    "sdpa": {
+        "paged_attention takes no out= argument",
+        "operation 'lse' not claimed",
+        f"variant logits_soft_cap not claimed {_NO_HOOK}",
+        f"variant sinks not claimed {_NO_HOOK}",
+    },
     "tlsim": {"paged_attention takes no out= argument"},
     "triton": {"operation 'gather' not claimed", "operation 'write_cache' not claimed"},
     "flex": {
@@ -47,6 +53,12 @@ def test_bundled_backend_passes_the_quick_profile(pytester, backend):
     if runs:  # a backend that cannot run here at all said why above, in its reasons
         families = {r["family"] for r in report["summary"] if r["passed"]}
         assert {"decode", "prefill", "continuation", "gqa", "layout", "mixed", "properties"} <= families
+        # every variant family a backend claims runs and passes (the rest said why above)
+        claimed = set(report["target"]["capabilities"]["variants"])
+        if {"sliding_window", "logits_soft_cap", "alibi", "sinks", "fp8_e4m3", "fp8_e5m2"} <= claimed:
+            assert {"window", "softcap", "alibi", "sinks", "fp8", "combined"} <= families, families
+        if "lse" in report["target"]["capabilities"]["operations"]:
+            assert "lse" in families
         assert "passed" in {c["status"] for c in report["cases"]}
     if backend == "triton" and not torch.cuda.is_available() and runs:
         assert "interpreter" in report["target"]["runs_on"], "the report must say the kernel ran on the interpreter"

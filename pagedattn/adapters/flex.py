@@ -9,6 +9,13 @@ batch in one call, skipping the blocks the mask rules out.
 Only the slots that sequences use are copied into FlexAttention's pool, as an engine
 writes its cache through the slot mapping; the rest stay zero (a dense kernel
 multiplies masked weights by whatever sits in V, so poison there would leak NaN).
+Variants map onto FlexAttention's hooks: the sliding window joins the ``mask_mod``;
+soft-cap and ALiBi are a ``score_mod`` (cap first, then the bias, as ``PagedCase``
+orders them); an fp8 cache is dequantized into the query dtype as it is copied into
+the pool; the log-sum-exp is FlexAttention's ``return_lse``. Sinks have no hook, so
+they get a slot of their own: one extra key position, visible to every query, whose
+``score_mod`` returns the head's sink logit and whose value is zero.
+
 By default the call runs eagerly (FlexAttention's reference path: every case shape
 works, nothing compiles); ``--backend=pagedattn.adapters.flex:compiled`` runs it
 through ``torch.compile`` on CUDA, FlexAttention's fused Triton kernel, which
@@ -23,7 +30,7 @@ import torch
 
 from pagedattn.adapters.protocol import Capabilities
 from pagedattn.kernels.paged_attention import token_to_seq
-from pagedattn.oracle import PagedCase
+from pagedattn.oracle import VARIANTS, PagedCase
 
 #: Before this torch release, FlexAttention's eager path keeps fp16/bf16 intermediates in
 #: the input dtype: the suite measured 7x the policy's bound on torch 2.9.1 (CPU), and a
@@ -48,14 +55,16 @@ class FlexBackend:
             ) from exc
         self._fa = fa
         self.compile = compiled
+        claims: dict[str, Any] = dict(operations=frozenset({"attention", "lse"}), variants=frozenset(VARIANTS))
         if _torch_version() < FULL_PRECISION_EAGER and not compiled:
             self.capabilities = Capabilities(
                 dtypes=frozenset({torch.float32}),
                 notes={"dtypes": f"torch {torch.__version__}: eager FlexAttention keeps fp16/bf16 intermediates "
                        "in the input dtype (measured 7x the bound on 2.9.1)"},
+                **claims,
             )  # fmt: skip
         else:
-            self.capabilities = Capabilities()
+            self.capabilities = Capabilities(**claims)
         self._compiled: Any = None
         self.version = f"torch {torch.__version__}"
 
@@ -72,33 +81,69 @@ class FlexBackend:
         return self._compiled
 
     def paged_attention(self, case: PagedCase) -> torch.Tensor:
+        return self._run(case, return_lse=False)
+
+    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._run(case, return_lse=True)
+
+    def _run(self, case: PagedCase, return_lse: bool):
         dev = case.device
         N, bs, Hkv, D = case.key_cache.shape
         S = N * bs
-        k_pool = torch.zeros(1, Hkv, S, D, dtype=case.dtype, device=dev)
+        sink = S if case.sinks is not None else -1  # the sinks' own key position, past the pool
+        k_pool = torch.zeros(1, Hkv, S + (sink >= 0), D, dtype=case.dtype, device=dev)
         v_pool = torch.zeros_like(k_pool)
-        phys_to_logical = torch.full((case.num_seqs, S), -1, dtype=torch.int64, device=dev)
+        phys_to_logical = torch.full((case.num_seqs, S + (sink >= 0)), -1, dtype=torch.int64, device=dev)
         flat_k = case.key_cache.reshape(S, Hkv, D)
         flat_v = case.value_cache.reshape(S, Hkv, D)
         for b in range(case.num_seqs):
             slots = case.slot_mapping(b)  # [L]
-            k_pool[0, :, slots] = flat_k[slots].transpose(0, 1)
-            v_pool[0, :, slots] = flat_v[slots].transpose(0, 1)
+            k, v = flat_k[slots], flat_v[slots]
+            if case.kv_dtype != case.dtype:  # fp8: dequantize into the query dtype
+                k = (k.float() * case.k_scale).to(case.dtype)
+                v = (v.float() * case.v_scale).to(case.dtype)
+            k_pool[0, :, slots] = k.transpose(0, 1)
+            v_pool[0, :, slots] = v.transpose(0, 1)
             phys_to_logical[b, slots] = torch.arange(slots.shape[0], device=dev)
         loc = case.query_start_loc.long()
         q_lens = loc[1:] - loc[:-1]
         token_seq = token_to_seq(case.query_start_loc, case.num_tokens)  # [T]
         first = case.seq_lens.long() - q_lens  # absolute position of each sequence's first new token
         token_pos = first[token_seq] + torch.arange(case.num_tokens, device=dev) - loc[token_seq]  # [T]
+        window = case.sliding_window
 
         def mask_mod(b, h, q_idx, kv_idx):
             logical = phys_to_logical[token_seq[q_idx], kv_idx]
-            return (logical >= 0) & (logical <= token_pos[q_idx])
+            visible = (logical >= 0) & (logical <= token_pos[q_idx])
+            if window is not None:
+                visible = visible & (logical > token_pos[q_idx] - window)
+            return visible | (kv_idx == sink)
 
-        block_mask = self._fa.create_block_mask(mask_mod, 1, None, case.num_tokens, S, device=dev)
+        cap, slopes, sinks = case.logits_soft_cap, case.alibi_slopes, case.sinks
+        score_mod = None
+        if cap is not None or slopes is not None or sinks is not None:
+
+            # Constants stay float32: under eager FlexAttention ``score.dtype`` can read as the
+            # query dtype while the scores are float32, and casting the sink logit to it
+            # rounded it to fp16 (caught by the sinks family: 3x the bound)
+            def score_mod(score, b, h, q_idx, kv_idx):
+                if cap is not None:
+                    score = cap * torch.tanh(score / cap)
+                if slopes is not None:
+                    logical = phys_to_logical[token_seq[q_idx], kv_idx]
+                    score = score + slopes[h] * (logical - token_pos[q_idx]).to(torch.float32)
+                if sinks is not None:
+                    score = torch.where(kv_idx == sink, sinks[h], score)  # the sink in fp32, not cast to the score's dtype
+                return score
+
+        block_mask = self._fa.create_block_mask(mask_mod, 1, None, case.num_tokens, k_pool.shape[2], device=dev)
         q = case.query.transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]
-        out = self._kernel(dev)(q, k_pool, v_pool, block_mask=block_mask, scale=case.scale, enable_gqa=True)
-        return out[0].transpose(0, 1).contiguous()  # [T, Hq, D]
+        result = self._kernel(dev)(q, k_pool, v_pool, score_mod=score_mod, block_mask=block_mask, scale=case.scale,
+                                   enable_gqa=True, return_lse=return_lse)  # fmt: skip
+        if not return_lse:
+            return result[0].transpose(0, 1).contiguous()  # [T, Hq, D]
+        out, lse = result
+        return out[0].transpose(0, 1).contiguous(), lse[0].transpose(0, 1).float().contiguous()
 
 
 def compiled() -> FlexBackend:

@@ -15,10 +15,18 @@ from pagedattn.oracle.reference import causal_mask
 class SDPABackend:
     """Gathers each sequence's K/V into a contiguous tensor and runs torch SDPA in the
     input dtype, with an explicit bottom-right causal mask (SDPA's ``is_causal`` is
-    top-left aligned, wrong for a continuation)."""
+    top-left aligned, wrong for a continuation).
+
+    Variants SDPA can express: the sliding window (in the mask), ALiBi (a float mask:
+    the bias, ``-inf`` where masked) and fp8 caches (dequantized into the query dtype
+    first, as vLLM's kernels do). Not soft-cap or sinks: SDPA has no hook for either."""
 
     name = "sdpa"
-    capabilities = Capabilities(operations=frozenset({"attention", "gather", "write_cache"}))
+    capabilities = Capabilities(
+        operations=frozenset({"attention", "gather", "write_cache"}),
+        variants=frozenset({"sliding_window", "alibi", "fp8_e4m3", "fp8_e5m2"}),
+        notes={"variants": "SDPA has no hook for a logits soft-cap or attention sinks"},
+    )
 
     @property
     def version(self) -> str:
@@ -29,10 +37,18 @@ class SDPABackend:
         loc = case.query_start_loc_list
         for b, L in enumerate(case.seq_lens_list):
             k, v = gather_history(case, b)  # [L, Hkv, D]
+            if case.kv_dtype != case.dtype:
+                k = (k.float() * case.k_scale).to(case.dtype)
+                v = (v.float() * case.v_scale).to(case.dtype)
             k = k.repeat_interleave(case.gqa_ratio, 1).transpose(0, 1)  # [Hq, L, D]
             v = v.repeat_interleave(case.gqa_ratio, 1).transpose(0, 1)
             q = case.query[loc[b] : loc[b + 1]].transpose(0, 1)  # [Hq, n, D]
-            mask = causal_mask(q.shape[1], L, q.device)
+            n = q.shape[1]
+            mask = causal_mask(n, L, q.device, case.sliding_window)
+            if case.alibi_slopes is not None:
+                rel = torch.arange(L, device=q.device)[None, :] - torch.arange(L - n, L, device=q.device)[:, None]
+                bias = case.alibi_slopes[:, None, None] * rel[None].float()  # [Hq, n, L]
+                mask = bias.masked_fill(~mask[None], float("-inf")).to(case.dtype)
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case.scale)
             out[loc[b] : loc[b + 1]] = o.transpose(0, 1)
         return out

@@ -46,6 +46,8 @@ class DtypeModel:
     significand: int  # rounding of the output: ulp = 2**(e - significand + 1)
     emin: int  # smallest normal exponent: below it ulp stays at the subnormal spacing
     weights_u: float  # unit roundoff of the weights where they meet V
+    weights_min_normal: float = 2.0**-126  # below it a rounded weight keeps an absolute error...
+    weights_spacing: float = 2.0**-149  # ...of half this subnormal spacing, not a relative one
 
 
 #: One row per output dtype, each with its reason.
@@ -54,8 +56,12 @@ DTYPE_TABLE: dict[torch.dtype, DtypeModel] = {
     torch.float32: DtypeModel(significand=24, emin=-126, weights_u=U_FP32),
     # fp16/bf16 kernels (FlashAttention, vLLM, Triton tutorials) round p to the input dtype
     # so the weighted-V product runs on the tensor cores; that rounding is legitimate.
-    torch.float16: DtypeModel(significand=11, emin=-14, weights_u=2.0**-11),
-    torch.bfloat16: DtypeModel(significand=8, emin=-126, weights_u=2.0**-8),
+    # fp16's narrow exponent range makes small weights subnormal (below 2**-14 of the running
+    # max): a sink that dominates a row, or a long flat softmax, shows it
+    torch.float16: DtypeModel(
+        significand=11, emin=-14, weights_u=2.0**-11, weights_min_normal=2.0**-14, weights_spacing=2.0**-24
+    ),
+    torch.bfloat16: DtypeModel(significand=8, emin=-126, weights_u=2.0**-8, weights_spacing=2.0**-133),
     # float64 inputs: a kernel is still expected to accumulate in at least fp32.
     torch.float64: DtypeModel(significand=53, emin=-1022, weights_u=U_FP32),
 }
@@ -134,8 +140,15 @@ def _chunk_bounds(case: PagedCase, precision: str):
             e_scores = e_scores + w_sink[..., None] * o.abs()
             lse_scores = lse_scores + w_sink
         abs_pv = torch.einsum("hqk,khd->qhd", c.probs, c.v.abs())
+        # weights rounded where they meet V, relative to the final max (each is largest
+        # there): relatively while normal, by at most half the subnormal spacing below
+        l_rel = torch.exp(c.lse[..., None] - m)  # the denominator in units of the max
+        p_rel = c.probs * l_rel
+        w_err = torch.where(p_rel < model.weights_min_normal, torch.clamp(p_rel, max=model.weights_spacing / 2),
+                            u_w * p_rel) / l_rel  # fmt: skip
+        e_weights = torch.einsum("hqk,khd->qhd", w_err, c.v.abs())
         L = c.k.shape[0]
-        e = e_scores + (C_W * u_w + u_kv) * abs_pv + C_ACC * U_FP32 * math.sqrt(L) * (abs_pv + o.abs())
+        e = e_scores + C_W * e_weights + u_kv * abs_pv + C_ACC * U_FP32 * math.sqrt(L) * (abs_pv + o.abs())
         e = e + 0.5 * _ulp(o.abs() + e, case.dtype)
         lse = c.lse.transpose(0, 1)  # [n, Hq]
         # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
