@@ -1,4 +1,5 @@
-"""Search: hypothesis draws whole cases (ragged lengths, heads, layouts, dtypes, scales),
+"""Search: hypothesis draws whole cases (ragged lengths, heads, layouts, dtypes, scales,
+and the attention variants the backend claims),
 ``hypothesis.target`` pushes toward the largest budget used, and a failure shrinks to a
 minimal case that is saved, with the command that replays it.
 
@@ -58,7 +59,8 @@ def test_search(pagedattn_suite, request):
         derandomize=bool(os.environ.get("CI")),
         suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow, HealthCheck.data_too_large],
     )
-    @given(spec=case_specs(suite.profile, family="search", dtypes=dtypes))
+    # the variants the backend claims join the draws (each shrinks towards off)
+    @given(spec=case_specs(suite.profile, family="search", dtypes=dtypes, variants=suite.caps.variants))
     @example(spec=PINNED[0])
     @example(spec=PINNED[1])
     def search(spec):
