@@ -38,3 +38,18 @@ def test_plots_from_a_result(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--plot", str(dst)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "h200-decode-time.png").stat().st_size > 1000
+
+
+def test_variant_bench_cpu_mode(tmp_path):
+    triton = pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):
+        pytest.skip(f"triton {triton.__version__}'s interpreter cannot run the kernel (needs >= 3.6)")
+    out = tmp_path / "variants.json"
+    script = SCRIPT.parent / "bench_attention_variants.py"
+    proc = subprocess.run([sys.executable, str(script), "--cpu", "--out", str(out)], capture_output=True, text=True,
+                          timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    names = {r["variant"] for r in rows}
+    assert {"none", "softcap50", "alibi", "sinks", "fp8_e4m3", "lse", "window128+sinks"} <= names
+    assert all(r["decode_ms"] > 0 and r["prefill_ms"] > 0 for r in rows)
