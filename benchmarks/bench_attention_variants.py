@@ -87,8 +87,15 @@ def main(argv: list[str] | None = None) -> None:
               f"prefill {row['prefill_ms']:8.3f} ms {row['prefill_TFLOPs']:7.1f} TFLOP/s", flush=True)  # fmt: skip
     result = {
         "machine": machine(device),
-        "config": {"dtype": str(dtype), "Hq": Hq, "Hkv": Hkv, "D": D, "block_size": bs, "decode_B_L": [B, L],
-                   "prefill_L": P},  # fmt: skip
+        "config": {
+            "dtype": str(dtype),
+            "Hq": Hq,
+            "Hkv": Hkv,
+            "D": D,
+            "block_size": bs,
+            "decode_B_L": [B, L],
+            "prefill_L": P,
+        },  # fmt: skip
         "rows": rows,
     }
     if args.out:

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from pagedattn.oracle import PagedCase, bits_equal
 from pagedattn.cases.io import case_from_state, case_state
+from pagedattn.oracle import PagedCase, bits_equal
 
 #: Time allowed for a fresh child to import torch and load the backend.
 STARTUP_TIMEOUT_S = 180.0

@@ -356,7 +356,9 @@ def format_table(table: dict[tuple[str, str], dict]) -> list[str]:
     cols = ["passed", "failed", "warned", "unsupported"]
     cols += [c for c in ("xfailed", "xpassed") if any(row[c] for row in table.values())]
     dw = max([7] + [len(d) + 2 for _, d in table])
-    head = f"{'family':<14}{'dtype':<{dw}}" + "".join(f"{c:>{max(8, len(c) + 2)}}" for c in cols) + f"{'worst budget':>14}"
+    head = (
+        f"{'family':<14}{'dtype':<{dw}}" + "".join(f"{c:>{max(8, len(c) + 2)}}" for c in cols) + f"{'worst budget':>14}"
+    )
     lines = [head, "-" * len(head)]
     for (family, dtype), row in sorted(table.items()):
         wb = row["worst_budget"]

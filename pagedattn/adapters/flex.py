@@ -122,7 +122,6 @@ class FlexBackend:
         cap, slopes, sinks = case.logits_soft_cap, case.alibi_slopes, case.sinks
         score_mod = None
         if cap is not None or slopes is not None or sinks is not None:
-
             # Constants stay float32: under eager FlexAttention ``score.dtype`` can read as the
             # query dtype while the scores are float32, and casting the sink logit to it
             # rounded it to fp16 (caught by the sinks family: 3x the bound)
@@ -133,7 +132,9 @@ class FlexBackend:
                     logical = phys_to_logical[token_seq[q_idx], kv_idx]
                     score = score + slopes[h] * (logical - token_pos[q_idx]).to(torch.float32)
                 if sinks is not None:
-                    score = torch.where(kv_idx == sink, sinks[h], score)  # the sink in fp32, not cast to the score's dtype
+                    score = torch.where(
+                        kv_idx == sink, sinks[h], score
+                    )  # the sink in fp32, not cast to the score's dtype
                 return score
 
         block_mask = self._fa.create_block_mask(mask_mod, 1, None, case.num_tokens, k_pool.shape[2], device=dev)

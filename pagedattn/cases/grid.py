@@ -8,6 +8,8 @@ contexts (to 32k tokens) meant for a GPU.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from pagedattn.cases.spec import CaseSpec
@@ -224,7 +226,7 @@ def _sinks(profile: str) -> list[CaseSpec]:
 
 def _fp8(profile: str) -> list[CaseSpec]:
     out = []
-    scales = dict(k_scale=0.37, v_scale=1.9)  # not 1.0, not each other: ignored or swapped scales show
+    scales: dict[str, Any] = dict(k_scale=0.37, v_scale=1.9)  # not 1.0, not each other: ignored or swapped scales show
     for dt in DTYPES:
         out.append(CaseSpec("fp8", ((33, 33), (40, 7), (17, 1)), kv_dtype=E4M3, dtype=dt, **scales))
     out.append(CaseSpec("fp8", ((40, 1), (25, 25)), kv_dtype=E5M2, dtype=BF16, **scales))

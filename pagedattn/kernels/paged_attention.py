@@ -167,7 +167,7 @@ def _attention_kernel(
     d = tl.arange(0, HEAD_DIM_PAD)
     dmask = d < HEAD_DIM  # padded channels
     q_tile = tl.load(q, t * stride_qt + heads[:, None] * stride_qh + d[None, :], dmask[None, :]).float()  # [G, Dp]
-    slopes = tl.load(alibi_slopes, heads) if USE_ALIBI else None
+    slopes = tl.load(alibi_slopes, heads) if USE_ALIBI else torch.zeros(GROUP, device=q.device)
 
     m = torch.full((GROUP,), float("-inf"), device=q.device)
     l_sum = torch.zeros(GROUP, device=q.device)

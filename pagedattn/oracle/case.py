@@ -284,7 +284,9 @@ def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
         if t.dim() != rank:
             raise _fail(name, f"must have rank {rank}, got shape {tuple(t.shape)}")
         if t.dtype not in _FLOAT_DTYPES and not (name != "query" and t.dtype in FP8_DTYPES):
-            allowed = "floating (float32/float16/bfloat16" + (")" if name == "query" else ", or float8_e4m3fn/float8_e5m2)")
+            allowed = "floating (float32/float16/bfloat16" + (
+                ")" if name == "query" else ", or float8_e4m3fn/float8_e5m2)"
+            )
             raise _fail(name, f"must be {allowed}, got {t.dtype}")
     for name, rank in (("block_tables", 2), ("seq_lens", 1), ("query_start_loc", 1)):
         t = getattr(case, name)

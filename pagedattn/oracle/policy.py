@@ -363,7 +363,9 @@ def _structural(t: Any, case: PagedCase, shape: tuple, dtype: torch.dtype, shape
     return ""
 
 
-def _judge(output: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, case: PagedCase, common: dict) -> AttentionCheck:
+def _judge(
+    output: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, case: PagedCase, common: dict
+) -> AttentionCheck:
     """The verdict on ``output`` ``[T, Hq(, D)]`` against ``ref`` and its per-element bound."""
     out = output.to(torch.float64)
     same_inf = torch.isinf(ref) & (out == ref)  # an lse of -inf where the reference is -inf
