@@ -185,6 +185,10 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         f"  policy: fp32 dot precision {caps.fp32_precision}"
         + (f", tolerance x{caps.tolerance_factor:g} (backend override)" if caps.tolerance_factor != 1.0 else ""),
     ]
+    lines.append(
+        f"  claims: operations {', '.join(sorted(caps.operations))}; "
+        f"variants {', '.join(sorted(caps.variants)) if caps.variants else 'none'}"
+    )
     for key, note in caps.notes.items():
         lines.append(f"  narrowed {key}: {note}")
     return lines

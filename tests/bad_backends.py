@@ -132,3 +132,51 @@ class OffForWideGroups(Correct):
     def paged_attention(self, case):
         scale = case.scale * (1.02 if case.gqa_ratio >= 4 and case.max_seq_len > 30 else 1.0)
         return paged_attention_reference(case.replace(scale=scale)).to(case.dtype)
+
+
+class LseBase(Correct):
+    """Claims the log-sum-exp operation; subclasses return it wrongly."""
+
+    capabilities = Capabilities(operations=frozenset({"attention", "lse"}))
+
+    def paged_attention_lse(self, case):
+        from pagedattn.oracle import paged_attention_reference_lse
+
+        out, lse = paged_attention_reference_lse(case)
+        return out.to(case.dtype), lse.float()
+
+
+class LseNotATuple(LseBase):
+    def paged_attention_lse(self, case):
+        return super().paged_attention_lse(case)[0]
+
+
+class LseHeadsFirst(LseBase):
+    """FlashAttention's [num_heads, num_tokens] layout, not converted."""
+
+    def paged_attention_lse(self, case):
+        out, lse = super().paged_attention_lse(case)
+        return out, lse.transpose(0, 1).contiguous()
+
+
+class LseIgnoresSinks(Correct):
+    """Claims sinks and lse; leaves the sink out of the log-sum-exp only."""
+
+    capabilities = Capabilities(operations=frozenset({"attention", "lse"}), variants=frozenset({"sinks"}))
+
+    def paged_attention_lse(self, case):
+        from pagedattn.oracle import paged_attention_reference_lse
+
+        out = paged_attention_reference_lse(case)[0]
+        lse = paged_attention_reference_lse(case.replace(sinks=None))[1]
+        return out.to(case.dtype), lse.float()
+
+
+class WindowOffByOne(Correct):
+    """Claims the sliding window and sees one key too many."""
+
+    capabilities = Capabilities(variants=frozenset({"sliding_window"}))
+
+    def paged_attention(self, case):
+        w = case.sliding_window
+        return paged_attention_reference(case.replace(sliding_window=None if w is None else w + 1)).to(case.dtype)

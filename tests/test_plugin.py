@@ -32,7 +32,9 @@ def test_every_loading_route_runs_the_suite(pytester, bad, route):
 
 def test_header_names_backend_and_versions(pytester):
     result = _run(pytester, DECODE, "--backend=sdpa")
-    result.stdout.fnmatch_lines(["pagedattn *: backend sdpa torch *", "*runs on: sdpa (cpu)*", "*torch *, triton *"])
+    result.stdout.fnmatch_lines(["pagedattn *: backend sdpa torch *", "*runs on: sdpa (cpu)*", "*torch *, triton *",
+                                 "*claims: operations attention, gather, write_cache; variants alibi, fp8_e4m3, fp8_e5m2, "
+                                 "sliding_window"])  # fmt: skip
 
 
 def test_unknown_backend_lists_the_available_ones(pytester):
@@ -134,3 +136,50 @@ def test_xdist_gives_the_serial_outcome(pytester):
     p_cases, p_summary = outcome("par.json")
     assert s_cases == p_cases and len(s_cases) > 20
     assert s_summary == p_summary
+
+
+LSE = "pagedattn.conformance.test_lse"
+WINDOW = "pagedattn.conformance.test_window"
+
+
+@pytest.mark.parametrize(
+    "cls, text",
+    [
+        ("LseNotATuple", "paged_attention_lse must return (out, lse)"),
+        ("LseHeadsFirst", "log-sum-exp output rejected: shape"),
+        ("LseIgnoresSinks", "log-sum-exp outside the error bound"),
+    ],
+)
+def test_the_lse_family_judges_the_lse(pytester, bad, cls, text):
+    result = _run(pytester, LSE, f"--backend={bad}:{cls}", "--report-json=r.json")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("failed", 0) >= 1, f"{cls} passed the lse family: {outcomes}"
+    result.stdout.fnmatch_lines([f"*{text}*"])
+    if cls == "LseIgnoresSinks":  # only the sink case is wrong; the rest pass, the output everywhere
+        report = json.loads((pytester.path / "r.json").read_text())
+        failed = [c for c in report["cases"] if c["status"] == "failed"]
+        assert all("sinks" in c["id"] for c in failed)
+        assert all(c["checks"]["output"]["status"] == "passed" for c in failed)
+
+
+def test_lse_base_passes_and_unclaimed_variants_are_unsupported(pytester, bad):
+    result = _run(pytester, LSE, f"--backend={bad}:LseBase", "--report-json=r.json")
+    assert result.ret == 0
+    report = json.loads((pytester.path / "r.json").read_text())
+    statuses = {c["id"]: c["status"] for c in report["cases"]}
+    assert all(s == "unsupported" for i, s in statuses.items() if "sinks" in i or "alibi" in i or "win" in i)
+    assert sum(s == "passed" for s in statuses.values()) >= 5
+    result.stdout.fnmatch_lines(["*unsupported: variant sinks not claimed*"])
+
+
+def test_a_claimed_variant_is_verified_and_its_failure_replays(pytester, bad):
+    result = _run(pytester, WINDOW, f"--backend={bad}:WindowOffByOne")
+    assert result.parseoutcomes().get("failed", 0) >= 1
+    line = next(l for l in result.stdout.lines if "replay: pytest" in l)
+    path = re.search(r"--replay (\S+)", line).group(1)
+    again = _run(pytester, WINDOW, f"--backend={bad}:WindowOffByOne", "--replay", path)
+    again.assert_outcomes(failed=1)
+    fixed = _run(pytester, WINDOW, f"--backend={bad}:Correct", "--replay", path)
+    # the saved case keeps its window: a backend that does not claim it reports it unsupported
+    fixed.assert_outcomes(skipped=1)
+    fixed.stdout.fnmatch_lines(["*variant sliding_window not claimed*"])
