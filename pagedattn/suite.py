@@ -32,6 +32,7 @@ from pagedattn.oracle import (
     paged_gather,
 )
 from pagedattn.oracle.policy import AttentionCheck, BitCheck
+from pagedattn.oracle.reference import index_rows
 
 RECORD_KEY = "pagedattn"
 
@@ -401,7 +402,7 @@ def permute_blocks(case: PagedCase, seed: int = 0) -> PagedCase:
     perm = torch.randperm(case.num_blocks, generator=gen).to(case.device)  # new[i] = old[perm[i]]
     inv = torch.argsort(perm)
     return case.replace(
-        key_cache=case.key_cache[perm].clone(),
-        value_cache=case.value_cache[perm].clone(),
+        key_cache=index_rows(case.key_cache, perm).clone(),
+        value_cache=index_rows(case.value_cache, perm).clone(),
         block_tables=inv[case.block_tables.long()].to(torch.int32),
     )

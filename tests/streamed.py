@@ -15,6 +15,7 @@ import torch
 
 from pagedattn import Capabilities
 from pagedattn.oracle import VARIANTS, PagedCase
+from pagedattn.oracle.reference import index_rows
 
 #: Bugs the policy must catch at fp32 by the numbers alone.
 PRECISION_BUGS = ("exp_bf16", "acc_fp16", "query_bf16", "drop_key", "scale_1pct", "no_rescale")
@@ -126,8 +127,8 @@ def streamed_attention(
         for j0 in order:
             j = torch.arange(j0, min(n_keys, j0 + tile), device=dev)
             slots = _slots(case, b, j, bug)
-            k = k_flat[slots][:, kv_of_head].float().transpose(0, 1)  # [Hq, t, D]
-            v = v_flat[slots][:, kv_of_head].float().transpose(0, 1)
+            k = index_rows(k_flat, slots).float()[:, kv_of_head].transpose(0, 1)  # [Hq, t, D]
+            v = index_rows(v_flat, slots).float()[:, kv_of_head].transpose(0, 1)
             s = (q @ k.transpose(1, 2)) * scale  # [Hq, n, t]
             if cap is not None and bug != "softcap_after_mask":
                 s = cap * torch.tanh(s / cap)

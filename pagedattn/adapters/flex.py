@@ -31,6 +31,7 @@ import torch
 from pagedattn.adapters.protocol import Capabilities
 from pagedattn.kernels.paged_attention import token_to_seq
 from pagedattn.oracle import VARIANTS, PagedCase
+from pagedattn.oracle.reference import index_rows
 
 #: Before this torch release, FlexAttention's eager path keeps fp16/bf16 intermediates in
 #: the input dtype: the suite measured 7x the policy's bound on torch 2.9.1 (CPU), and a
@@ -98,7 +99,7 @@ class FlexBackend:
         flat_v = case.value_cache.reshape(S, Hkv, D)
         for b in range(case.num_seqs):
             slots = case.slot_mapping(b)  # [L]
-            k, v = flat_k[slots], flat_v[slots]
+            k, v = index_rows(flat_k, slots), index_rows(flat_v, slots)
             if case.kv_dtype != case.dtype:  # fp8: dequantize into the query dtype
                 k = (k.float() * case.k_scale).to(case.dtype)
                 v = (v.float() * case.v_scale).to(case.dtype)

@@ -74,6 +74,10 @@ def load(
     broadcast with ``mask``). Masked lanes read element 0 instead of their offset and
     the value is then replaced, so an out-of-bounds masked offset never faults."""
     _check_flat(buffer)
+    if buffer.element_size() == 1 and buffer.is_floating_point():
+        # fp8: through its bytes (older torch cannot index fp8 on the CPU); `other` as fp8 bits
+        fill = torch.tensor([other], dtype=torch.float32).to(buffer.dtype).view(torch.uint8)
+        return load(buffer.view(torch.uint8), offsets, mask, int(fill)).view(buffer.dtype)
     if mask is None:
         return buffer[offsets]
     offsets, mask = torch.broadcast_tensors(offsets, mask)

@@ -21,6 +21,14 @@ from pagedattn.oracle.case import PagedCase
 _MAX_SCORE_ELEMENTS = 1 << 26
 
 
+def index_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t[index]`` (along dim 0), bit for bit, for any dtype: one-byte floats (fp8) are
+    indexed through their bytes, since torch before 2.10 cannot index fp8 on the CPU."""
+    if t.element_size() == 1 and t.is_floating_point():
+        return t.view(torch.uint8)[index].view(t.dtype)
+    return t[index]
+
+
 def paged_gather(pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """``pool[slot_mapping]`` over the flattened slots of a paged pool.
 
@@ -32,7 +40,7 @@ def paged_gather(pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor
         ``[n, ...]`` same dtype and device as ``pool``; bit-identical copies.
     """
     flat = pool.reshape(pool.shape[0] * pool.shape[1], *pool.shape[2:])
-    return flat[slot_mapping.to(torch.int64)]
+    return index_rows(flat, slot_mapping.to(torch.int64))
 
 
 def gather_history(case: PagedCase, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
