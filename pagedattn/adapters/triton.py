@@ -53,25 +53,24 @@ class TritonBackend:
         self._kernel = kernel
         self.version = f"pagedattn {__version__}, triton {triton.__version__}"
         version = tuple(int(x) for x in triton.__version__.split(".")[:2])
+        # what the kernel implements; where it can run differs below
+        claims: dict = dict(operations=frozenset({"attention", "lse"}), variants=frozenset(VARIANTS))
         if self.interpreter and version < MIN_INTERPRETER_TRITON:
             self.capabilities = Capabilities(
                 devices=frozenset(),
                 notes={"devices": f"triton {triton.__version__}'s interpreter cannot run this kernel; "
                        "use triton >= 3.6 (pip install 'triton>=3.6') or a GPU"},
+                **claims,
             )  # fmt: skip
         elif self.interpreter:
             self.capabilities = Capabilities(
-                devices=frozenset({"cpu"}),
-                operations=frozenset({"attention", "lse"}),
-                variants=frozenset(VARIANTS),
-                notes={"devices": "Triton interpreter: tensors on the CPU"},
+                devices=frozenset({"cpu"}), notes={"devices": "Triton interpreter: tensors on the CPU"}, **claims
             )
         else:
             self.capabilities = Capabilities(
                 devices=frozenset({"cuda"}),
-                operations=frozenset({"attention", "lse"}),
-                variants=frozenset(VARIANTS),
                 notes={"devices": "compiled Triton: CUDA tensors only (no interpreter fallback)"},
+                **claims,
             )
 
     @property
