@@ -94,3 +94,21 @@ def test_probe_unclaimed_reports_what_would_pass(pytester, bad):
     probes = report["probes"]
     assert sum(p["probed"] for p in probes.values()) == 4
     assert all(p["would_pass"] == p["probed"] for p in probes.values())
+
+
+def test_isolation_carries_the_variants_and_the_lse(pytester):
+    """A case's variant tensors and options cross into the child process, and the lse
+    operation comes back from it: the same verdicts isolated as in process."""
+    args = ("pagedattn.conformance.test_lse", "pagedattn.conformance.test_combined", "--backend=tlsim")
+    plain = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", *args, "--report-json=a.json")
+    isolated = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pyargs", *args, "--isolate", "--report-json=b.json"
+    )  # fmt: skip
+    assert plain.ret == isolated.ret == 0
+
+    def verdicts(name):
+        report = json.loads((pytester.path / name).read_text())
+        return sorted((c["id"], c["status"], c["metrics"]["budget_used"]) for c in report["cases"])
+
+    assert verdicts("a.json") == verdicts("b.json")
+    assert any("sinks" in i for i, _, _ in verdicts("b.json"))
