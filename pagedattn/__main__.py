@@ -47,6 +47,7 @@ def report() -> list[str]:
             f"fp32 dots {d['fp32_precision']}"
             + (f"; tolerance x{caps.tolerance_factor:g}" if caps.tolerance_factor != 1.0 else "")
         )
+        lines.append(f"  {'':<10} variants {', '.join(d['variants']) or 'none'}")
         for key, note in caps.notes.items():
             lines.append(f"  {'':<10} {key}: {note}")
     return lines
