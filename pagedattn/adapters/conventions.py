@@ -14,6 +14,8 @@ import math
 
 import torch
 
+from pagedattn.oracle.case import sliding_window_problem
+
 LN2 = math.log(2.0)
 
 
@@ -60,8 +62,9 @@ def window_from_flashinfer(window_left: int) -> int | None:
 
 
 def _check_window(w: int) -> None:
-    if isinstance(w, bool) or not isinstance(w, int) or w < 1:
-        raise ValueError(f"sliding_window must be an int >= 1 (keys seen, the query's own included), got {w!r}")
+    problem = sliding_window_problem(w)
+    if problem:
+        raise ValueError(f"sliding_window {problem}")
 
 
 # ----------------------------------------------------------------------- lse

@@ -10,9 +10,9 @@ from typing import Any
 import torch
 
 from pagedattn.kernels.tlsim import next_power_of_2
+from pagedattn.oracle.case import FP8_DTYPES, positive_float_problem, sliding_window_problem
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-_FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 
 
 def check_paged_inputs(
@@ -45,7 +45,7 @@ def check_paged_inputs(
     if query.dtype not in _FLOAT_DTYPES:
         raise fail("query", f"dtype must be float32, float16 or bfloat16, got {query.dtype}")
     for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype != query.dtype and t.dtype not in _FP8_DTYPES:
+        if t.dtype != query.dtype and t.dtype not in FP8_DTYPES:
             raise fail(name, f"dtype must be the query dtype {query.dtype} or float8_e4m3fn/float8_e5m2, got {t.dtype}")
     if key_cache.dtype != value_cache.dtype:
         raise fail("value_cache", f"dtype {value_cache.dtype} must equal key_cache dtype {key_cache.dtype}")
@@ -148,17 +148,17 @@ def check_variants(
         return ValueError(f"paged_attention: {field}: {msg}")
 
     w = sliding_window
-    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
-        raise fail("sliding_window", f"must be an int >= 1 (keys seen, the query's own included) or None, got {w!r}")
+    problem = sliding_window_problem(w)
+    if problem:
+        raise fail("sliding_window", problem)
     if w is not None and w > 2**31 - 1:
         raise fail("sliding_window", f"must be <= 2**31 - 1 (an int32 in the kernel), got {w}")
-    finite = {"logits_soft_cap": logits_soft_cap, "k_scale": k_scale, "v_scale": v_scale}
-    for name, x in finite.items():
-        if x is None and name == "logits_soft_cap":
-            continue
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0.0 < float(x) < float("inf")):
-            raise fail(name, f"must be a finite float > 0, got {x!r}")
-    if (k_scale != 1.0 or v_scale != 1.0) and key_cache.dtype not in _FP8_DTYPES:
+    scalars = {"logits_soft_cap": logits_soft_cap, "k_scale": k_scale, "v_scale": v_scale}
+    for name, x in scalars.items():
+        problem = positive_float_problem(x) if x is not None or name != "logits_soft_cap" else ""
+        if problem:
+            raise fail(name, problem)
+    if (k_scale != 1.0 or v_scale != 1.0) and key_cache.dtype not in FP8_DTYPES:
         raise fail("k_scale", f"k_scale/v_scale apply to fp8 caches only; the cache is {key_cache.dtype}")
     num_heads = query.shape[1]
     for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):

@@ -366,21 +366,32 @@ def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
     return loc, seq_lens
 
 
-def _finite_positive(name: str, x: object) -> float:
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise _fail(name, f"must be a float, got {type(x).__name__}")
-    if not (0.0 < float(x) < float("inf")):
-        raise _fail(name, f"must be finite and > 0, got {x}")
-    return float(x)
+def sliding_window_problem(w: object) -> str:
+    """``""`` when ``w`` is a sliding window (an int >= 1) or ``None``; else what is wrong.
+    The one statement of the rule: ``PagedCase``, the Triton kernel's host checks and the
+    convention converters all raise with it."""
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+        return f"must be an int >= 1 (keys seen, the query's own included) or None, got {w!r}"
+    return ""
+
+
+def positive_float_problem(x: object) -> str:
+    """``""`` when ``x`` is a finite float (or int) > 0; else what is wrong."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0.0 < float(x) < float("inf")):
+        return f"must be a finite float > 0, got {x!r}"
+    return ""
 
 
 def _validate_variants(case: PagedCase, num_heads: int, dev: torch.device) -> None:
     """The variants' fields: types, bounds, per-head shapes, one device."""
-    w = case.sliding_window
-    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
-        raise _fail("sliding_window", f"must be an int >= 1 (keys seen, the query's own included) or None, got {w!r}")
-    if case.logits_soft_cap is not None:
-        _finite_positive("logits_soft_cap", case.logits_soft_cap)
+    problem = sliding_window_problem(case.sliding_window)
+    if problem:
+        raise _fail("sliding_window", problem)
+    scalars = {"logits_soft_cap": case.logits_soft_cap, "k_scale": case.k_scale, "v_scale": case.v_scale}
+    for name, x in scalars.items():
+        problem = positive_float_problem(x) if x is not None or name != "logits_soft_cap" else ""
+        if problem:
+            raise _fail(name, problem)
     for name in OPTIONAL_TENSOR_FIELDS:
         t = getattr(case, name)
         if t is None:
@@ -397,6 +408,6 @@ def _validate_variants(case: PagedCase, num_heads: int, dev: torch.device) -> No
             raise _fail(name, "must be finite")
     fp8 = case.key_cache.dtype in FP8_DTYPES
     for name in ("k_scale", "v_scale"):
-        x = _finite_positive(name, getattr(case, name))
+        x = getattr(case, name)
         if x != 1.0 and not fp8:
             raise _fail(name, f"= {x:g} applies to fp8 caches only; the cache is {case.key_cache.dtype}")
