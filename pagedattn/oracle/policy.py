@@ -97,7 +97,7 @@ def _u(dtype: torch.dtype) -> float:
 
 
 def _chunk_bounds(case: PagedCase, precision: str):
-    """Per chunk of query rows: ``(tokens, o, e_out, lse, e_lse)``, ``o``/``e_out``
+    """Per chunk of query rows, in token order: ``(o, e_out, lse, e_lse)``, ``o``/``e_out``
     ``[n, Hq, D]`` and ``lse``/``e_lse`` ``[n, Hq]`` float64."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -154,7 +154,7 @@ def _chunk_bounds(case: PagedCase, precision: str):
         # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
         # sum rounded, a base change (log2 kernels) rounded, the denominator's sqrt(L) growth
         e_lse = lse_scores + U_FP32 * (C_EXP + 2.0 * lse.abs()) + C_ACC * U_FP32 * math.sqrt(L)
-        yield c.tokens, o, e, lse, e_lse
+        yield o, e, lse, e_lse
 
 
 def attention_error_bound(
@@ -174,7 +174,7 @@ def attention_error_bound(
         ``(reference, bound)``: two ``[T, Hq, D]`` float64 tensors on the case's device.
     """
     ref_chunks, bounds = [], []
-    for _, o, e, _, _ in _chunk_bounds(case, precision):
+    for o, e, _, _ in _chunk_bounds(case, precision):
         ref_chunks.append(o)
         bounds.append(e)
     ref = torch.cat(ref_chunks) if reference is None else reference
@@ -188,7 +188,7 @@ def attention_lse_error_bounds(
     ``(ref [T, Hq, D], bound [T, Hq, D], ref_lse [T, Hq], bound_lse [T, Hq])``, float64
     on the case's device (natural log; see ``PagedCase`` for the definition)."""
     parts: list[list[torch.Tensor]] = [[], [], [], []]
-    for _, *tensors in _chunk_bounds(case, precision):
+    for tensors in _chunk_bounds(case, precision):
         for acc, t in zip(parts, tensors):
             acc.append(t)
     ref, bound, ref_lse, bound_lse = (torch.cat(p) for p in parts)
@@ -306,8 +306,7 @@ def check_attention(
         reference: the oracle output if already computed.
     """
     common: dict[str, Any] = dict(precision=precision, tolerance_factor=tolerance_factor, case_summary=repr(case))
-    problem = _structural(output, case, (case.num_tokens, case.num_heads, case.head_dim), case.dtype,
-                          "[num_tokens, num_heads, head_dim]", "the query dtype")  # fmt: skip
+    problem = _output_problem(output, case)
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
     ref, bound = attention_error_bound(case, reference, precision)
@@ -334,8 +333,7 @@ def check_attention_lse(
         ``(output_check, lse_check)``.
     """
     common: dict[str, Any] = dict(precision=precision, tolerance_factor=tolerance_factor, case_summary=repr(case))
-    p_out = _structural(output, case, (case.num_tokens, case.num_heads, case.head_dim), case.dtype,
-                        "[num_tokens, num_heads, head_dim]", "the query dtype")  # fmt: skip
+    p_out = _output_problem(output, case)
     p_lse = _structural(lse, case, (case.num_tokens, case.num_heads), torch.float32, "[num_tokens, num_heads]",
                         "float32")  # fmt: skip
     if p_out or p_lse:
@@ -349,6 +347,11 @@ def check_attention_lse(
         _judge(output, ref, bound * tolerance_factor, case, common),
         _judge(lse, ref_lse, bound_lse * tolerance_factor, case, dict(common, what="log-sum-exp")),
     )
+
+
+def _output_problem(output: Any, case: PagedCase) -> str:
+    return _structural(output, case, (case.num_tokens, case.num_heads, case.head_dim), case.dtype,
+                       "[num_tokens, num_heads, head_dim]", "the query dtype")  # fmt: skip
 
 
 def _structural(t: Any, case: PagedCase, shape: tuple, dtype: torch.dtype, shape_doc: str, dtype_doc: str) -> str:
