@@ -109,6 +109,11 @@ class Suite:
     def caps(self):
         return self.backend.capabilities
 
+    @property
+    def policy(self) -> dict[str, Any]:
+        """The backend's declared policy terms, as keyword arguments of the checks."""
+        return dict(precision=self.caps.fp32_precision, tolerance_factor=self.caps.tolerance_factor)
+
     # ------------------------------------------------------------- plumbing
     def _start(self, node: pytest.Item, spec, operation: str, family: str | None = None) -> PagedCase:
         case = spec.build().to(self.device)
@@ -162,18 +167,22 @@ class Suite:
         pytest.fail(f"{spec.id} [{operation}]: {message}\n  replay: {replay}", pytrace=False)
 
     def _judge(self, node, spec, pristine: PagedCase, out, operation: str = "attention") -> AttentionCheck:
-        check = check_attention(
-            out,
-            pristine,
-            precision=self.caps.fp32_precision,
-            tolerance_factor=self.caps.tolerance_factor,
-        )
-        record(node, status=check.status, metrics=check.metrics())
-        if not check.passed:
-            self._fail(node, spec, pristine.to("cpu"), str(check), operation)
-        if check.warning:
-            warnings.warn(PagedAttnWarning(f"{spec.id}: {check}"), stacklevel=2)
+        check = check_attention(out, pristine, **self.policy)
+        self._verdict(node, spec, pristine, [check], operation)
         return check
+
+    def _verdict(self, node, spec, pristine: PagedCase, verdicts: list[AttentionCheck], operation: str,
+                 **fields: Any) -> None:  # fmt: skip
+        """Record the worst of ``verdicts`` (and ``fields``); fail with every failed one, or
+        warn with the worst one in the warning band."""
+        worst = max(verdicts, key=lambda c: (not c.passed, c.budget_used))
+        status = "failed" if not all(c.passed for c in verdicts) else worst.status
+        record(node, status=status, metrics=worst.metrics(), **fields)
+        if status == "failed":
+            failed = "\n".join(str(c) for c in verdicts if not c.passed)
+            self._fail(node, spec, pristine.to("cpu"), failed, operation)
+        if status == "warned":
+            warnings.warn(PagedAttnWarning(f"{spec.id}: {worst}"), stacklevel=3)
 
     # --------------------------------------------------------------- search
     def search_case(self, node: pytest.Item, spec) -> AttentionCheck | None:
@@ -184,9 +193,7 @@ class Suite:
         if self.caps.case_reason(case):
             return None
         out = self.backend.paged_attention(case.clone())
-        check = check_attention(
-            out, case, precision=self.caps.fp32_precision, tolerance_factor=self.caps.tolerance_factor
-        )
+        check = check_attention(out, case, **self.policy)
         prev = recorded(node)
         record(node, id="search", family="search", dtype="mixed", operation="attention",
                status="failed" if not check.passed else prev.get("status", "passed"))  # fmt: skip
@@ -220,19 +227,9 @@ class Suite:
             record(node, status="failed")
             self._fail(node, spec, pristine.to("cpu"), f"paged_attention_lse must return (out, lse), got "
                        f"{type(result).__name__}", "lse")  # fmt: skip
-        out_check, lse_check = check_attention_lse(
-            result[0], result[1], pristine, precision=self.caps.fp32_precision,
-            tolerance_factor=self.caps.tolerance_factor,
-        )  # fmt: skip
-        worse = max((out_check, lse_check), key=lambda c: (not c.passed, c.budget_used))
-        status = "failed" if not (out_check.passed and lse_check.passed) else worse.status
-        record(node, status=status, metrics=worse.metrics(),
-               checks={"output": out_check.metrics(), "lse": lse_check.metrics()})  # fmt: skip
-        if status == "failed":
-            failed = [str(c) for c in (out_check, lse_check) if not c.passed]
-            self._fail(node, spec, pristine.to("cpu"), "\n".join(failed), "lse")
-        if status == "warned":
-            warnings.warn(PagedAttnWarning(f"{spec.id}: {worse}"), stacklevel=2)
+        out_check, lse_check = check_attention_lse(result[0], result[1], pristine, **self.policy)
+        self._verdict(node, spec, pristine, [out_check, lse_check], "lse",
+                      checks={"output": out_check.metrics(), "lse": lse_check.metrics()})  # fmt: skip
         return out_check, lse_check
 
     def _bit_verdict(self, node, spec, case, check: BitCheck, operation: str) -> None:
