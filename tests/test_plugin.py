@@ -15,6 +15,12 @@ def _run(pytester, *args):
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", *args)
 
 
+def _replay_path(result) -> str:
+    """The saved case of the first replay line a failing run printed."""
+    line = next(l for l in result.stdout.lines if "replay: pytest" in l)
+    return re.search(r"--replay (\S+)", line).group(1)
+
+
 @pytest.mark.parametrize("route", ["entry", "module-class", "file-instance", "file-class", "file-factory"])
 def test_every_loading_route_runs_the_suite(pytester, bad, route):
     backend = {
@@ -91,8 +97,7 @@ def test_a_raising_backend_fails_its_cases_and_is_reported(pytester, bad):
 def test_replay_reproduces_a_failure(pytester, bad):
     result = _run(pytester, DECODE, f"--backend={bad}:WrongScale")
     result.assert_outcomes(failed=N_DECODE)
-    line = next(l for l in result.stdout.lines if "replay: pytest" in l)
-    path = re.search(r"--replay (\S+)", line).group(1)
+    path = _replay_path(result)
     again = _run(pytester, DECODE, f"--backend={bad}:WrongScale", "--replay", path)
     again.assert_outcomes(failed=1)
     fixed = _run(pytester, DECODE, f"--backend={bad}:Correct", "--replay", path)
@@ -175,8 +180,7 @@ def test_lse_base_passes_and_unclaimed_variants_are_unsupported(pytester, bad):
 def test_a_claimed_variant_is_verified_and_its_failure_replays(pytester, bad):
     result = _run(pytester, WINDOW, f"--backend={bad}:WindowOffByOne")
     assert result.parseoutcomes().get("failed", 0) >= 1
-    line = next(l for l in result.stdout.lines if "replay: pytest" in l)
-    path = re.search(r"--replay (\S+)", line).group(1)
+    path = _replay_path(result)
     again = _run(pytester, WINDOW, f"--backend={bad}:WindowOffByOne", "--replay", path)
     again.assert_outcomes(failed=1)
     fixed = _run(pytester, WINDOW, f"--backend={bad}:Correct", "--replay", path)
