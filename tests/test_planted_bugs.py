@@ -2,6 +2,11 @@
 
 The kill matrix (which family caught which bug) is recorded in docs/kill-matrix.md;
 ``python -m tests.kill_matrix`` regenerates it.
+
+By default each bug runs against one family of the quick profile that the kill matrix
+records as catching it (the cheapest such family): a bug that fails part of the quick
+profile fails the quick profile, so the assertion is the same, at a fifth of the cost.
+The whole quick profile per bug runs under ``-m slow`` (and in the kill matrix).
 """
 
 import json
@@ -13,14 +18,46 @@ from tests.streamed import BUGS
 
 STREAMED = Path(__file__).parent / "streamed.py"
 
+#: One quick-profile family (a conformance module, optionally with a ``-k`` filter for
+#: one property) per bug, chosen from docs/kill-matrix.md among those that catch it.
+KILLER = {
+    "no_rescale": ("test_decode", None),
+    "tail_unmasked": ("test_decode", None),
+    "wrong_gqa": ("test_gqa", None),
+    "causal_off_by_one": ("test_prefill", None),
+    "causal_ignores_past": ("test_continuation", None),
+    "scale_ignored": ("test_decode", None),
+    "contiguous_blocks": ("test_layout", None),
+    "block_size_16": ("test_layout", None),
+    "one_key_past": ("test_prefill", None),
+    "last_block_misaddressed": ("test_decode", None),
+    "first_seq_len": ("test_mixed", None),
+    "exp_bf16": ("test_decode", None),
+    "acc_fp16": ("test_decode", None),
+    "query_bf16": ("test_decode", None),
+    "drop_key": ("test_decode", None),
+    "scale_1pct": ("test_decode", None),
+    "nondeterministic": ("test_properties", "determinism"),
+    "batch_dependent_order": ("test_properties", "batch_invariance"),
+    "writes_cache": ("test_properties", "immutability"),
+    "partly_unwritten": ("test_decode", None),
+    "window_off_by_one": ("test_window", None),
+    "softcap_after_mask": ("test_softcap", None),
+    "alibi_sign": ("test_alibi", None),
+    "sink_dropped_in_split": ("test_sinks", None),
+    "fp8_scale_ignored": ("test_fp8", None),
+    "lse_log2": ("test_lse", None),
+}
 
-def run_quick(pytester, factory: str) -> dict:
+
+def run_quick(pytester, factory: str, module: str | None = None, keyword: str | None = None) -> dict:
     # a subprocess: in-process, the checkout's pagedattn/ (on sys.path for the tests) would
     # shadow an installed package and its pagedattn.conformance
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "-q", "--pyargs", "pagedattn.conformance",
-        f"--backend={STREAMED}:{factory}", "--report-json=r.json",
-    )  # fmt: skip
+    target = "pagedattn.conformance" + (f".{module}" if module else "")
+    args = ["-p", "no:cacheprovider", "-q", "--pyargs", target, f"--backend={STREAMED}:{factory}", "--report-json=r.json"]
+    if keyword:
+        args += ["-k", keyword]
+    result = pytester.runpytest_subprocess(*args)
     report = json.loads((pytester.path / "r.json").read_text())
     report["ret"] = result.ret
     return report
@@ -35,6 +72,10 @@ def killers(report: dict) -> set[str]:
     return out
 
 
+def test_every_bug_has_a_killer_family():
+    assert set(KILLER) == set(BUGS), f"KILLER and BUGS differ: {sorted(set(KILLER) ^ set(BUGS))}"
+
+
 def test_correct_baseline_passes(pytester):
     report = run_quick(pytester, "correct")
     assert report["ret"] == 0 and not killers(report), killers(report)
@@ -42,6 +83,16 @@ def test_correct_baseline_passes(pytester):
 
 @pytest.mark.parametrize("bug", sorted(BUGS))
 def test_planted_bug_fails_the_quick_profile(pytester, bug):
-    report = run_quick(pytester, f"bug_{bug}")
+    module, keyword = KILLER[bug]
+    report = run_quick(pytester, f"bug_{bug}", module, keyword)
     caught = killers(report)
-    assert report["ret"] != 0 and caught, f"planted bug {bug!r} ({BUGS[bug]}) passed the quick profile"
+    assert report["ret"] != 0 and caught, (
+        f"planted bug {bug!r} ({BUGS[bug]}) passed {module}{f' -k {keyword}' if keyword else ''} of the quick profile"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", sorted(BUGS))
+def test_planted_bug_fails_the_whole_quick_profile(pytester, bug):
+    report = run_quick(pytester, f"bug_{bug}")
+    assert report["ret"] != 0 and killers(report), f"planted bug {bug!r} ({BUGS[bug]}) passed the quick profile"
