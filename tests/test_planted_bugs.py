@@ -54,7 +54,8 @@ def run_quick(pytester, factory: str, module: str | None = None, keyword: str | 
     # a subprocess: in-process, the checkout's pagedattn/ (on sys.path for the tests) would
     # shadow an installed package and its pagedattn.conformance
     target = "pagedattn.conformance" + (f".{module}" if module else "")
-    args = ["-p", "no:cacheprovider", "-q", "--pyargs", target, f"--backend={STREAMED}:{factory}", "--report-json=r.json"]
+    args = ["-p", "no:cacheprovider", "-q", "--pyargs", target, f"--backend={STREAMED}:{factory}"]
+    args.append("--report-json=r.json")
     if keyword:
         args += ["-k", keyword]
     result = pytester.runpytest_subprocess(*args)
