@@ -23,6 +23,7 @@ from pagedattn._version import __version__
 from pagedattn.adapters.loading import BackendLoadError, available_backends, load_backend
 from pagedattn.cases import FAMILIES, PROFILES, grid, load_case
 from pagedattn.cases.io import CaseFileError
+from pagedattn.search import positive_seconds
 from pagedattn.suite import RECORD_KEY, Suite
 
 SUITE_KEY = pytest.StashKey["Suite | None"]()
@@ -90,6 +91,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default=None,
         metavar="N",
         help="hypothesis draws for the search family (default: 25 quick, 100 standard, 300 thorough)",
+    )
+    group.addoption(
+        "--search-budget",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="time for the whole search family, finding and shrinking (default: 60 on a GPU, 30 on the CPU)",
     )
     group.addoption(
         "--replay-dir",
