@@ -28,8 +28,8 @@ from hypothesis import HealthCheck, Phase, Verbosity, example, given, reject, se
 from hypothesis.errors import Unsatisfiable
 
 from pagedattn.cases import CaseSpec, grid, save_case
-from pagedattn.cases.grid import FAMILIES
-from pagedattn.cases.strategies import Configuration, case_specs
+from pagedattn.cases.grid import BLOCK_SIZES, FAMILIES, HEAD_DIMS
+from pagedattn.cases.strategies import FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS, Configuration, case_specs
 from pagedattn.isolation import BackendFault
 from pagedattn.oracle import check_attention
 from pagedattn.oracle.policy import AttentionCheck
@@ -93,6 +93,23 @@ def grid_configurations(profile: str, caps: Any) -> list[Configuration]:
                                    gqa_ratio=c.num_heads // c.num_kv_heads, variants=c.all_variants) is None
     ]  # fmt: skip
     return sorted(claimed, key=Configuration.sort_key)
+
+
+def free_axes(caps: Any) -> tuple[dict[str, list[int]], str | None]:
+    """The head dims, block sizes and GQA ratios that fresh draws take: those of the free
+    draws that ``caps`` claims (else the grid's others it claims); and why none, if so."""
+    axes: dict[str, list[int]] = {}
+    for name, key, candidates in (("head_dims", "head_dim", (FREE_HEAD_DIMS, HEAD_DIMS)),
+                                  ("block_sizes", "block_size", (FREE_BLOCK_SIZES, BLOCK_SIZES)),
+                                  ("gqa_ratios", "gqa_ratio", (FREE_GQA_RATIOS,))):  # fmt: skip
+        for values in candidates:
+            axes[name] = [x for x in values if caps.unsupported_reason(**{key: x}) is None]
+            if axes[name]:
+                break
+        else:
+            tried = sorted({x for values in candidates for x in values})
+            return axes, f"the backend claims none of the {key.replace('_', ' ')}s {tried}"
+    return axes, None
 
 
 def spec_size(spec: CaseSpec) -> tuple:
@@ -171,9 +188,11 @@ class SearchRun:
             None if dtypes else "the backend claims none of fp32/fp16/bf16"
         )
         configs = [] if self.item.fresh_shapes or reason else grid_configurations(self.suite.profile, caps)
+        axes, why = free_axes(caps)
+        reason = reason or (None if configs else why)
         if not reason:
             try:
-                self._hypothesis(dtypes, configs)()
+                self._hypothesis(dtypes, configs, axes)()
             except _BudgetSpent:
                 pass
             except Unsatisfiable:
@@ -189,10 +208,10 @@ class SearchRun:
     def _dtypes(self) -> list[torch.dtype]:
         return sorted(self.suite.caps.dtypes & {torch.float32, torch.float16, torch.bfloat16}, key=str)
 
-    def _hypothesis(self, dtypes: list[torch.dtype], configs: list[Configuration]):
+    def _hypothesis(self, dtypes: list[torch.dtype], configs: list[Configuration], axes: dict[str, list[int]]):
         caps = self.suite.caps
         strategy = case_specs(self.suite.profile, family=FAMILY, dtypes=dtypes, variants=caps.variants,
-                              configurations=configs, decode_only=bool(getattr(caps, "decode_only", False)),
+                              configurations=configs, **axes, decode_only=bool(getattr(caps, "decode_only", False)),
                               default_scale_only=bool(getattr(caps, "default_scale_only", False)),
                               max_seq_len=caps.max_seq_len)  # fmt: skip
 
@@ -274,7 +293,7 @@ class SearchRun:
         fields: dict[str, Any] = dict(
             id=self.item.id, family=FAMILY, dtype="mixed", operation="attention", seed=self.item.index,
             examples=self.examples, budget_s=round(self.budget_s / self.item.count, 3), elapsed_s=round(elapsed, 3),
-            shapes="new" if self.item.fresh_shapes else f"grid ({len(configs)} configurations)",
+            shapes=f"grid ({len(configs)} configurations)" if configs else "new",
         )  # fmt: skip
         if reason:
             record(self.node, status="unsupported", reason=reason, **fields)

@@ -217,3 +217,18 @@ def test_search_items_find_save_and_replay(pytester):
     passing = pytester.runpytest_inprocess(*args, "--backend=planted.py:Correct", "--search-budget=2", "-v")
     passing.assert_outcomes(passed=2)
     passing.stdout.fnmatch_lines(["*test_search?seed0? PASSED*", "*test_search?seed1? PASSED*"])
+
+
+def test_fresh_draws_take_only_claimed_axes(tmp_path):
+    """A kernel built for head_dim 128 and block size 16 only (none of the small free draws)
+    still gets fresh draws, all claimed."""
+    backend = _planted().Correct()
+    backend.capabilities = Capabilities(head_dims={128}, block_sizes={16}, max_gqa_ratio=2)
+    axes, why = search.free_axes(backend.capabilities)
+    assert why is None and axes == {"head_dims": [128], "block_sizes": [16], "gqa_ratios": [1, 2]}
+    node = _node()
+    SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 3), budget_s=60.0).run()
+    assert recorded(node)["status"] == "passed" and recorded(node)["examples"] == 3, recorded(node)
+    assert search.free_axes(Capabilities(block_sizes={7}))[1] == (
+        "the backend claims none of the block sizes [1, 2, 3, 4, 8, 13, 16, 32, 128]"
+    )

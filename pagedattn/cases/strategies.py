@@ -17,6 +17,10 @@ from pagedattn.cases.spec import CaseSpec
 
 #: (max history, max sequences, max query heads) per profile
 BOUNDS = {"quick": (96, 3, 8), "standard": (1024, 6, 16), "thorough": (8192, 8, 32)}
+#: the free draws' axes (small head dims keep CPU runs short)
+FREE_HEAD_DIMS = HEAD_DIMS[:4]
+FREE_BLOCK_SIZES = (1, 2, 3, 4, 8, 13, 16, 32)
+FREE_GQA_RATIOS = (1, 2, 4, 8)
 
 
 _FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -68,15 +72,19 @@ def case_specs(
     variants: Collection[str] = frozenset(),
     *,
     configurations: Sequence[Configuration] = (),
+    head_dims: Sequence[int] = FREE_HEAD_DIMS,
+    block_sizes: Sequence[int] = FREE_BLOCK_SIZES,
+    gqa_ratios: Sequence[int] = FREE_GQA_RATIOS,
     decode_only: bool = False,
     default_scale_only: bool = False,
     max_seq_len: int | None = None,
 ) -> CaseSpec:
     """A ``CaseSpec`` with random ragged lengths, layout, scale and query gain.
 
-    Without ``configurations``: heads, head_dim, block size and dtype are drawn too, and any
-    of the ``variants`` (names from ``pagedattn.oracle.VARIANTS``) is switched on or off
-    (each shrinks towards off). With ``configurations``: one of them fixes those (and the
+    Without ``configurations``: heads, head_dim, block size and dtype are drawn too (from
+    ``gqa_ratios``, ``head_dims``, ``block_sizes`` and ``dtypes``), and any of the
+    ``variants`` (names from ``pagedattn.oracle.VARIANTS``) is switched on or off (each
+    shrinks towards off). With ``configurations``: one of them fixes those (and the
     variants that are on), so that a kernel which compiles per shape reuses its compiles.
 
     ``decode_only``: one new token per sequence. ``default_scale_only``: the scale stays
@@ -104,8 +112,9 @@ def case_specs(
         fp8 = [_FP8_NAMES[cfg.kv_dtype]] if cfg.kv_dtype is not None else []
     else:
         num_kv_heads = draw(st.sampled_from([1, 2]), label="num_kv_heads")
-        ratio = draw(st.sampled_from([r for r in (1, 2, 4, 8) if r * num_kv_heads <= max_heads]), label="gqa")
-        block_size = draw(st.sampled_from([1, 2, 3, 4, 8, 13, 16, 32]), label="block_size")
+        ratios = [r for r in gqa_ratios if r * num_kv_heads <= max_heads] or [min(gqa_ratios)]
+        ratio = draw(st.sampled_from(ratios), label="gqa")
+        block_size = draw(st.sampled_from(list(block_sizes)), label="block_size")
         on = [v for v in _SWITCHED if v in variants and draw(st.booleans(), label=f"use {v}")]
         fp8 = sorted(set(_FP8) & set(variants))
         fp8 = [draw(st.sampled_from(fp8), label="kv_dtype")] if fp8 and draw(st.booleans(), label="use fp8") else []
@@ -123,7 +132,7 @@ def case_specs(
         extra["k_scale"] = draw(st.sampled_from([0.37, 2.5]), label="k_scale")
         extra["v_scale"] = draw(st.sampled_from([1.9, 0.3]), label="v_scale")
     if not configurations:
-        shape["head_dim"] = draw(st.sampled_from(HEAD_DIMS[:4]), label="head_dim")
+        shape["head_dim"] = draw(st.sampled_from(list(head_dims)), label="head_dim")
         shape["dtype"] = draw(st.sampled_from(list(dtypes)), label="dtype")
     scale = None if default_scale_only else draw(st.one_of(st.none(), st.floats(0.01, 1.0)), label="scale")
     return CaseSpec(
