@@ -177,6 +177,7 @@ class SearchRun:
     smallest: tuple[CaseSpec, str, str, AttentionCheck | None] | None = None  # (spec, message, replay, check)
     worst: tuple[float, CaseSpec, AttentionCheck] | None = None  # the passing draw nearest its bound
     examples: int = 0
+    warmed: set[Configuration] = field(default_factory=set)  # configurations the backend's warmup has seen
     _deadline: float = 0.0
 
     def run(self) -> None:
@@ -261,7 +262,12 @@ class SearchRun:
             return None
         self.examples += 1
         pristine = case.clone()
+        warmup = getattr(self.suite.backend, "warmup", None)
         try:
+            if warmup is not None and Configuration.of(spec) not in self.warmed:
+                # a JIT backend compiles a new configuration here, outside any --case-timeout
+                self.warmed.add(Configuration.of(spec))
+                warmup(case.clone())
             out = self.suite.backend.paged_attention(case)
         except pytest.skip.Exception:  # the backend declined this case at run time
             self.examples -= 1

@@ -226,9 +226,13 @@ def test_fresh_draws_take_only_claimed_axes(tmp_path):
     backend.capabilities = Capabilities(head_dims={128}, block_sizes={16}, max_gqa_ratio=2)
     axes, why = search.free_axes(backend.capabilities)
     assert why is None and axes == {"head_dims": [128], "block_sizes": [16], "gqa_ratios": [1, 2]}
+    warmed = []
+    backend.warmup = lambda c: warmed.append((c.dtype, c.head_dim, c.block_size, c.num_heads, c.num_kv_heads))
     node = _node()
-    SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 3), budget_s=60.0).run()
-    assert recorded(node)["status"] == "passed" and recorded(node)["examples"] == 3, recorded(node)
+    SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 6), budget_s=60.0).run()
+    assert recorded(node)["status"] == "passed" and recorded(node)["examples"] == 6, recorded(node)
+    # the optional warmup: once per configuration, so a JIT compiles outside --case-timeout
+    assert warmed and len(warmed) == len(set(warmed)) and all(w[1:3] == (128, 16) for w in warmed), warmed
     assert search.free_axes(Capabilities(block_sizes={7}))[1] == (
         "the backend claims none of the block sizes [1, 2, 3, 4, 8, 13, 16, 32, 128]"
     )
