@@ -184,6 +184,8 @@ class SearchRun:
         """Search until the draws or the budget are spent; fail with the smallest failing case."""
         start = time.monotonic()
         self._deadline = start + self.budget_s / self.item.count
+        # in the record from the start, so that a fault of the search itself is reported too
+        record(self.node, id=self.item.id, family=FAMILY, dtype="mixed", operation="attention", status="error")
         caps, dtypes = self.suite.caps, self._dtypes()
         reason = caps.unsupported_reason(device=self.suite.device) or (
             None if dtypes else "the backend claims none of fp32/fp16/bf16"
@@ -295,24 +297,29 @@ class SearchRun:
 
     # --------------------------------------------------------------- report
     def _report(self, reason: str | None, elapsed: float, configs: list[Configuration]) -> None:
-        """The item's record (one place, for the report) and its outcome."""
+        """The item's record (the one place it is written, for the report) and its outcome."""
         fields: dict[str, Any] = dict(
-            id=self.item.id, family=FAMILY, dtype="mixed", operation="attention", seed=self.item.index,
-            examples=self.examples, budget_s=round(self.budget_s / self.item.count, 3), elapsed_s=round(elapsed, 3),
+            seed=self.item.index,
+            examples=self.examples,
+            budget_s=round(self.budget_s / self.item.count, 3),
+            elapsed_s=round(elapsed, 3),
             shapes=f"grid ({len(configs)} configurations)" if configs else "new",
-        )  # fmt: skip
+        )
+        check: AttentionCheck | None = None
         if reason:
-            record(self.node, status="unsupported", reason=reason, **fields)
+            fields.update(status="unsupported", reason=reason)
+        elif self.smallest is not None:
+            spec, message, replay, check = self.smallest
+            fields.update(status="failed", replay=replay, worst_case=repr(spec))
+        elif self.worst is not None:
+            _, spec, check = self.worst
+            fields.update(status=check.status, worst_case=repr(spec))
+        else:
+            fields.update(status="passed")
+        record(self.node, **fields, **({"metrics": check.metrics()} if check is not None else {}))
+        if reason:
             pytest.skip(f"unsupported: {reason}")
         if self.smallest is not None:
-            spec, message, replay, check = self.smallest
-            metrics = check.metrics() if check is not None else {}
-            record(self.node, status="failed", metrics=metrics, replay=replay, worst_case=repr(spec), **fields)
             pytest.fail(f"{spec.id} [attention]: {message}\n  replay: {replay}", pytrace=False)
-        if self.worst is None:
-            record(self.node, status="passed", **fields)
-            return
-        _, spec, check = self.worst
-        record(self.node, status=check.status, metrics=check.metrics(), worst_case=repr(spec), **fields)
-        if check.status == "warned":
+        if check is not None and check.status == "warned":
             warnings.warn(PagedAttnWarning(f"{spec.id}: {check}"), stacklevel=2)
