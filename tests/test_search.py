@@ -197,7 +197,7 @@ def test_search_items_find_save_and_replay(pytester):
     warning, and a replay that fails again."""
     pytester.makepyfile(planted=PLANTED)
     args = ["-p", "no:cacheprovider", "-W", "error::hypothesis.errors.HypothesisWarning", "--pyargs",
-            "pagedattn.conformance.test_search", "--report-json=report.json"]  # fmt: skip
+            "pagedattn.conformance.test_search", "--report-json=report.json", "--search-budget=10"]  # fmt: skip
     result = pytester.runpytest_inprocess(*args, "--backend=planted.py:RaisesOnLongHistories", "-k", "seed1")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
@@ -208,6 +208,7 @@ def test_search_items_find_save_and_replay(pytester):
     cases = json.loads((pytester.path / "report.json").read_text())["cases"]
     (rec,) = [c for c in cases if c["family"] == "search"]
     assert rec["id"] == "search-seed1" and rec["status"] == "failed" and rec["shapes"] == "new", rec
+    assert rec["budget_s"] == 5.0 and rec["elapsed_s"] < 5 * 5.0, rec
     assert "seqs=((41, 1),)" in rec["worst_case"], rec["worst_case"]
     replay = re.search(r"replay: (pytest .*)", out).group(1)
     assert replay == rec["replay"]
