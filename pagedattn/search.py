@@ -8,7 +8,8 @@ run (dtypes, head dims, block sizes, heads, variants: what a kernel compiles per
 shape), the second half draws new shapes too.
 
 Within an item, the budget covers finding and shrinking alike: a draw that would
-start after it stops the item. Every failing draw smaller than the smallest so far
+start after it stops the item, and a draw whose time, estimated from the draws so far,
+exceeds what is left is not run (a smaller one may still fit). Every failing draw smaller than the smallest so far
 is saved at once, with its replay command, so whatever stops the item, the smallest
 failing case found is on disk and in the report.
 """
@@ -120,6 +121,33 @@ def spec_size(spec: CaseSpec) -> tuple:
             spec.head_dim, sum(v is not None for v in variants) + spec.alibi + spec.sinks, spec.block_size)  # fmt: skip
 
 
+def spec_work(spec: CaseSpec) -> int:
+    """What a draw costs, in units its time grows with: query-key pairs times heads and
+    head_dim (the oracle and the check are dense), plus the cache it builds."""
+    pairs = sum(q * s for s, q in spec.seqs)
+    return (pairs * spec.num_heads + sum(s for s, _ in spec.seqs) * spec.num_kv_heads) * spec.head_dim
+
+
+@dataclass
+class Pace:
+    """Seconds per draw as ``overhead + rate * work``, from the draws so far: the overhead
+    is the fastest draw, the rate the time above it per unit of work over all draws (so
+    the large draws dominate it, not the noise of small ones)."""
+
+    draws: list[tuple[int, float]] = field(default_factory=list)  # (work, seconds)
+
+    def add(self, work: int, seconds: float) -> None:
+        self.draws.append((max(1, work), seconds))
+
+    def estimate(self, work: int) -> float:
+        """Seconds a draw of ``work`` should take; 0 before any draw."""
+        if not self.draws:
+            return 0.0
+        overhead = min(t for _, t in self.draws)
+        rate = sum(t - overhead for _, t in self.draws) / sum(w for w, _ in self.draws)
+        return overhead + rate * work
+
+
 class _BudgetSpent(BaseException):
     """Raised by a draw that would start after the budget: hypothesis lets a
     ``BaseException`` through at once, ending generation or shrinking alike."""
@@ -177,6 +205,8 @@ class SearchRun:
     smallest: tuple[CaseSpec, str, str, AttentionCheck | None] | None = None  # (spec, message, replay, check)
     worst: tuple[float, CaseSpec, AttentionCheck] | None = None  # the passing draw nearest its bound
     examples: int = 0
+    too_large: int = 0  # draws not run: their estimated time exceeded the budget left
+    pace: Pace = field(default_factory=Pace)
     warmed: set[Configuration] = field(default_factory=set)  # configurations the backend's warmup has seen
     _deadline: float = 0.0
 
@@ -246,9 +276,16 @@ class SearchRun:
 
     def _draw(self, spec: CaseSpec) -> None:
         if spec not in self.seen:
-            if time.monotonic() > self._deadline:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
                 raise _BudgetSpent
+            work = spec_work(spec)
+            if self.pace.estimate(work) > left:
+                self.too_large += 1  # would overrun the budget: a smaller draw may still fit
+                reject()
+            start = time.monotonic()
             self.seen[spec] = self._judge(spec)
+            self.pace.add(work, time.monotonic() - start)
         verdict = self.seen[spec]
         if verdict is None:
             reject()
@@ -301,6 +338,7 @@ class SearchRun:
         fields: dict[str, Any] = dict(
             seed=self.item.index,
             examples=self.examples,
+            skipped_too_large=self.too_large,
             budget_s=round(self.budget_s / self.item.count, 3),
             elapsed_s=round(elapsed, 3),
             shapes=f"grid ({len(configs)} configurations)" if configs else "new",

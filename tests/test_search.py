@@ -53,6 +53,14 @@ class Slow(Correct):
     def paged_attention(self, case):
         time.sleep(0.2)
         return super().paged_attention(case)
+
+
+class SlowOnLargeCases(Correct):
+    """Takes time in proportion to the query-key pairs: up to seconds on the largest draws."""
+
+    def paged_attention(self, case):
+        time.sleep(1e-5 * sum(q * s for q, s in zip(case.query_lens, case.seq_lens_list)) * case.num_heads)
+        return super().paged_attention(case)
 '''
 
 
@@ -170,6 +178,24 @@ def test_budget_bounds_the_search(tmp_path):
     # one draw (0.2 s of sleep plus the oracle) may start just before the budget ends
     assert elapsed < 5 * 1.0, f"a 1 s share of the budget took {elapsed:.1f} s"
     assert rec["examples"] < 1000
+
+
+def test_pace_estimates_from_the_large_draws():
+    pace = search.Pace()
+    assert pace.estimate(10**9) == 0.0  # nothing known yet: any draw may run
+    pace.add(100, 0.1)
+    pace.add(1000, 1.0)
+    assert pace.estimate(10_000) == pytest.approx(0.1 + 0.9 / 1100 * 10_000)
+
+
+def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path):
+    node = _node()
+    start = time.monotonic()
+    SearchRun(_suite(_planted().SlowOnLargeCases(), tmp_path), node, SearchItem(1, 2, 1000), budget_s=3.0).run()
+    elapsed = time.monotonic() - start
+    rec = recorded(node)
+    assert rec["status"] == "passed" and rec["skipped_too_large"] >= 1, rec
+    assert elapsed < 2 * 1.5, f"a 1.5 s share took {elapsed:.1f} s: a large draw overran it"
 
 
 def test_a_raising_backend_is_a_failure_with_a_replay(tmp_path):
