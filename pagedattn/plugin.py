@@ -90,14 +90,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="hypothesis draws for the search family (default: 25 quick, 100 standard, 300 thorough)",
+        help="hypothesis draws of the whole search family, shared by its items (default: 25 quick, 100 standard, "
+        "300 thorough)",
     )
     group.addoption(
         "--search-budget",
         type=positive_seconds,
         default=None,
         metavar="SECONDS",
-        help="time for the whole search family, finding and shrinking (default: 60 on a GPU, 30 on the CPU)",
+        help="seconds for the whole search family, finding and shrinking, shared by its items (default: 60 on a "
+        "GPU, 30 on the CPU)",
     )
     group.addoption(
         "--replay-dir",

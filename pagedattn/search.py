@@ -8,10 +8,10 @@ run (dtypes, head dims, block sizes, heads, variants: what a kernel compiles per
 shape), the second half draws new shapes too.
 
 Within an item, the budget covers finding and shrinking alike: a draw that would
-start after it stops the item, and a draw whose time, estimated from the draws so far,
-exceeds what is left is not run (a smaller one may still fit). Every failing draw smaller than the smallest so far
-is saved at once, with its replay command, so whatever stops the item, the smallest
-failing case found is on disk and in the report.
+start after it stops the item, and a draw whose time, estimated from the draws so
+far, exceeds what is left is not run (a smaller one may still fit). Every failing
+draw smaller than the smallest so far is saved at once, with its replay command, so
+whatever stops the item, the smallest failing case found is on disk and in the report.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ PINNED = [
         dtype=torch.bfloat16,
         layout="permuted",
         tag="pinned2",
-    ),  # fmt: skip
+    ),
 ]
 
 
