@@ -229,7 +229,7 @@ class _ReplaySpec:
     process (every test module asks for it); a bad file is one ``pytest.UsageError``
     naming the file and the problem, raised from ``pytest_configure``."""
 
-    _loaded: dict[str, tuple[Any, dict]] = {}
+    _loaded: dict[tuple, tuple[Any, dict]] = {}  # by path and modification time
 
     def __init__(self, path: str):
         self.path = path
@@ -242,7 +242,10 @@ class _ReplaySpec:
     @classmethod
     def load(cls, path: str) -> tuple[Any, dict]:
         """``(case, meta)`` of the file, or ``pytest.UsageError``."""
-        key = os.path.abspath(path)
+        try:
+            key: tuple = (os.path.abspath(path), os.stat(path).st_mtime_ns)
+        except OSError:
+            key = (os.path.abspath(path), None)  # load_case says what is wrong
         if key not in cls._loaded:
             try:
                 case, meta = load_case(path)
