@@ -2,7 +2,8 @@
 
 The search is split into items (``test_search[seed0]`` ... one per seed; how many
 depends on the profile) so that pytest-xdist spreads them; each item gets its share
-of ``--search-budget`` and its own fixed seed, so a run is reproducible. The first
+of ``--search-budget`` and its own fixed seed, so every run makes the same draws in
+the same order (how far it gets depends on the budget and the machine). The first
 half of the items draws within the configurations the profile's grid has already
 run (dtypes, head dims, block sizes, heads, variants: what a kernel compiles per
 shape), the second half draws new shapes too.
