@@ -263,3 +263,12 @@ def test_fresh_draws_take_only_claimed_axes(tmp_path):
     assert search.free_axes(Capabilities(block_sizes={7}))[1] == (
         "the backend claims none of the block sizes [1, 2, 3, 4, 8, 13, 16, 32, 128]"
     )
+
+
+def test_items_per_profile_each_in_its_own_xdist_group(pytester):
+    items, _ = pytester.inline_genitems("--pyargs", "pagedattn.conformance.test_search", "--backend=reference",
+                                        "--profile=standard", "--search-examples=10")  # fmt: skip
+    assert [i.name for i in items] == [f"test_search[seed{k}]" for k in range(search.ITEMS["standard"])]
+    groups = [m.args[0] for i in items for m in i.iter_markers("xdist_group")]
+    assert groups == [f"search-seed{k}" for k in range(len(items))]
+    assert [i.callspec.params["search_item"].max_examples for i in items] == [3] * len(items)  # 10 shared by 4
