@@ -46,11 +46,21 @@ def check_paged_inputs(
     field and the bound. Returns ``(seq_lens, query_start_loc)`` as lists: the values
     reach the host once, in one transfer, and serve the launch plan too.
 
-    ``alibi_slopes`` and ``sinks`` (``[num_heads]`` float32, optional) are checked for
-    NaN and infinity here, in that same transfer, because a separate check would cost
-    the launch a second device synchronization; their types, shapes and devices are
-    ``check_variants``' (one that is malformed is left to it). ``PagedCase`` checks the
-    same at construction, so the suite never hands a kernel a non-finite slope or sink."""
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the
+            query dtype or float8_e4m3fn/float8_e5m2.
+        block_tables: ``[num_seqs, max_blocks]`` int32; seq_lens: ``[num_seqs]`` int32;
+            query_start_loc: ``[num_seqs + 1]`` int32.
+        scale: a real number > 0 inside fp32's normal range, or ``None`` (the default).
+        out: optional ``[num_tokens, num_heads, head_dim]`` in the query dtype.
+        alibi_slopes, sinks: optional ``[num_heads]`` float32, checked for NaN and
+            infinity here, in the same transfer, because a separate check would cost the
+            launch a second device synchronization. Their types, shapes and devices are
+            ``check_variants``' (one that is malformed is left to it). ``PagedCase``
+            checks the same at construction, so the suite never hands a kernel a
+            non-finite slope or sink.
+    """
 
     def fail(field: str, msg: str) -> ValueError:
         return ValueError(f"paged_attention: {field}: {msg}")
