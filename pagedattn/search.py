@@ -278,7 +278,7 @@ class SearchRun:
     def _draw(self, spec: CaseSpec) -> None:
         if spec not in self.seen:
             left = self._deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self.pace.estimate(0) > left:  # not even the smallest draw would fit
                 raise _BudgetSpent
             work = spec_work(spec)
             if self.pace.estimate(work) > left:
