@@ -1,74 +1,32 @@
 """Search: hypothesis draws whole cases (ragged lengths, heads, layouts, dtypes, scales,
-and the attention variants the backend claims),
+and the attention variants the backend claims) within ``--search-budget`` seconds,
 ``hypothesis.target`` pushes toward the largest budget used, and a failure shrinks to a
 minimal case that is saved, with the command that replays it.
 
-Derandomized when the ``CI`` environment variable is set; ``--search-examples N``
-sets the number of draws (default per profile). Regressions found once are pinned
-with ``@example`` below.
+Split into items ``test_search[seed0]`` ... (their number per profile) that xdist spreads;
+each has its own fixed seed and its share of the budget and of ``--search-examples``.
+Regressions found once are pinned in ``pagedattn.search.PINNED``; the bookkeeping
+lives in ``pagedattn.search``.
 """
 
-import os
-
 import pytest
-import torch
-from hypothesis import HealthCheck, assume, example, given, settings, target
 
-from pagedattn.cases import CaseSpec
-from pagedattn.cases.strategies import case_specs
-from pagedattn.suite import record
+from pagedattn.search import SearchRun, budget_seconds, search_items
 
 FAMILY = "search"
-EXAMPLES = {"quick": 25, "standard": 100, "thorough": 300}
-
-# Cases that once exposed a bug in a kernel under test, kept forever.
-PINNED = [
-    # a single-token history at block size 1 (empty tiles after the first)
-    CaseSpec("search", ((1, 1), (2, 2)), num_heads=2, num_kv_heads=1, head_dim=48, block_size=1, tag="pinned1"),
-    # MQA, odd head_dim and block size, continuation ending one past a block boundary
-    CaseSpec(
-        "search",
-        ((27, 5),),
-        num_heads=8,
-        num_kv_heads=1,
-        head_dim=80,
-        block_size=13,
-        dtype=torch.bfloat16,
-        layout="permuted",
-        tag="pinned2",
-    ),  # fmt: skip
-]
 
 
-def test_search(pagedattn_suite, request):
-    suite = pagedattn_suite
-    n = request.config.getoption("--search-examples") or EXAMPLES[suite.profile]
-    dtypes = sorted(suite.caps.dtypes & {torch.float32, torch.float16, torch.bfloat16}, key=str)
-    reason = suite.caps.unsupported_reason(device=suite.device) or (
-        None if dtypes else "the backend claims none of fp32/fp16/bf16"
-    )
-    if reason:
-        record(request.node, id="search", family="search", dtype="mixed", operation="attention",
-               status="unsupported", reason=reason)  # fmt: skip
-        pytest.skip(f"unsupported: {reason}")
-    worst = {"budget": 0.0}
+def pytest_generate_tests(metafunc):
+    if "search_item" in metafunc.fixturenames:
+        config = metafunc.config
+        xdist = config.pluginmanager.hasplugin("xdist")
+        items = search_items(config.getoption("--profile"), config.getoption("--search-examples"))
+        marks = [[pytest.mark.xdist_group(item.id)] if xdist else [] for item in items]
+        metafunc.parametrize(
+            "search_item", [pytest.param(i, marks=m, id=f"seed{i.index}") for i, m in zip(items, marks)]
+        )
 
-    @settings(
-        max_examples=n,
-        deadline=None,
-        derandomize=bool(os.environ.get("CI")),
-        suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
-    # the variants the backend claims join the draws (each shrinks towards off)
-    @given(spec=case_specs(suite.profile, family="search", dtypes=dtypes, variants=suite.caps.variants))
-    @example(spec=PINNED[0])
-    @example(spec=PINNED[1])
-    def search(spec):
-        assume(spec.dtype in dtypes)
-        check = suite.search_case(request.node, spec)
-        if check is None:  # not claimed by the backend
-            assume(False)
-        worst["budget"] = max(worst["budget"], check.budget_used)
-        target(min(check.budget_used, 1e9), label="budget_used")
 
-    search()
+def test_search(pagedattn_suite, search_item, request):
+    budget = budget_seconds(request.config.getoption("--search-budget"), pagedattn_suite.device)
+    SearchRun(pagedattn_suite, request.node, search_item, budget).run()

@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import platform
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +22,8 @@ import torch
 from pagedattn._version import __version__
 from pagedattn.adapters.loading import BackendLoadError, available_backends, load_backend
 from pagedattn.cases import FAMILIES, PROFILES, grid, load_case
+from pagedattn.cases.io import CaseFileError
+from pagedattn.search import positive_seconds
 from pagedattn.suite import RECORD_KEY, Suite
 
 SUITE_KEY = pytest.StashKey["Suite | None"]()
@@ -89,7 +90,16 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="hypothesis draws for the search family (default: 25 quick, 100 standard, 300 thorough)",
+        help="hypothesis draws of the whole search family, shared by its items (default: 25 quick, 100 standard, "
+        "300 thorough)",
+    )
+    group.addoption(
+        "--search-budget",
+        type=positive_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="seconds for the whole search family, finding and shrinking, shared by its items (default: 60 on a "
+        "GPU, 30 on the CPU)",
     )
     group.addoption(
         "--replay-dir",
@@ -121,6 +131,8 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("--backend")
     if not spec:
         return
+    if config.getoption("--replay"):
+        _ReplaySpec.load(config.getoption("--replay"))  # a bad file: one usage error, now
     device = config.getoption("--device") or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise pytest.UsageError(f"--device={device}: torch sees no CUDA device here")
@@ -208,16 +220,44 @@ def _need_backend() -> str:
     return f"the conformance suite needs --backend=NAME (available: {names}), package.module:attr or file.py:attr"
 
 
+#: the families a saved case may name: those of the suite's modules (``FAMILY``)
+REPLAY_FAMILIES = frozenset(FAMILIES) | {"properties", "search-replay"}
+
+
 class _ReplaySpec:
-    """A saved case posing as a grid spec."""
+    """A saved case posing as a grid spec. ``_ReplaySpec(path)`` reads the file once per
+    process (every test module asks for it); a bad file is one ``pytest.UsageError``
+    naming the file and the problem, raised from ``pytest_configure``."""
+
+    _loaded: dict[tuple, tuple[Any, dict]] = {}  # by path and modification time
 
     def __init__(self, path: str):
         self.path = path
-        case, self.meta = load_case(path)
+        case, self.meta = self.load(path)
         self.family = self.meta.get("family", "replay")
-        self.id = "replay-" + self.meta.get("id", os.path.basename(path))
+        self.id = "replay-" + str(self.meta.get("id", os.path.basename(path)))
         self.operation = self.meta.get("operation", "attention")
         self._case = case
+
+    @classmethod
+    def load(cls, path: str) -> tuple[Any, dict]:
+        """``(case, meta)`` of the file, or ``pytest.UsageError``."""
+        try:
+            key: tuple = (os.path.abspath(path), os.stat(path).st_mtime_ns)
+        except OSError:
+            key = (os.path.abspath(path), None)  # load_case says what is wrong
+        if key not in cls._loaded:
+            try:
+                case, meta = load_case(path)
+            except CaseFileError as exc:
+                raise pytest.UsageError(f"--replay={exc}") from None
+            family = meta.get("family")
+            if family not in REPLAY_FAMILIES:
+                raise pytest.UsageError(
+                    f"--replay={path}: unknown family {family!r} (known: {', '.join(sorted(REPLAY_FAMILIES))})"
+                )
+            cls._loaded[key] = (case, meta)
+        return cls._loaded[key]
 
     def build(self, seed: int = 0):
         return self._case.clone()
@@ -273,14 +313,31 @@ def load_expectations(path: str | None) -> list[dict]:
     return entries
 
 
-def _glob(pattern: str) -> re.Pattern:
-    """``*`` and ``?`` wildcards only: brackets are literal, as in test names ``test_x[id]``."""
-    return re.compile(re.escape(pattern).replace(r"\*", ".*").replace(r"\?", ".") + r"\Z")
+def _glob(pattern: str, text: str) -> bool:
+    """Whether ``text`` matches ``pattern`` as a whole: ``*`` (any run) and ``?`` (any one
+    character) are the only wildcards; brackets are literal, as in test names ``test_x[id]``.
+
+    Greedy matching that remembers only the last ``*``: at most ``len(pattern) * len(text)``
+    steps whatever the pattern (a backtracking regex takes exponential time on many stars)."""
+    p = t = 0
+    star, resume = -1, 0  # the last star's position in the pattern; where its run ends in the text
+    while t < len(text):
+        if p < len(pattern) and pattern[p] == "*":
+            star, resume = p, t
+            p += 1
+        elif p < len(pattern) and pattern[p] in ("?", text[t]):
+            p += 1
+            t += 1
+        elif star >= 0:  # let the last star take one more character
+            resume += 1
+            p, t = star + 1, resume
+        else:
+            return False
+    return all(c == "*" for c in pattern[p:])
 
 
 def _matches(entry: dict, case_id: str, test_name: str) -> bool:
-    pattern = _glob(entry["case"])
-    return bool(pattern.match(case_id) or pattern.match(test_name))
+    return _glob(entry["case"], case_id) or _glob(entry["case"], test_name)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -184,30 +184,6 @@ class Suite:
         if status == "warned":
             warnings.warn(PagedAttnWarning(f"{spec.id}: {worst}"), stacklevel=3)
 
-    # --------------------------------------------------------------- search
-    def search_case(self, node: pytest.Item, spec) -> AttentionCheck | None:
-        """One hypothesis draw: ``None`` if unclaimed, else the check. A failure raises
-        ``AssertionError`` (so hypothesis shrinks it) after saving the case; the last
-        save is the shrunk, minimal case."""
-        case = spec.build().to(self.device)
-        if self.caps.case_reason(case):
-            return None
-        out = self.backend.paged_attention(case.clone())
-        check = check_attention(out, case, **self.policy)
-        prev = recorded(node)
-        record(node, id="search", family="search", dtype="mixed", operation="attention",
-               status="failed" if not check.passed else prev.get("status", "passed"))  # fmt: skip
-        if check.passed:
-            best = (prev.get("metrics") or {}).get("budget_used", -1.0)
-            if check.budget_used > best:
-                record(node, metrics=check.metrics(), worst_case=repr(spec))
-            return check
-        path = os.path.join(self.replay_dir, "search-minimal.pt")
-        save_case(case.to("cpu"), path, id=spec.id, family="search-replay", operation="attention")
-        replay = self.replay_command(os.path.relpath(path))
-        record(node, metrics=check.metrics(), replay=replay, worst_case=repr(spec))
-        raise AssertionError(f"{spec!r}\n{check}\n  replay: {replay}")
-
     # ------------------------------------------------------------ families
     @guarded
     def attention(self, node: pytest.Item, spec) -> AttentionCheck:

@@ -1,9 +1,17 @@
 """PagedCase: every validation rule raises a ValueError naming its field and bound."""
 
+import time
+import zipfile
+
+import numpy as np
 import pytest
 import torch
 
 from pagedattn import PagedCase
+from pagedattn.cases import CaseSpec, load_case, save_case
+from pagedattn.cases.io import CaseFileError
+from pagedattn.kernels import host
+from pagedattn.plugin import _glob
 from tests.helpers import make_case
 
 
@@ -115,6 +123,22 @@ BAD = {
         "value_cache",
         "must equal key_cache dtype",
     ),
+    # probed inputs that are not what they look like (issue 14)
+    "scale-string": (lambda g: _bad(g, scale="0.25"), "scale", "finite float > 0, got '0.25' of type str"),
+    "scale-bool": (lambda g: _bad(g, scale=True), "scale", "of type bool"),
+    "scale-complex": (lambda g: _bad(g, scale=0.25 + 0j), "scale", "of type complex"),
+    "scale-tensor": (lambda g: _bad(g, scale=torch.tensor(0.25)), "scale", "of type Tensor"),
+    "block-size-zero": (
+        lambda g: _bad(g, key_cache=g["key_cache"][:, :0], value_cache=g["value_cache"][:, :0]),
+        "key_cache",
+        "block_size (dimension 1) must be >= 1",
+    ),
+    "no-heads": (lambda g: _bad(g, query=g["query"][:, :0]), "query", "num_heads (dimension 1) must be >= 1"),
+    "meta": (
+        lambda g: {k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in g.items()},
+        "query",
+        "meta device",
+    ),
 }
 
 
@@ -152,8 +176,6 @@ def test_case_is_frozen(good):
 
 
 def test_variants_round_trip(good, tmp_path):
-    from pagedattn.cases import load_case, save_case
-
     case = PagedCase(**_bad(good, query=good["query"].float(),
                             key_cache=good["key_cache"].to(torch.float8_e5m2),
                             value_cache=good["value_cache"].to(torch.float8_e5m2),
@@ -171,3 +193,157 @@ def test_variants_round_trip(good, tmp_path):
     clone = case.clone()
     assert clone.sinks is not None and clone.sinks.data_ptr() != case.sinks.data_ptr()
     assert PagedCase(**good).variants == frozenset()
+
+
+def test_numpy_scalars_are_real_numbers(good):
+    assert PagedCase(**_bad(good, scale=np.float32(0.5))).scale == 0.5
+
+
+# ------------------------------------------------------------ the kernel's host checks
+def _host_args():
+    case = CaseSpec("t", ((9, 3), (5, 1)), num_heads=4, num_kv_heads=2, head_dim=16, block_size=4).build()
+    return dict(case.tensors())
+
+
+HOST_BAD = {
+    "scale-string": ("scale", "of type str", lambda a: a.update(scale="0.25")),
+    "scale-bool": ("scale", "of type bool", lambda a: a.update(scale=True)),
+    "scale-complex": ("scale", "of type complex", lambda a: a.update(scale=1j)),
+    "scale-over-fp32": ("scale", "outside fp32's normal range", lambda a: a.update(scale=1e39)),
+    "scale-under-fp32": ("scale", "outside fp32's normal range", lambda a: a.update(scale=1e-40)),
+    "block-size-zero": ("key_cache", "block_size (dimension 1) must be >= 1",
+                        lambda a: a.update(key_cache=a["key_cache"][:, :0], value_cache=a["value_cache"][:, :0])),
+    "meta": ("query", "meta device", lambda a: a.update({k: v.to("meta") for k, v in a.items()})),
+    "alibi-nan": ("alibi_slopes", "finite", lambda a: a.update(alibi_slopes=torch.tensor([0.5, float("nan"), 0, 0]))),
+    "sinks-inf": ("sinks", "finite", lambda a: a.update(sinks=torch.tensor([0.0, 0.0, float("-inf"), 0.0]))),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(HOST_BAD))
+def test_host_checks_name_field_and_bound(name):
+    field, text, change = HOST_BAD[name]
+    args = _host_args()
+    change(args)
+    with pytest.raises(ValueError) as info:
+        host.check_paged_inputs(**args)
+    msg = str(info.value)
+    assert msg.startswith(f"paged_attention: {field}:") and text in msg, f"{name}: {msg}"
+
+
+def test_host_finite_check_reads_the_device_once(monkeypatch):
+    """The slopes' and sinks' finiteness rides on the one transfer of the lengths."""
+    args = _host_args()
+    calls = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: calls.append(1) or real(self))
+    host.check_paged_inputs(**args, alibi_slopes=torch.ones(4), sinks=torch.zeros(4))
+    assert len(calls) == 1, f"{len(calls)} device-to-host transfers, expected one"
+
+
+HOST_BAD_VARIANTS = {
+    "scale-times-k-scale": ("k_scale", "scale * k_scale = 1e+40", dict(scale=1e20, k_scale=1e20)),
+    "default-scale-times-k-scale": ("k_scale", "outside fp32's normal range", dict(k_scale=2e39)),
+    "v-scale-over-fp32": ("v_scale", "outside fp32's normal range", dict(v_scale=3.5e38)),
+    "scale-string": ("scale", "of type str", dict(scale="0.25")),
+    "k-scale-bool": ("k_scale", "of type bool", dict(k_scale=True)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(HOST_BAD_VARIANTS))
+def test_host_variant_checks_name_field_and_bound(name):
+    field, text, kwargs = HOST_BAD_VARIANTS[name]
+    args = _host_args()
+    fp8 = args["key_cache"].to(torch.float8_e4m3fn)
+    with pytest.raises(ValueError) as info:
+        host.check_variants(args["query"], fp8, **kwargs)
+    msg = str(info.value)
+    assert msg.startswith(f"paged_attention: {field}:") and text in msg, f"{name}: {msg}"
+
+
+def test_host_accepts_what_a_case_accepts():
+    args = _host_args()
+    host.check_paged_inputs(**args, scale=np.float64(0.3), alibi_slopes=torch.ones(4), sinks=torch.zeros(4))
+    fp8 = args["key_cache"].to(torch.float8_e4m3fn)
+    assert host.check_variants(args["query"], fp8, scale=0.3, k_scale=1e30, v_scale=2.0).k_scale == 1e30
+
+
+# ------------------------------------------------------------------- saved case files
+def _write(path, payload):
+    torch.save(payload, path)
+    return path
+
+
+def _zip(path):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("x", "y")
+    return path
+
+
+def _state(case):
+    return {"format": "pagedattn-case/1", "tensors": dict(case.tensors()), "options": case.options(), "meta": {}}
+
+
+BAD_FILES = {
+    "missing": (lambda p, c: p, "no such file"),
+    "directory": (lambda p, c: p.mkdir() or p, "not a file"),
+    "text": (lambda p, c: (p.write_text("hello"), p)[1], "not a torch.save zip archive"),
+    "damaged-zip": (lambda p, c: _zip(p), "cannot be read as a saved case"),
+    "a-list": (lambda p, c: _write(p, [1, 2]), "format 'pagedattn-case/1' expected"),
+    "no-tensors": (lambda p, c: _write(p, {**_state(c), "tensors": 3}), "'tensors' must be a dict of tensors"),
+    "lacks-query": (lambda p, c: _write(p, {**_state(c), "tensors": {"seq_lens": c.seq_lens}}), "lacks query"),
+    "unknown-option": (lambda p, c: _write(p, {**_state(c), "options": {"bogus": 1}}), "'options' must be a dict"),
+    "invalid-case": (lambda p, c: _write(p, {**_state(c), "options": {"scale": -1.0}}),
+                     "holds an invalid case: PagedCase.scale"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_a_bad_case_file_is_one_error_naming_file_and_problem(name, tmp_path):
+    make, text = BAD_FILES[name]
+    path = make(tmp_path / "case.pt", CaseSpec("t", ((5, 2),)).build())
+    with pytest.raises(CaseFileError) as info:
+        load_case(path)
+    assert str(info.value).startswith(str(path)) and text in str(info.value), f"{name}: {info.value}"
+
+
+def test_replay_of_a_bad_file_is_one_usage_error(pytester, tmp_path):
+    case = CaseSpec("t", ((5, 2),)).build()
+    unknown = tmp_path / "unknown.pt"
+    save_case(case, unknown, family="no-such-family", id="x")
+    text = tmp_path / "text.pt"
+    text.write_text("hello")
+    for path, problem in ((unknown, "unknown family 'no-such-family'"), (text, "not a torch.save zip archive")):
+        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance",
+                                               "--backend=reference", "--replay", str(path))  # fmt: skip
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
+        errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
+        assert len(errors) == 1 and errors[0].startswith(f"ERROR: --replay={path}: "), result.stderr.lines
+        assert problem in errors[0], errors
+        assert "Traceback" not in result.stdout.str() + result.stderr.str()
+
+
+# -------------------------------------------------------------- expectation patterns
+@pytest.mark.parametrize(
+    "pattern, text, want",
+    [
+        ("decode-*-bf16-*", "decode-gqa2-bs16-d64-bf16-L70-B3", True),
+        ("decode-*-bf16", "decode-gqa2-bs16-d64-bf16-L70", False),
+        ("test_property[mixed-*-determinism]", "test_property[mixed-gqa2-determinism]", True),
+        ("test_x[?]", "test_x[a]", True),
+        ("test_x[ab]", "test_x[a]", False),  # brackets are literal, not a character class
+        ("*", "", True),
+        ("a*b*c", "abxbc", True),
+        ("a*b*c", "abxbcd", False),
+    ],
+)
+def test_expectation_pattern_semantics(pattern, text, want):
+    assert _glob(pattern, text) is want
+
+
+def test_expectation_patterns_match_in_linear_time():
+    pattern = "*a" * 14 + "b"  # a backtracking regex tries C(n, 14) splits of the text
+    text = "a" * 400
+    start = time.perf_counter()
+    assert not _glob(pattern, text)
+    elapsed = time.perf_counter() - start
+    assert elapsed < 0.5, f"a 14-star pattern took {elapsed:.2f} s on a 400-character id"

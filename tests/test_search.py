@@ -1,35 +1,274 @@
-"""The search family finds, shrinks, saves and replays a bug that needs a specific case."""
+"""The search family: a time budget over finding and shrinking, the smallest failing case
+saved at once with its replay, items that xdist spreads, draws on the grid's configurations
+first, and a failure message in the suite's shape."""
 
+import json
 import re
-import shutil
-from pathlib import Path
+import time
+import types
 
-HERE = Path(__file__).parent
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pagedattn.search as search
+from pagedattn import Capabilities
+from pagedattn.cases import CaseSpec, load_case, strategies
+from pagedattn.cases.strategies import Configuration, case_specs
+from pagedattn.search import SearchItem, SearchRun, grid_configurations, positive_seconds, search_items, spec_size
+from pagedattn.suite import Suite, recorded
+
+# Planted backends, written into each pytester directory (tests/bad_backends.py is another helper's).
+PLANTED = '''
+import time
+
+from pagedattn import Capabilities, paged_attention_reference
 
 
-def test_search_finds_shrinks_and_replays(pytester, monkeypatch):
-    monkeypatch.setenv("CI", "1")  # derandomized, as in CI
-    shutil.copy(HERE / "bad_backends.py", pytester.path / "bad_backends.py")
-    backend = f"--backend={pytester.path / 'bad_backends.py'}:OffForWideGroups"
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance.test_search", backend, "--search-examples=300"
+class Correct:
+    name = "correct"
+    capabilities = Capabilities()
+
+    def paged_attention(self, case):
+        return paged_attention_reference(case).to(case.dtype)
+
+
+class OffForWideGroups(Correct):
+    """Wrong only when the GQA group is 4 or more and a history spans more than 30 tokens."""
+
+    def paged_attention(self, case):
+        scale = case.scale * (1.02 if case.gqa_ratio >= 4 and case.max_seq_len > 30 else 1.0)
+        return paged_attention_reference(case.replace(scale=scale)).to(case.dtype)
+
+
+class RaisesOnLongHistories(Correct):
+    def paged_attention(self, case):
+        if case.max_seq_len > 40:
+            raise RuntimeError("kernel launch failed: too many resources requested")
+        return super().paged_attention(case)
+
+
+class Slow(Correct):
+    def paged_attention(self, case):
+        time.sleep(0.2)
+        return super().paged_attention(case)
+
+
+class SlowOnLargeCases(Correct):
+    """Takes time in proportion to the query-key pairs: up to seconds on the largest draws."""
+
+    def paged_attention(self, case):
+        time.sleep(1e-5 * sum(q * s for q, s in zip(case.query_lens, case.seq_lens_list)) * case.num_heads)
+        return super().paged_attention(case)
+'''
+
+
+def _planted():
+    return types.SimpleNamespace(**{k: v for k, v in _exec(PLANTED).items() if isinstance(v, type)})
+
+
+def _exec(source):
+    namespace: dict = {}
+    exec(compile(source, "planted.py", "exec"), namespace)
+    return namespace
+
+
+def _suite(backend, tmp_path, profile="quick"):
+    return Suite(backend=backend, backend_spec="planted.py:X", device="cpu", profile=profile,
+                 replay_dir=str(tmp_path / "failures"))  # fmt: skip
+
+
+def _node():
+    return types.SimpleNamespace(user_properties=[])
+
+
+# ---------------------------------------------------------------- in process
+def test_items_split_the_draws_and_half_stay_on_the_grid():
+    for profile, count in search.ITEMS.items():
+        items = search_items(profile, 100)
+        assert [i.index for i in items] == list(range(count)) and sum(i.max_examples for i in items) >= 100
+        assert [i.id for i in items][:2] == ["search-seed0", "search-seed1"]
+        fresh = [i.fresh_shapes for i in items]
+        assert fresh == sorted(fresh) and 0 < sum(fresh) < count + (count == 1), f"{profile}: {fresh}"
+
+
+def test_budget_option_accepts_positive_finite_seconds_only():
+    assert positive_seconds("2.5") == 2.5
+    for bad in ("0", "-1", "inf", "nan", "ten"):
+        with pytest.raises(ValueError, match="positive, finite seconds"):
+            positive_seconds(bad)
+    assert search.budget_seconds(None, "cuda:1") == 60.0 and search.budget_seconds(None, "cpu") == 30.0
+    assert search.budget_seconds(4.0, "cpu") == 4.0
+
+
+def test_grid_configurations_are_the_claimed_ones_simplest_first():
+    every = grid_configurations("quick", Capabilities(variants=frozenset({"sinks", "fp8_e4m3"})))
+    assert every == sorted(every, key=Configuration.sort_key) and len(every) == len(set(every))
+    assert any(c.variants == {"sinks"} for c in every) and any(c.kv_dtype == torch.float8_e4m3fn for c in every)
+    assert not any("sliding_window" in c.variants for c in every), "an unclaimed variant's configuration was kept"
+    narrow = Capabilities(dtypes=frozenset({torch.float32}), block_sizes={16}, max_gqa_ratio=2)
+    configs = grid_configurations("quick", narrow)
+    assert configs and all(
+        c.dtype == torch.float32 and c.block_size == 16 and c.num_heads // c.num_kv_heads <= 2 and not c.all_variants
+        for c in configs
     )
+
+
+CONFIGS = grid_configurations("quick", Capabilities(variants=frozenset({"sliding_window", "fp8_e5m2"})))
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(st.data())
+def test_draws_on_configurations_stay_on_them(data):
+    spec = data.draw(case_specs("quick", configurations=CONFIGS))
+    assert Configuration.of(spec) in CONFIGS
+    assert spec.build().num_seqs == len(spec.seqs)
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(case_specs("quick", decode_only=True, default_scale_only=True, max_seq_len=20))
+def test_draws_honour_decode_only_default_scale_and_max_seq_len(spec):
+    assert all(q == 1 and s <= 20 for s, q in spec.seqs) and spec.scale is None
+
+
+def test_size_orders_by_tokens_then_shape():
+    small = CaseSpec("search", ((31, 1),), num_heads=4, num_kv_heads=1)
+    assert spec_size(small) < spec_size(CaseSpec("search", ((32, 1),), num_heads=4, num_kv_heads=1))
+    assert spec_size(small) < spec_size(CaseSpec("search", ((31, 1),), num_heads=8, num_kv_heads=1))
+    assert spec_size(small) < spec_size(CaseSpec("search", ((31, 1),), num_heads=4, num_kv_heads=1, sinks=True))
+
+
+def test_every_smaller_failure_is_saved_at_once_and_the_smallest_reported(tmp_path, monkeypatch):
+    saved = []  # the size of every case saved, as spec_size measures it
+    real_save = search.save_case
+
+    def save(case, path, **meta):
+        saved.append((sum(case.seq_lens_list), sum(case.query_lens), case.num_seqs, case.num_heads, case.head_dim,
+                      len(case.variants), case.block_size))  # fmt: skip
+        real_save(case, path, **meta)
+
+    monkeypatch.setattr(search, "save_case", save)
+    monkeypatch.setitem(strategies.BOUNDS, "quick", (48, 2, 8))  # smaller draws, a faster test
+    node = _node()
+    run = SearchRun(_suite(_planted().OffForWideGroups(), tmp_path), node, SearchItem(1, 2, 300), budget_s=60.0)
+    with pytest.raises(pytest.fail.Exception) as info:
+        run.run()
+    assert run.smallest is not None
+    spec = run.smallest[0]
+    rec = recorded(node)
+    assert rec["status"] == "failed" and rec["worst_case"] == repr(spec) and rec["examples"] >= 1
+    assert saved and saved[-1] == spec_size(spec) and saved == sorted(set(saved), reverse=True), saved
+    # shrunk to the bug's edge: one decode sequence of 31 tokens in a group of 4 or more
+    assert spec.seqs == ((31, 1),) and spec.num_heads // spec.num_kv_heads >= 4, spec
+    case, meta = load_case(tmp_path / "failures" / "search-seed1.pt")
+    assert meta["family"] == "search-replay" and torch.equal(case.query, spec.build().query)
+    message = str(info.value)
+    assert message.startswith(f"{spec.id} [attention]: attention outside the error bound"), message
+    assert message.splitlines()[-1] == f"  replay: {rec['replay']}" and "--replay" in rec["replay"]
+
+
+def test_budget_bounds_the_search(tmp_path):
+    node = _node()
+    start = time.monotonic()
+    SearchRun(_suite(_planted().Slow(), tmp_path), node, SearchItem(0, 2, 1000), budget_s=2.0).run()
+    elapsed = time.monotonic() - start
+    rec = recorded(node)
+    assert rec["status"] == "passed" and rec["budget_s"] == 1.0 and rec["examples"] >= 1, rec
+    # one draw (0.2 s of sleep plus the oracle) may start just before the budget ends
+    assert elapsed < 5 * 1.0, f"a 1 s share of the budget took {elapsed:.1f} s"
+    assert rec["examples"] < 1000
+
+
+def test_pace_estimates_from_the_large_draws():
+    pace = search.Pace()
+    assert pace.estimate(10**9) == 0.0  # nothing known yet: any draw may run
+    pace.add(100, 0.1)
+    pace.add(1000, 1.0)
+    assert pace.estimate(10_000) == pytest.approx(0.1 + 0.9 / 1100 * 10_000)
+
+
+def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path):
+    node = _node()
+    start = time.monotonic()
+    SearchRun(_suite(_planted().SlowOnLargeCases(), tmp_path), node, SearchItem(1, 2, 1000), budget_s=3.0).run()
+    elapsed = time.monotonic() - start
+    rec = recorded(node)
+    assert rec["status"] == "passed" and rec["skipped_too_large"] >= 1, rec
+    assert elapsed < 2 * 1.5, f"a 1.5 s share took {elapsed:.1f} s: a large draw overran it"
+
+
+def test_a_raising_backend_is_a_failure_with_a_replay(tmp_path):
+    node = _node()
+    run = SearchRun(_suite(_planted().RaisesOnLongHistories(), tmp_path), node, SearchItem(1, 2, 200), budget_s=30.0)
+    with pytest.raises(pytest.fail.Exception, match=r"the backend raised RuntimeError: kernel launch failed"):
+        run.run()
+    assert run.smallest is not None and run.smallest[0].seqs == ((41, 1),), run.smallest[0]
+    assert "--replay" in recorded(node)["replay"]
+
+
+def test_unclaimed_everything_is_unsupported(tmp_path):
+    backend = _planted().Correct()
+    backend.capabilities = Capabilities(dtypes=frozenset({torch.float64}))
+    node = _node()
+    with pytest.raises(pytest.skip.Exception, match="claims none of fp32/fp16/bf16"):
+        SearchRun(_suite(backend, tmp_path), node, SearchItem(0, 2, 10), budget_s=5.0).run()
+    assert recorded(node)["status"] == "unsupported"
+
+
+# --------------------------------------------------------------- end to end
+def test_search_items_find_save_and_replay(pytester):
+    """Through pytest: the items, their records in the JSON report, the failure message in
+    the suite's shape (no test source, no Suite repr, no hypothesis banner), no hypothesis
+    warning, and a replay that fails again."""
+    pytester.makepyfile(planted=PLANTED)
+    args = ["-p", "no:cacheprovider", "-W", "error::hypothesis.errors.HypothesisWarning", "--pyargs",
+            "pagedattn.conformance.test_search", "--report-json=report.json", "--search-budget=10"]  # fmt: skip
+    result = pytester.runpytest_inprocess(*args, "--backend=planted.py:RaisesOnLongHistories", "-k", "seed1")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
-    shrunk = re.search(r"AssertionError: CaseSpec\(.*?num_heads=(\d+), num_kv_heads=(\d+)", out)
-    assert shrunk, out[-3000:]
-    assert int(shrunk.group(1)) // int(shrunk.group(2)) >= 4, "the shrunk case must keep a failing GQA group"
-    seqs = re.search(r"AssertionError: CaseSpec\(family='search', seqs=\(\((\d+), (\d+)\),\)", out)
-    assert seqs and int(seqs.group(1)) == 31, f"expected a shrink to one sequence of 31 tokens: {out[-2000:]}"
-    replay = re.search(r"replay: (pytest .*)", out).group(1).split()
-    again = pytester.runpytest_subprocess("-p", "no:cacheprovider", *replay[1:])
+    for noise in ("def test_search", "Suite(", "Failing test case", "Falsifying example", "Traceback", "Warning"):
+        assert noise not in out, f"{noise!r} in the output:\n{out[-3000:]}"
+    want = r"^search-\S+-L41 \[attention\]: the backend raised RuntimeError: kernel launch failed.*\n  replay: pytest "
+    assert re.search(want, out, re.M), out[-3000:]
+    cases = json.loads((pytester.path / "report.json").read_text())["cases"]
+    (rec,) = [c for c in cases if c["family"] == "search"]
+    assert rec["id"] == "search-seed1" and rec["status"] == "failed" and rec["shapes"] == "new", rec
+    assert rec["budget_s"] == 5.0 and rec["elapsed_s"] < 5 * 5.0, rec
+    assert "seqs=((41, 1),)" in rec["worst_case"], rec["worst_case"]
+    replay = re.search(r"replay: (pytest .*)", out).group(1)
+    assert replay == rec["replay"]
+    again = pytester.runpytest_inprocess("-p", "no:cacheprovider", *replay.split()[1:])
     again.assert_outcomes(failed=1)
 
+    passing = pytester.runpytest_inprocess(*args, "--backend=planted.py:Correct", "--search-budget=2", "-v")
+    passing.assert_outcomes(passed=2)
+    passing.stdout.fnmatch_lines(["*test_search?seed0? PASSED*", "*test_search?seed1? PASSED*"])
 
-def test_search_passes_a_correct_backend(pytester, monkeypatch):
-    monkeypatch.setenv("CI", "1")
-    result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance.test_search", "--backend=reference"
+
+def test_fresh_draws_take_only_claimed_axes(tmp_path):
+    """A kernel built for head_dim 128 and block size 16 only (none of the small free draws)
+    still gets fresh draws, all claimed."""
+    backend = _planted().Correct()
+    backend.capabilities = Capabilities(head_dims={128}, block_sizes={16}, max_gqa_ratio=2)
+    axes, why = search.free_axes(backend.capabilities)
+    assert why is None and axes == {"head_dims": [128], "block_sizes": [16], "gqa_ratios": [1, 2]}
+    warmed = []
+    backend.warmup = lambda c: warmed.append((c.dtype, c.head_dim, c.block_size, c.num_heads, c.num_kv_heads))
+    node = _node()
+    SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 6), budget_s=60.0).run()
+    assert recorded(node)["status"] == "passed" and recorded(node)["examples"] == 6, recorded(node)
+    # the optional warmup: once per configuration, so a JIT compiles outside --case-timeout
+    assert warmed and len(warmed) == len(set(warmed)) and all(w[1:3] == (128, 16) for w in warmed), warmed
+    assert search.free_axes(Capabilities(block_sizes={7}))[1] == (
+        "the backend claims none of the block sizes [1, 2, 3, 4, 8, 13, 16, 32, 128]"
     )
-    result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*search*mixed*1*0*"])
+
+
+def test_items_per_profile_each_in_its_own_xdist_group(pytester):
+    items, _ = pytester.inline_genitems("--pyargs", "pagedattn.conformance.test_search", "--backend=reference",
+                                        "--profile=standard", "--search-examples=10")  # fmt: skip
+    assert [i.name for i in items] == [f"test_search[seed{k}]" for k in range(search.ITEMS["standard"])]
+    groups = [m.args[0] for i in items for m in i.iter_markers("xdist_group")]
+    assert groups == [f"search-seed{k}" for k in range(len(items))]
+    assert [i.callspec.params["search_item"].max_examples for i in items] == [3] * len(items)  # 10 shared by 4

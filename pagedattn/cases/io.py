@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import os
+import zipfile
 from typing import Any
 
 import torch
 
-from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.case import _SCALAR_FIELDS, _TENSOR_FIELDS, OPTIONAL_TENSOR_FIELDS, PagedCase
 
 FORMAT = "pagedattn-case/1"
+
+
+class CaseFileError(ValueError):
+    """A file that does not hold a saved case; the message names the file and the problem."""
 
 
 def case_state(case: PagedCase) -> dict[str, Any]:
@@ -36,10 +41,49 @@ def save_case(case: PagedCase, path: str | os.PathLike, **meta: Any) -> None:
 
 
 def load_case(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[PagedCase, dict]:
-    """``(case, meta)`` as saved, on ``device``."""
-    payload = torch.load(path, map_location="cpu", weights_only=True)
+    """``(case, meta)`` as saved, on ``device``.
+
+    Raises:
+        CaseFileError: the file is missing or unreadable, is not a ``torch.save`` archive,
+            does not have the saved case's structure, or holds an invalid case; the
+            message names ``path`` and the problem.
+    """
+    if not os.path.isfile(path):
+        raise CaseFileError(f"{path}: no such file" if not os.path.exists(path) else f"{path}: not a file")
+    if not zipfile.is_zipfile(path):
+        raise CaseFileError(f"{path}: not a saved pagedattn case (not a torch.save zip archive)")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # torch raises many types for a damaged archive
+        raise CaseFileError(f"{path}: cannot be read as a saved case ({type(exc).__name__}: {exc})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a saved pagedattn case (format {FORMAT!r} expected)")
+        raise CaseFileError(f"{path}: not a saved pagedattn case (format {FORMAT!r} expected)")
     if "options" not in payload:  # files written before the variants existed
         payload["options"] = {"scale": payload.get("scale")}
-    return case_from_state(payload, device), payload["meta"]
+    problem = _structure_problem(payload)
+    if problem:
+        raise CaseFileError(f"{path}: {problem}")
+    try:
+        case = case_from_state(payload, device)
+    except ValueError as exc:
+        raise CaseFileError(f"{path}: holds an invalid case: {exc}") from None
+    return case, payload["meta"]
+
+
+def _structure_problem(payload: dict) -> str:
+    """``""`` when ``payload`` has the saved case's structure; else what is wrong."""
+    tensors, options, meta = payload.get("tensors"), payload.get("options"), payload.get("meta", {})
+    if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        return "'tensors' must be a dict of tensors"
+    missing = [f for f in _TENSOR_FIELDS if f not in tensors]
+    unknown = sorted(set(tensors) - set(_TENSOR_FIELDS) - set(OPTIONAL_TENSOR_FIELDS))
+    if missing:
+        return f"'tensors' lacks {', '.join(missing)}"
+    if unknown:
+        return f"'tensors' has unknown fields {', '.join(unknown)}"
+    if not isinstance(options, dict) or set(options) - set(_SCALAR_FIELDS):
+        return f"'options' must be a dict with keys among {list(_SCALAR_FIELDS)}"
+    if not isinstance(meta, dict):
+        return "'meta' must be a dict"
+    payload.setdefault("meta", meta)
+    return ""

@@ -6,6 +6,9 @@ axis shrinks toward the small end (one sequence, short history, block size 1).
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+from typing import NamedTuple
+
 import torch
 from hypothesis import strategies as st
 
@@ -14,22 +17,86 @@ from pagedattn.cases.spec import CaseSpec
 
 #: (max history, max sequences, max query heads) per profile
 BOUNDS = {"quick": (96, 3, 8), "standard": (1024, 6, 16), "thorough": (8192, 8, 32)}
+#: the free draws' axes (small head dims keep CPU runs short)
+FREE_HEAD_DIMS = HEAD_DIMS[:4]
+FREE_BLOCK_SIZES = (1, 2, 3, 4, 8, 13, 16, 32)
+FREE_GQA_RATIOS = (1, 2, 4, 8)
 
 
 _FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+_FP8_NAMES = {v: k for k, v in _FP8.items()}
+#: the variants a configuration switches on by name (an fp8 cache is its ``kv_dtype``)
+_SWITCHED = ("sliding_window", "logits_soft_cap", "alibi", "sinks")
+
+
+class Configuration(NamedTuple):
+    """What a kernel that compiles per shape specializes on: dtypes, head_dim, block size,
+    heads, and which variants are on. Lengths, layouts, scales and the variants'
+    parameters are runtime values and vary freely within one configuration.
+
+    ``variants``: names among ``sliding_window``, ``logits_soft_cap``, ``alibi``, ``sinks``
+    (an fp8 cache is ``kv_dtype``)."""
+
+    dtype: torch.dtype
+    head_dim: int
+    block_size: int
+    num_heads: int
+    num_kv_heads: int
+    kv_dtype: torch.dtype | None = None
+    variants: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, spec: CaseSpec) -> Configuration:
+        on = {"sliding_window": spec.sliding_window is not None, "logits_soft_cap": spec.soft_cap is not None,
+              "alibi": spec.alibi, "sinks": spec.sinks}  # fmt: skip
+        return cls(spec.dtype, spec.head_dim, spec.block_size, spec.num_heads, spec.num_kv_heads, spec.kv_dtype,
+                   frozenset(k for k, v in on.items() if v))  # fmt: skip
+
+    @property
+    def all_variants(self) -> frozenset[str]:
+        """Every variant name it uses, fp8 included (as ``PagedCase.variants`` names them)."""
+        return self.variants | ({_FP8_NAMES[self.kv_dtype]} if self.kv_dtype is not None else set())
+
+    def sort_key(self) -> tuple:
+        """Simplest first, so that a draw shrinks towards it."""
+        return (len(self.all_variants), self.num_heads, self.head_dim, self.block_size, DTYPES.index(self.dtype),
+                str(self.kv_dtype), sorted(self.variants))  # fmt: skip
 
 
 @st.composite
-def case_specs(draw, profile: str = "quick", family: str = "search", dtypes=DTYPES, variants=frozenset()) -> CaseSpec:
-    """A ``CaseSpec`` with random ragged lengths, heads, layout and dtype, and any of the
-    ``variants`` (names from ``pagedattn.oracle.VARIANTS``) switched on or off; each
-    shrinks towards off."""
+def case_specs(
+    draw,
+    profile: str = "quick",
+    family: str = "search",
+    dtypes: Sequence[torch.dtype] = DTYPES,
+    variants: Collection[str] = frozenset(),
+    *,
+    configurations: Sequence[Configuration] = (),
+    head_dims: Sequence[int] = FREE_HEAD_DIMS,
+    block_sizes: Sequence[int] = FREE_BLOCK_SIZES,
+    gqa_ratios: Sequence[int] = FREE_GQA_RATIOS,
+    decode_only: bool = False,
+    default_scale_only: bool = False,
+    max_seq_len: int | None = None,
+) -> CaseSpec:
+    """A ``CaseSpec`` with random ragged lengths, layout, scale and query gain.
+
+    Without ``configurations``: heads, head_dim, block size and dtype are drawn too (from
+    ``gqa_ratios``, ``head_dims``, ``block_sizes`` and ``dtypes``), and any of the
+    ``variants`` (names from ``pagedattn.oracle.VARIANTS``) is switched on or off (each
+    shrinks towards off). With ``configurations``: one of them fixes those (and the
+    variants that are on), so that a kernel which compiles per shape reuses its compiles.
+
+    ``decode_only``: one new token per sequence. ``default_scale_only``: the scale stays
+    ``head_dim ** -0.5``. ``max_seq_len`` caps the history below the profile's bound."""
     max_len, max_seqs, max_heads = BOUNDS[profile]
+    max_len = min(max_len, max_seq_len or max_len)
     num_seqs = draw(st.integers(1, max_seqs), label="num_seqs")
     seqs = []
+    kinds = ["decode"] if decode_only else ["decode", "prefill", "continuation"]
     for _ in range(num_seqs):
         seq_len = draw(st.integers(1, max_len), label="seq_len")
-        kind = draw(st.sampled_from(["decode", "prefill", "continuation"]), label="kind")
+        kind = draw(st.sampled_from(kinds), label="kind")
         if kind == "decode":
             q = 1
         elif kind == "prefill":
@@ -37,34 +104,43 @@ def case_specs(draw, profile: str = "quick", family: str = "search", dtypes=DTYP
         else:
             q = draw(st.integers(1, seq_len), label="query_len")
         seqs.append((seq_len, q))
-    num_kv_heads = draw(st.sampled_from([1, 2]), label="num_kv_heads")
-    ratio = draw(st.sampled_from([r for r in (1, 2, 4, 8) if r * num_kv_heads <= max_heads]), label="gqa")
-    block_size = draw(st.sampled_from([1, 2, 3, 4, 8, 13, 16, 32]), label="block_size")
+    if configurations:
+        cfg = draw(st.sampled_from(list(configurations)), label="configuration")
+        on: Collection[str] = cfg.variants
+        shape: dict = dict(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+                           block_size=cfg.block_size, dtype=cfg.dtype)  # fmt: skip
+        fp8 = [_FP8_NAMES[cfg.kv_dtype]] if cfg.kv_dtype is not None else []
+    else:
+        num_kv_heads = draw(st.sampled_from([1, 2]), label="num_kv_heads")
+        ratios = [r for r in gqa_ratios if r * num_kv_heads <= max_heads] or [min(gqa_ratios)]
+        ratio = draw(st.sampled_from(ratios), label="gqa")
+        block_size = draw(st.sampled_from(list(block_sizes)), label="block_size")
+        on = [v for v in _SWITCHED if v in variants and draw(st.booleans(), label=f"use {v}")]
+        fp8 = sorted(set(_FP8) & set(variants))
+        fp8 = [draw(st.sampled_from(fp8), label="kv_dtype")] if fp8 and draw(st.booleans(), label="use fp8") else []
+        shape = dict(num_heads=num_kv_heads * ratio, num_kv_heads=num_kv_heads, block_size=block_size)
     layout = draw(st.sampled_from(["sequential", "permuted", "interleaved"]), label="layout")
     extra: dict = {}
-    if "sliding_window" in variants and draw(st.booleans(), label="use sliding_window"):
+    if "sliding_window" in on:
         extra["sliding_window"] = draw(st.integers(1, max(s for s, _ in seqs) + 1), label="sliding_window")
-    if "logits_soft_cap" in variants and draw(st.booleans(), label="use soft_cap"):
+    if "logits_soft_cap" in on:
         extra["soft_cap"] = draw(st.sampled_from([50.0, 5.0, 1.0]), label="soft_cap")
-    if "alibi" in variants:
-        extra["alibi"] = draw(st.booleans(), label="alibi")
-    if "sinks" in variants:
-        extra["sinks"] = draw(st.booleans(), label="sinks")
-    fp8 = sorted(set(_FP8) & set(variants))
-    if fp8 and draw(st.booleans(), label="use fp8"):
-        extra["kv_dtype"] = _FP8[draw(st.sampled_from(fp8), label="kv_dtype")]
+    extra["alibi"] = "alibi" in on
+    extra["sinks"] = "sinks" in on
+    if fp8:
+        extra["kv_dtype"] = _FP8[fp8[0]]
         extra["k_scale"] = draw(st.sampled_from([0.37, 2.5]), label="k_scale")
         extra["v_scale"] = draw(st.sampled_from([1.9, 0.3]), label="v_scale")
+    if not configurations:
+        shape["head_dim"] = draw(st.sampled_from(list(head_dims)), label="head_dim")
+        shape["dtype"] = draw(st.sampled_from(list(dtypes)), label="dtype")
+    scale = None if default_scale_only else draw(st.one_of(st.none(), st.floats(0.01, 1.0)), label="scale")
     return CaseSpec(
         family,
         tuple(seqs),
-        num_heads=num_kv_heads * ratio,
-        num_kv_heads=num_kv_heads,
-        head_dim=draw(st.sampled_from(HEAD_DIMS[:4]), label="head_dim"),
-        block_size=block_size,
-        dtype=draw(st.sampled_from(list(dtypes)), label="dtype"),
         layout=layout,
-        scale=draw(st.one_of(st.none(), st.floats(0.01, 1.0)), label="scale"),
+        scale=scale,
         query_gain=draw(st.sampled_from([0.5, 1.0, 2.0, 4.0]), label="query_gain"),
+        **shape,
         **extra,
     )

@@ -13,6 +13,20 @@ from pagedattn.kernels.tlsim import next_power_of_2
 from pagedattn.oracle.case import FP8_DTYPES, positive_float_problem, sliding_window_problem
 
 _FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: the kernel receives its scales as fp32 arguments: outside fp32's normal range a scale
+#: would become inf or flush to 0 (every score 0) on the way in
+FP32_MAX = float(torch.finfo(torch.float32).max)
+FP32_TINY = float(torch.finfo(torch.float32).tiny)
+_DIMS = {"query": ("num_tokens", "num_heads", "head_dim"),
+         "key_cache": ("num_blocks", "block_size", "num_kv_heads", "head_dim")}  # fmt: skip
+
+
+def fp32_scale_problem(x: float) -> str:
+    """``""`` when the real number ``x > 0`` survives the conversion to an fp32 argument
+    (inside ``[FP32_TINY, FP32_MAX]``); else what is wrong."""
+    if not FP32_TINY <= x <= FP32_MAX:
+        return f"= {x:g} is outside fp32's normal range [{FP32_TINY:.3g}, {FP32_MAX:.4g}] (the kernel's fp32 argument)"
+    return ""
 
 
 def check_paged_inputs(
@@ -24,10 +38,29 @@ def check_paged_inputs(
     query_start_loc: torch.Tensor,
     scale: float | None = None,
     out: torch.Tensor | None = None,
+    *,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> tuple[list[int], list[int]]:
     """Every check the kernel needs before a launch; raises ``ValueError`` naming the
     field and the bound. Returns ``(seq_lens, query_start_loc)`` as lists: the values
-    reach the host once, in one transfer, and serve the launch plan too."""
+    reach the host once, in one transfer, and serve the launch plan too.
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the
+            query dtype or float8_e4m3fn/float8_e5m2.
+        block_tables: ``[num_seqs, max_blocks]`` int32; seq_lens: ``[num_seqs]`` int32;
+            query_start_loc: ``[num_seqs + 1]`` int32.
+        scale: a real number > 0 inside fp32's normal range, or ``None`` (the default).
+        out: optional ``[num_tokens, num_heads, head_dim]`` in the query dtype.
+        alibi_slopes, sinks: optional ``[num_heads]`` float32, checked for NaN and
+            infinity here, in the same transfer, because a separate check would cost the
+            launch a second device synchronization. Their types, shapes and devices are
+            ``check_variants``' (one that is malformed is left to it). ``PagedCase``
+            checks the same at construction, so the suite never hands a kernel a
+            non-finite slope or sink.
+    """
 
     def fail(field: str, msg: str) -> ValueError:
         return ValueError(f"paged_attention: {field}: {msg}")
@@ -56,14 +89,18 @@ def check_paged_inputs(
     for name, t in named.items():
         if t.device != dev:
             raise fail(name, f"is on {t.device}, query is on {dev}: one device for all")
+    if dev.type == "meta":
+        raise fail("query", "is on the meta device, which holds no values: nothing to compute")
     if key_cache.shape != value_cache.shape:
         raise fail("value_cache", f"shape {tuple(value_cache.shape)} != key_cache {tuple(key_cache.shape)}")
     T, Hq, D = query.shape
     N, bs, Hkv, Dk = key_cache.shape
     if Dk != D:
         raise fail("key_cache", f"head_dim {Dk} must equal query head_dim {D}")
-    if min(T, Hq, D, N, bs, Hkv) < 1:
-        raise fail("query", f"empty dimension in query {tuple(query.shape)} or cache {tuple(key_cache.shape)}")
+    for name, t in (("query", query), ("key_cache", key_cache)):
+        for i, axis in enumerate(_DIMS[name]):
+            if t.shape[i] < 1:
+                raise fail(name, f"{axis} (dimension {i}) must be >= 1, got shape {tuple(t.shape)}")
     if Hq % Hkv:
         raise fail("query", f"num_heads {Hq} must be a multiple of num_kv_heads {Hkv}")
     for name in ("query", "key_cache", "value_cache"):
@@ -83,16 +120,24 @@ def check_paged_inputs(
         raise fail("block_tables", f"has {block_tables.shape[0]} rows, seq_lens has {B}")
     if query_start_loc.shape[0] != B + 1:
         raise fail("query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {query_start_loc.shape[0]}")
-    if scale is not None and not (0.0 < float(scale) < float("inf")):
-        raise fail("scale", f"must be finite and > 0, got {scale}")
-    # Every value check in one device-to-host transfer: the lengths, the offsets, and per
-    # sequence whether a block id it uses is out of range (computed where the table lives).
+    if scale is not None:
+        problem = positive_float_problem(scale) or fp32_scale_problem(float(scale))
+        if problem:
+            raise fail("scale", problem)
+    # Every value check in one device-to-host transfer: the lengths, the offsets, per
+    # sequence whether a block id it uses is out of range (computed where the table lives),
+    # and whether the per-head variant tensors are finite.
     M = block_tables.shape[1]
     need = (seq_lens.long() + bs - 1) // bs  # [B]
     used = torch.arange(M, device=dev)[None, :] < need[:, None]  # [B, M]
     bad = (used & ((block_tables < 0) | (block_tables >= N))).any(dim=1)  # [B]
-    values = torch.cat([seq_lens.long(), query_start_loc.long(), bad.long()]).tolist()
-    lens, loc, bad_rows = values[:B], values[B : 2 * B + 1], values[2 * B + 1 :]
+    heads = {name: t for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)) if _per_head(t, Hq, dev)}
+    finite = [torch.isfinite(t).all().long().reshape(1) for t in heads.values() if t is not None]
+    values = torch.cat([seq_lens.long(), query_start_loc.long(), bad.long(), *finite]).tolist()
+    lens, loc, bad_rows = values[:B], values[B : 2 * B + 1], values[2 * B + 1 : 3 * B + 1]
+    for name, ok in zip(heads, values[3 * B + 1 :]):
+        if not ok:
+            raise fail(name, "must be finite (it holds NaN or infinity)")
     if loc[0] != 0 or loc[-1] != T:
         raise fail("query_start_loc", f"must start at 0 and end at num_tokens = {T}, got {loc[0]} .. {loc[-1]}")
     for b in range(B):
@@ -114,6 +159,11 @@ def check_paged_inputs(
         if out.stride(-1) != 1:
             raise fail("out", "the last dimension must be contiguous")
     return lens, loc
+
+
+def _per_head(t: object, num_heads: int, dev: torch.device) -> bool:
+    """Whether ``t`` is a well-formed per-head variant tensor (``[num_heads]`` float32 on ``dev``)."""
+    return isinstance(t, torch.Tensor) and t.shape == (num_heads,) and t.dtype == torch.float32 and t.device == dev
 
 
 @dataclass(frozen=True)
@@ -140,9 +190,16 @@ def check_variants(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     return_lse: bool = False,
+    scale: float | None = None,
 ) -> Variants:
     """The variants' arguments, checked on the host (no device transfer): ``ValueError``
-    naming the field and the bound."""
+    naming the field and the bound.
+
+    ``scale`` is the softmax scale as given to ``check_paged_inputs`` (``None``: the
+    default ``head_dim ** -0.5``): the kernel receives ``scale * k_scale`` as one fp32
+    argument, so that product must stay inside fp32's normal range. Whether
+    ``alibi_slopes`` and ``sinks`` are finite is checked by ``check_paged_inputs``, in
+    its one device transfer."""
 
     def fail(field: str, msg: str) -> ValueError:
         return ValueError(f"paged_attention: {field}: {msg}")
@@ -160,6 +217,16 @@ def check_variants(
             raise fail(name, problem)
     if (k_scale != 1.0 or v_scale != 1.0) and key_cache.dtype not in FP8_DTYPES:
         raise fail("k_scale", f"k_scale/v_scale apply to fp8 caches only; the cache is {key_cache.dtype}")
+    if scale is not None:
+        problem = positive_float_problem(scale)
+        if problem:
+            raise fail("scale", problem)
+    softmax_scale = float(query.shape[2]) ** -0.5 if scale is None else float(scale)
+    for name, x in (("k_scale", softmax_scale * float(k_scale)), ("v_scale", float(v_scale))):
+        problem = fp32_scale_problem(x)
+        if problem:
+            what = "scale * k_scale" if name == "k_scale" else "v_scale"
+            raise fail(name, f"{what} {problem}")
     num_heads = query.shape[1]
     for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
         if t is None:

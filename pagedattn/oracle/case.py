@@ -8,6 +8,7 @@ has to second-guess its input: a case that exists is a valid case.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -300,6 +301,9 @@ def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
     for name in _TENSOR_FIELDS:
         if getattr(case, name).device != dev:
             raise _fail(name, f"is on {getattr(case, name).device}, query is on {dev}: one device for all")
+    if dev.type == "meta":
+        # validation reads the lengths and tables, and the oracle reads everything
+        raise _fail("query", "is on the meta device, which holds no values: build the case on cpu or cuda")
 
     # shapes
     if k.shape != v.shape:
@@ -312,10 +316,11 @@ def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
     N, bs, Hkv, Dk = k.shape
     if Dk != D:
         raise _fail("key_cache", f"head_dim {Dk} must equal query head_dim {D}")
-    if D < 1 or Hq < 1 or T < 1:
-        raise _fail("query", f"every dimension must be >= 1, got shape {tuple(q.shape)}")
-    if N < 1 or bs < 1 or Hkv < 1:
-        raise _fail("key_cache", f"every dimension must be >= 1, got shape {tuple(k.shape)}")
+    for name, t, dims in (("query", q, ("num_tokens", "num_heads", "head_dim")),
+                          ("key_cache", k, ("num_blocks", "block_size", "num_kv_heads", "head_dim"))):  # fmt: skip
+        for i, dim in enumerate(dims):
+            if t.shape[i] < 1:
+                raise _fail(name, f"{dim} (dimension {i}) must be >= 1, got shape {tuple(t.shape)}")
     if Hq % Hkv != 0:
         raise _fail("query", f"num_heads {Hq} must be a multiple of num_kv_heads {Hkv}")
     B = case.seq_lens.shape[0]
@@ -326,9 +331,9 @@ def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
     if case.query_start_loc.shape[0] != B + 1:
         raise _fail("query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {case.query_start_loc.shape[0]}")
     if case.scale is not None:
-        s = float(case.scale)
-        if not (s > 0.0 and s < float("inf")):
-            raise _fail("scale", f"must be finite and > 0, got {case.scale}")
+        problem = positive_float_problem(case.scale)
+        if problem:
+            raise _fail("scale", problem)
 
     _validate_variants(case, Hq, dev)
 
@@ -376,8 +381,11 @@ def sliding_window_problem(w: object) -> str:
 
 
 def positive_float_problem(x: object) -> str:
-    """``""`` when ``x`` is a finite float (or int) > 0; else what is wrong."""
-    if isinstance(x, bool) or not isinstance(x, (int, float)) or not (0.0 < float(x) < float("inf")):
+    """``""`` when ``x`` is a real number (a Python or NumPy int or float, not a bool, a
+    string, a complex or a tensor) that is finite and > 0; else what is wrong."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return f"must be a finite float > 0, got {x!r} of type {type(x).__name__}"
+    if not 0.0 < float(x) < float("inf"):
         return f"must be a finite float > 0, got {x!r}"
     return ""
 

@@ -1,0 +1,364 @@
+"""The search family: hypothesis draws whole cases within a time budget.
+
+The search is split into items (``test_search[seed0]`` ... one per seed; how many
+depends on the profile) so that pytest-xdist spreads them; each item gets its share
+of ``--search-budget`` and its own fixed seed, so every run makes the same draws in
+the same order (how far it gets depends on the budget and the machine). The first
+half of the items draws within the configurations the profile's grid has already
+run (dtypes, head dims, block sizes, heads, variants: what a kernel compiles per
+shape), the second half draws new shapes too.
+
+Within an item, the budget covers finding and shrinking alike: a draw that would
+start after it stops the item, and a draw whose time, estimated from the draws so
+far, exceeds what is left is not run (a smaller one may still fit). Every failing
+draw smaller than the smallest so far is saved at once, with its replay command, so
+whatever stops the item, the smallest failing case found is on disk and in the report.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, Verbosity, example, given, reject, seed, settings, target
+from hypothesis.errors import Unsatisfiable
+
+from pagedattn.cases import CaseSpec, grid, save_case
+from pagedattn.cases.grid import BLOCK_SIZES, FAMILIES, HEAD_DIMS
+from pagedattn.cases.strategies import FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS, Configuration, case_specs
+from pagedattn.isolation import BackendFault
+from pagedattn.oracle import check_attention
+from pagedattn.oracle.policy import AttentionCheck
+from pagedattn.suite import PagedAttnWarning, Suite, record
+
+FAMILY = "search"
+#: hypothesis draws of the whole search (all items together), per profile
+EXAMPLES = {"quick": 25, "standard": 100, "thorough": 300}
+#: items the search is split into, per profile (at most one per xdist worker is useful)
+ITEMS = {"quick": 2, "standard": 4, "thorough": 8}
+#: seconds for the whole search (finding and shrinking) when ``--search-budget`` is not given
+DEFAULT_BUDGET = {"cuda": 60.0, "cpu": 30.0}
+#: the families whose grid configurations a compile-per-shape kernel has compiled for
+#: ``attention`` (``lse`` returns more, gather and cache writes are other kernels)
+_ATTENTION_FAMILIES = tuple(f for f in FAMILIES if f not in ("gather", "cache_write", "lse"))
+
+# Cases that once exposed a bug in a kernel under test, kept forever (run first, by item 0).
+PINNED = [
+    # a single-token history at block size 1 (empty tiles after the first)
+    CaseSpec("search", ((1, 1), (2, 2)), num_heads=2, num_kv_heads=1, head_dim=48, block_size=1, tag="pinned1"),
+    # MQA, odd head_dim and block size, continuation ending one past a block boundary
+    CaseSpec(
+        "search",
+        ((27, 5),),
+        num_heads=8,
+        num_kv_heads=1,
+        head_dim=80,
+        block_size=13,
+        dtype=torch.bfloat16,
+        layout="permuted",
+        tag="pinned2",
+    ),
+]
+
+
+def positive_seconds(text: str) -> float:
+    """``--search-budget``'s type: positive, finite seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value < math.inf:
+        raise ValueError(f"must be positive, finite seconds, got {text!r}")
+    return value
+
+
+def budget_seconds(option: float | None, device: str) -> float:
+    """The whole search's budget: the option, else 60 s on a GPU and 30 s on the CPU."""
+    if option is not None:
+        return option
+    return DEFAULT_BUDGET["cuda" if str(device).startswith("cuda") else "cpu"]
+
+
+def grid_configurations(profile: str, caps: Any) -> list[Configuration]:
+    """The configurations of the profile's attention grid that ``caps`` claims, simplest first."""
+    found = {Configuration.of(s) for f in _ATTENTION_FAMILIES for s in grid(profile, f)}
+    claimed = [
+        c
+        for c in found
+        if caps.unsupported_reason(dtype=c.dtype, head_dim=c.head_dim, block_size=c.block_size,
+                                   gqa_ratio=c.num_heads // c.num_kv_heads, variants=c.all_variants) is None
+    ]  # fmt: skip
+    return sorted(claimed, key=Configuration.sort_key)
+
+
+def free_axes(caps: Any) -> tuple[dict[str, list[int]], str | None]:
+    """The head dims, block sizes and GQA ratios that fresh draws take: those of the free
+    draws that ``caps`` claims (else the grid's others it claims); and why none, if so."""
+    axes: dict[str, list[int]] = {}
+    for name, key, candidates in (("head_dims", "head_dim", (FREE_HEAD_DIMS, HEAD_DIMS)),
+                                  ("block_sizes", "block_size", (FREE_BLOCK_SIZES, BLOCK_SIZES)),
+                                  ("gqa_ratios", "gqa_ratio", (FREE_GQA_RATIOS,))):  # fmt: skip
+        for values in candidates:
+            axes[name] = [x for x in values if caps.unsupported_reason(**{key: x}) is None]
+            if axes[name]:
+                break
+        else:
+            tried = sorted({x for values in candidates for x in values})
+            return axes, f"the backend claims none of the {key.replace('_', ' ')}s {tried}"
+    return axes, None
+
+
+def spec_size(spec: CaseSpec) -> tuple:
+    """How large a case is, for "the smallest failing case so far": history and query
+    tokens first, then sequences, heads, head_dim, variants, block size."""
+    variants = (spec.sliding_window, spec.soft_cap, spec.kv_dtype)
+    return (sum(s for s, _ in spec.seqs), sum(q for _, q in spec.seqs), len(spec.seqs), spec.num_heads,
+            spec.head_dim, sum(v is not None for v in variants) + spec.alibi + spec.sinks, spec.block_size)  # fmt: skip
+
+
+def spec_work(spec: CaseSpec) -> int:
+    """What a draw costs, in units its time grows with: query-key pairs times heads and
+    head_dim (the oracle and the check are dense), plus the cache it builds."""
+    pairs = sum(q * s for s, q in spec.seqs)
+    return (pairs * spec.num_heads + sum(s for s, _ in spec.seqs) * spec.num_kv_heads) * spec.head_dim
+
+
+@dataclass
+class Pace:
+    """Seconds per draw as ``overhead + rate * work``, from the draws so far: the overhead
+    is the fastest draw, the rate the time above it per unit of work over all draws (so
+    the large draws dominate it, not the noise of small ones)."""
+
+    draws: list[tuple[int, float]] = field(default_factory=list)  # (work, seconds)
+
+    def add(self, work: int, seconds: float) -> None:
+        self.draws.append((max(1, work), seconds))
+
+    def estimate(self, work: int) -> float:
+        """Seconds a draw of ``work`` should take; 0 before any draw."""
+        if not self.draws:
+            return 0.0
+        overhead = min(t for _, t in self.draws)
+        rate = sum(t - overhead for _, t in self.draws) / sum(w for w, _ in self.draws)
+        return overhead + rate * work
+
+
+class _BudgetSpent(BaseException):
+    """Raised by a draw that would start after the budget: hypothesis lets a
+    ``BaseException`` through at once, ending generation or shrinking alike."""
+
+
+class _Failed(AssertionError):
+    """A failing draw (hypothesis shrinks on it)."""
+
+
+@dataclass
+class _Verdict:
+    """What one draw gave: ``None`` message = passed."""
+
+    message: str | None
+    check: AttentionCheck | None = None
+
+
+@dataclass(frozen=True)
+class SearchItem:
+    """One item of the search: its index (its seed), how many items share the search,
+    and its share of the draws."""
+
+    index: int
+    count: int
+    max_examples: int
+
+    @property
+    def id(self) -> str:
+        return f"search-seed{self.index}"
+
+    @property
+    def fresh_shapes(self) -> bool:
+        """The second half of the items draws new shapes; the first stays on the grid's."""
+        return self.index >= (self.count + 1) // 2
+
+
+def search_items(profile: str, examples: int | None = None) -> list[SearchItem]:
+    """The items of one search: ``ITEMS[profile]`` of them, sharing ``examples`` draws
+    (default ``EXAMPLES[profile]``)."""
+    count = ITEMS[profile]
+    n = examples or EXAMPLES[profile]
+    return [SearchItem(i, count, max(1, -(-n // count))) for i in range(count)]
+
+
+@dataclass
+class SearchRun:
+    """One item's search over ``suite``'s backend, reported on the test item ``node``;
+    ``budget_s`` is the whole search's budget (the item takes its share)."""
+
+    suite: Suite
+    node: pytest.Item
+    item: SearchItem
+    budget_s: float
+    seen: dict[CaseSpec, _Verdict | None] = field(default_factory=dict)  # None: not claimed
+    smallest: tuple[CaseSpec, str, str, AttentionCheck | None] | None = None  # (spec, message, replay, check)
+    worst: tuple[float, CaseSpec, AttentionCheck] | None = None  # the passing draw nearest its bound
+    examples: int = 0
+    too_large: int = 0  # draws not run: their estimated time exceeded the budget left
+    pace: Pace = field(default_factory=Pace)
+    warmed: set[Configuration] = field(default_factory=set)  # configurations the backend's warmup has seen
+    _deadline: float = 0.0
+
+    def run(self) -> None:
+        """Search until the draws or the budget are spent; fail with the smallest failing case."""
+        start = time.monotonic()
+        self._deadline = start + self.budget_s / self.item.count
+        # in the record from the start, so that a fault of the search itself is reported too
+        record(self.node, id=self.item.id, family=FAMILY, dtype="mixed", operation="attention", status="error")
+        caps, dtypes = self.suite.caps, self._dtypes()
+        reason = caps.unsupported_reason(device=self.suite.device) or (
+            None if dtypes else "the backend claims none of fp32/fp16/bf16"
+        )
+        configs = [] if self.item.fresh_shapes or reason else grid_configurations(self.suite.profile, caps)
+        axes, why = free_axes(caps)
+        reason = reason or (None if configs else why)
+        if not reason:
+            try:
+                self._hypothesis(dtypes, configs, axes)()
+            except _BudgetSpent:
+                pass
+            except Unsatisfiable:
+                pass  # judged below: no claimed draw at all is unsupported
+            except Exception:
+                if self.smallest is None:
+                    raise  # not a backend's failure: a fault of the search itself
+            if not self.examples and self.smallest is None:
+                reason = "no drawn case was claimed by the backend"
+        self._report(reason, time.monotonic() - start, configs)
+
+    # ----------------------------------------------------------- hypothesis
+    def _dtypes(self) -> list[torch.dtype]:
+        return sorted(self.suite.caps.dtypes & {torch.float32, torch.float16, torch.bfloat16}, key=str)
+
+    def _hypothesis(self, dtypes: list[torch.dtype], configs: list[Configuration], axes: dict[str, list[int]]):
+        caps = self.suite.caps
+        strategy = case_specs(self.suite.profile, family=FAMILY, dtypes=dtypes, variants=caps.variants,
+                              configurations=configs, **axes, decode_only=bool(getattr(caps, "decode_only", False)),
+                              default_scale_only=bool(getattr(caps, "default_scale_only", False)),
+                              max_seq_len=caps.max_seq_len)  # fmt: skip
+
+        @seed(self.item.index)
+        @settings(
+            max_examples=self.item.max_examples,
+            deadline=None,
+            database=None,  # the replay file is the record; a database would make seeds non-reproducible
+            derandomize=False,  # @seed fixes the draws
+            phases=[Phase.explicit, Phase.generate, Phase.target, Phase.shrink],
+            suppress_health_check=[
+                HealthCheck.too_slow,
+                HealthCheck.filter_too_much,
+                HealthCheck.data_too_large,
+                HealthCheck.large_base_example,
+            ],  # fmt: skip
+            verbosity=Verbosity.quiet,  # the failure is reported by the suite, in its own shape
+            print_blob=False,
+            report_multiple_bugs=False,
+        )
+        @given(spec=strategy)
+        def search(spec: CaseSpec) -> None:
+            self._draw(spec)
+
+        if self.item.index == 0:
+            for pinned in reversed(PINNED):
+                search = example(spec=pinned)(search)
+        return search
+
+    def _draw(self, spec: CaseSpec) -> None:
+        if spec not in self.seen:
+            left = self._deadline - time.monotonic()
+            if left <= 0 or self.pace.estimate(0) > left:  # not even the smallest draw would fit
+                raise _BudgetSpent
+            work = spec_work(spec)
+            if self.pace.estimate(work) > left:
+                self.too_large += 1  # would overrun the budget: a smaller draw may still fit
+                reject()
+            start = time.monotonic()
+            self.seen[spec] = self._judge(spec)
+            self.pace.add(work, time.monotonic() - start)
+        verdict = self.seen[spec]
+        if verdict is None:
+            reject()
+        if verdict.message is not None:
+            raise _Failed(verdict.message)
+        if verdict.check is not None:
+            target(min(verdict.check.budget_used, 1e9), label="budget_used")
+
+    def _judge(self, spec: CaseSpec) -> _Verdict | None:
+        """Run one draw: ``None`` when the backend does not claim it."""
+        case = spec.build().to(self.suite.device)
+        if self.suite.caps.case_reason(case, "attention"):
+            return None
+        self.examples += 1
+        pristine = case.clone()
+        warmup = getattr(self.suite.backend, "warmup", None)
+        try:
+            if warmup is not None and Configuration.of(spec) not in self.warmed:
+                # a JIT backend compiles a new configuration here, outside any --case-timeout
+                self.warmed.add(Configuration.of(spec))
+                warmup(case.clone())
+            out = self.suite.backend.paged_attention(case)
+        except pytest.skip.Exception:  # the backend declined this case at run time
+            self.examples -= 1
+            return None
+        except BackendFault as exc:
+            return self._failed(spec, pristine, f"backend fault: {exc}")
+        except Exception as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            return self._failed(spec, pristine, f"the backend raised {type(exc).__name__}: {first}")
+        check = check_attention(out, pristine, **self.suite.policy)
+        if not check.passed:
+            return self._failed(spec, pristine, str(check), check)
+        if self.worst is None or check.budget_used > self.worst[0]:
+            self.worst = (check.budget_used, spec, check)
+        return _Verdict(None, check)
+
+    def _failed(self, spec: CaseSpec, case, message: str, check: AttentionCheck | None = None) -> _Verdict:
+        """A failing draw; saved (replacing the saved one) when it is the smallest so far."""
+        if self.smallest is None or spec_size(spec) < spec_size(self.smallest[0]):
+            path = os.path.join(self.suite.replay_dir, f"{self.item.id}.pt")
+            save_case(case.to("cpu"), path, id=spec.id, family="search-replay", operation="attention")
+            rel = os.path.relpath(path)
+            self.smallest = (spec, message, self.suite.replay_command(path if rel.startswith("..") else rel), check)
+        return _Verdict(message, check)
+
+    # --------------------------------------------------------------- report
+    def _report(self, reason: str | None, elapsed: float, configs: list[Configuration]) -> None:
+        """The item's record (the one place it is written, for the report) and its outcome."""
+        fields: dict[str, Any] = dict(
+            seed=self.item.index,
+            examples=self.examples,
+            skipped_too_large=self.too_large,
+            budget_s=round(self.budget_s / self.item.count, 3),
+            elapsed_s=round(elapsed, 3),
+            shapes=f"grid ({len(configs)} configurations)" if configs else "new",
+        )
+        check: AttentionCheck | None = None
+        if reason:
+            fields.update(status="unsupported", reason=reason)
+        elif self.smallest is not None:
+            spec, message, replay, check = self.smallest
+            fields.update(status="failed", replay=replay, worst_case=repr(spec))
+        elif self.worst is not None:
+            _, spec, check = self.worst
+            fields.update(status=check.status, worst_case=repr(spec))
+        else:
+            fields.update(status="passed")
+        record(self.node, **fields, **({"metrics": check.metrics()} if check is not None else {}))
+        if reason:
+            pytest.skip(f"unsupported: {reason}")
+        if self.smallest is not None:
+            pytest.fail(f"{spec.id} [attention]: {message}\n  replay: {replay}", pytrace=False)
+        if check is not None and check.status == "warned":
+            warnings.warn(PagedAttnWarning(f"{spec.id}: {check}"), stacklevel=2)
