@@ -143,7 +143,7 @@ class SGLangDecodeBackend:
         k_buffer, v_buffer = _token_pool(case)
         kv_indptr, kv_indices = token_kv_indices(case)
         if case.sliding_window is not None:  # the window's keys only, as SGLang feeds sliding-window layers
-            keep = [kv_indices[s : e][-case.sliding_window :] for s, e in zip(kv_indptr[:-1], kv_indptr[1:])]
+            keep = [kv_indices[s:e][-case.sliding_window :] for s, e in zip(kv_indptr[:-1], kv_indptr[1:])]
             kv_indptr = torch.tensor([0] + [len(k) for k in keep], device=dev).cumsum(0).to(torch.int32)
             kv_indices = torch.cat(keep)
         lens = (kv_indptr[1:] - kv_indptr[:-1]).tolist()
@@ -235,7 +235,8 @@ class SGLangExtendBackend:
 
 
 def _window_one(case: PagedCase, operation: str) -> str | None:
-    """SGLang's extend kernel cannot express a window of one key (see ``EXTEND_WINDOW_1``)."""
+    """A window of one key (W = 1) is excluded: SGLang's extend kernel reads sliding_window_size = W - 1 = 0 as
+    no window."""
     return EXTEND_WINDOW_1 if case.sliding_window == 1 else None
 
 
