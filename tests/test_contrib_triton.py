@@ -9,6 +9,7 @@ limits, not the real kernels' numerics (docs/results/conformance-matrix-triton.m
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 from pathlib import Path
 
@@ -188,3 +189,22 @@ def test_an_adapter_file_imports_its_sibling_helpers(tmp_path):
         sys.modules.pop("my_helpers", None)
     assert backend.name == "sibling-scale"
     assert sys.path == before, "the adapter's directory must leave sys.path once the file is loaded"
+
+
+# ------------------------------------------------------------------ through the plugin
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ADAPTERS))
+def test_the_suite_runs_each_adapter_by_its_module_path(name, pytester, monkeypatch):
+    """The route a user takes: ``--backend=package.module:Class``, the package on the path."""
+    import json
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDINS), os.environ.get("PYTHONPATH", "")]))
+    module, cls, _ = ADAPTERS[name]
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance", f"--backend={module}:{cls}",
+        "--report-json=r.json", "-k", "decode or window or sinks",
+    )  # fmt: skip
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["target"]["backend"] == name and "standin" in report["target"]["backend_version"]
+    statuses = {c["status"] for c in report["cases"]}
+    assert "passed" in statuses and "failed" not in statuses, result.stdout.str()[-3000:]
