@@ -139,6 +139,18 @@ def test_adapter_passes_every_claimed_quick_case_against_the_standin(name, stand
     assert not failed, f"{name} failed {failed} of {len(cases)}"
 
 
+def test_a_decode_only_kernel_serves_a_ragged_batch_through_decode_rows(standins):
+    from pagedattn.adapters.layouts import to_decode_rows
+
+    decode = _backend("sglang_decode")
+    case = CaseSpec("t", ((20, 20), (37, 5), (9, 1)), block_size=4, sinks=True, dtype=torch.float32).build()
+    assert decode.capabilities.case_reason(case) is not None  # multi-token: not claimed as such
+    rows = to_decode_rows(case)
+    assert decode.capabilities.case_reason(rows) is None
+    out = decode.paged_attention(rows)  # row t of the flattened batch is token t of the original
+    assert check_attention(out, case, precision="tf32").passed
+
+
 # ------------------------------------------------------------- mapping bugs are caught
 WINDOW = CaseSpec("t", ((40, 40), (50, 9)), block_size=4, sliding_window=8, dtype=torch.float32)
 WINDOW_DECODE = CaseSpec("t", ((33, 1), (40, 1), (5, 1)), block_size=16, sliding_window=16, dtype=torch.float32)
