@@ -88,3 +88,74 @@ def test_bad_arguments():
         layouts.to_flashinfer(case, "XYZ")
     with pytest.raises(ValueError, match="multiple of x"):
         layouts.to_vllm_split(case.key_cache[..., :62], case.value_cache[..., :62])
+
+
+# ------------------------------------------------- building blocks for split-step kernels
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)
+def test_hnd_cache_round_trip(spec):
+    case = spec.build()
+    k = layouts.to_hnd_cache(case.key_cache)
+    assert k.shape == (case.num_blocks, case.num_kv_heads, case.block_size, case.head_dim) and k.is_contiguous()
+    t = case.block_size - 1  # one element by hand: the last token of block 2, kv head 0, channel 9
+    assert bits_equal(k[2, 0, t, 9], case.key_cache[2, t, 0, 9])
+    assert bits_equal(layouts.from_hnd_cache(k), case.key_cache)
+
+
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)
+def test_token_kv_indices_prefix_plus_new_tokens_is_the_history(spec):
+    case = spec.build()
+    indptr, indices = layouts.token_kv_indices(case)
+    p_indptr, p_indices = layouts.token_kv_indices(case, "prefix")
+    assert indptr.dtype == torch.int32 and indices.dtype == torch.int64
+    table = layouts.req_to_token(case)
+    k_new, v_new = layouts.new_tokens_kv(case)
+    assert k_new.shape == (case.num_tokens, case.num_kv_heads, case.head_dim) and k_new.is_contiguous()
+    flat_k = case.key_cache.reshape(-1, case.num_kv_heads, case.head_dim)
+    loc = case.query_start_loc_list
+    for b in range(case.num_seqs):
+        full = indices[indptr[b] : indptr[b + 1]]
+        prefix = p_indices[p_indptr[b] : p_indptr[b + 1]]
+        assert torch.equal(full, case.slot_mapping(b))
+        assert len(prefix) == case.context_lens[b] and torch.equal(prefix, full[: len(prefix)])
+        assert torch.equal(table[b, : case.seq_lens_list[b]].long(), full)
+        assert not table[b, case.seq_lens_list[b] :].any()
+        # the new tokens' keys are the pool's, at the slots after the prefix, in query order
+        assert bits_equal(k_new[loc[b] : loc[b + 1]], flat_k[full[len(prefix) :]])
+        history_k, history_v = gather_history(case, b)
+        assert bits_equal(v_new[loc[b] : loc[b + 1]], history_v[case.context_lens[b] :])
+        assert bits_equal(k_new[loc[b] : loc[b + 1]], history_k[case.context_lens[b] :])
+
+
+def test_token_kv_indices_and_req_to_token_refuse_bad_arguments():
+    case = SPECS[0].build()
+    with pytest.raises(ValueError, match="part"):
+        layouts.token_kv_indices(case, "suffix")
+    with pytest.raises(ValueError, match="width"):
+        layouts.req_to_token(case, width=case.max_seq_len - 1)
+
+
+VARIANTS = [{}, {"sliding_window": 5, "sinks": True, "alibi": True}]
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=["plain", "variants"])
+@pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)
+def test_decode_rows_give_the_same_attention(spec, variant):
+    import dataclasses
+
+    case = dataclasses.replace(spec, **variant).build()
+    rows = layouts.to_decode_rows(case)
+    assert rows.num_seqs == case.num_tokens and rows.query_lens == [1] * case.num_tokens
+    loc = case.query_start_loc_list
+    for b in range(case.num_seqs):  # each row's position is its token's absolute position
+        positions = [s - 1 for s in rows.seq_lens_list[loc[b] : loc[b + 1]]]
+        assert positions == list(range(case.context_lens[b], case.seq_lens_list[b]))
+    assert rows.sliding_window == case.sliding_window and rows.sinks is case.sinks
+    # the same problem: the float64 oracle agrees with itself up to its summation order
+    # (the 1e-12 relative agreement tests/test_oracle.py holds the oracle to)
+    a, b = paged_attention_reference(rows), paged_attention_reference(case)
+    err = float((a - b).abs().max() / b.abs().max())
+    assert err < 1e-12, f"decode rows differ from the batch by {err:.3g} relative"
+    # and a mapping slip (each row one position short) is not the same problem
+    short = rows.replace(seq_lens=rows.seq_lens - 1) if min(rows.seq_lens_list) > 1 else None
+    if short is not None:
+        assert float((paged_attention_reference(short) - b).abs().max() / b.abs().max()) > 1e-3

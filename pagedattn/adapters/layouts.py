@@ -12,6 +12,13 @@ into a ``PagedCase`` (bit-identical data), so converters are tested by round tri
 | FlashAttention (paged) | ``[N, bs, Hkv, D]`` | ``block_table``, ``cache_seqlens``, ``cu_seqlens_q`` |
 | SGLang token pool | ``[num_slots, Hkv, D]`` | ``kv_indptr``, ``kv_indices`` (token slots), ``req_to_token`` |
 | FlexAttention paged | ``[1, Hkv, N * bs, D]`` | ``page_table`` ``[B, M]`` (logical -> physical page) |
+| head-major pages (``to_hnd_cache``) | ``[N, Hkv, bs, D]`` | same as canonical |
+
+Building blocks for kernels that split a step into its cached prefix and its new tokens
+(SGLang's extend, decode-only kernels): ``new_tokens_kv`` (the new tokens' K/V as
+contiguous ``[T, Hkv, D]`` tensors), ``token_kv_indices`` (per-request token slots, whole
+history or prefix only, as CSR), ``req_to_token`` (the same slots as a padded table) and
+``to_decode_rows`` (a ragged batch flattened into one decode row per query token).
 """
 
 from __future__ import annotations
@@ -19,10 +26,97 @@ from __future__ import annotations
 import torch
 
 from pagedattn.oracle import PagedCase
+from pagedattn.oracle.reference import index_rows
 
 
 def _loc(lens: list[int], device) -> torch.Tensor:
     return torch.tensor([0] + lens, device=device).cumsum(0).to(torch.int32)
+
+
+# ------------------------------------------------------------ building blocks
+def to_hnd_cache(cache: torch.Tensor) -> torch.Tensor:
+    """``[N, Hkv, bs, D]`` (head-major pages, contiguous) from the canonical ``[N, bs, Hkv, D]``."""
+    return cache.transpose(1, 2).contiguous()
+
+
+def from_hnd_cache(cache: torch.Tensor) -> torch.Tensor:
+    """The canonical ``[N, bs, Hkv, D]`` from head-major ``[N, Hkv, bs, D]`` pages (contiguous)."""
+    return cache.transpose(1, 2).contiguous()
+
+
+def token_kv_indices(case: PagedCase, part: str = "all") -> tuple[torch.Tensor, torch.Tensor]:
+    """Token slots of every request's history, as CSR (SGLang's ``kv_indptr``/``kv_indices``).
+
+    Args:
+        part: ``"all"``: each request's whole history (``seq_len`` slots, what a decode kernel
+            reads); ``"prefix"``: only its cached prefix (``seq_len - query_len`` slots, what
+            SGLang's extend kernel reads from the pool; the new tokens come contiguous, see
+            ``new_tokens_kv``).
+
+    Returns:
+        ``kv_indptr`` ``[B + 1]`` int32 and ``kv_indices`` int64 slots into the flattened pool
+        ``[N * bs, Hkv, D]``, request after request, in position order.
+    """
+    if part not in ("all", "prefix"):
+        raise ValueError(f"token_kv_indices: part must be 'all' or 'prefix', got {part!r}")
+    slots = [case.slot_mapping(b) for b in range(case.num_seqs)]
+    if part == "prefix":
+        slots = [s[:c] for s, c in zip(slots, case.context_lens)]
+    indices = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64, device=case.device)
+    return _loc([len(s) for s in slots], case.device), indices.to(torch.int64)
+
+
+def req_to_token(case: PagedCase, width: int | None = None) -> torch.Tensor:
+    """``[B, width]`` int32: row ``b`` holds the token slots of request ``b``'s history in
+    position order (SGLang's ``req_to_token_pool``), zero past its length. ``width`` defaults
+    to the longest history."""
+    width = case.max_seq_len if width is None else width
+    if width < case.max_seq_len:
+        raise ValueError(f"req_to_token: width {width} is shorter than the longest history {case.max_seq_len}")
+    table = torch.zeros(case.num_seqs, width, dtype=torch.int32, device=case.device)
+    for b in range(case.num_seqs):
+        table[b, : case.seq_lens_list[b]] = case.slot_mapping(b).to(torch.int32)
+    return table
+
+
+def new_tokens_kv(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new tokens' keys and values as contiguous tensors, in query order.
+
+    Returns:
+        ``(k [T, Hkv, D], v [T, Hkv, D])`` in the cache dtype: row ``t`` holds what the pool
+        holds at query token ``t``'s own position (each request's last ``query_len``
+        positions), bit for bit, like the ``k``/``v`` an engine computes for the step before
+        it writes them into its cache.
+    """
+    N, bs, H, D = case.key_cache.shape
+    slots = torch.cat([case.slot_mapping(b)[c:] for b, c in enumerate(case.context_lens)])
+    flat_k, flat_v = case.key_cache.reshape(N * bs, H, D), case.value_cache.reshape(N * bs, H, D)
+    return index_rows(flat_k, slots).contiguous(), index_rows(flat_v, slots).contiguous()
+
+
+def to_decode_rows(case: PagedCase) -> PagedCase:
+    """A ragged batch flattened into decode rows: one sequence per query token.
+
+    Query token ``t`` of request ``b`` at absolute position ``p`` becomes a sequence of
+    ``p + 1`` tokens over request ``b``'s block-table row, with ``t`` as its one query. Causal
+    attention makes both problems the same: row ``t`` of the flattened case's output is row
+    ``t`` of the original's (variants, scales and the pool are shared, not copied). This is
+    how a decode-only kernel can serve a prefill; it is not how one claims multi-token cases
+    (``Capabilities(decode_only=True)`` says the kernel does not).
+    """
+    loc = case.query_start_loc_list
+    seq_of, pos = [], []
+    for b in range(case.num_seqs):
+        first = case.context_lens[b]
+        for i in range(loc[b + 1] - loc[b]):
+            seq_of.append(b)
+            pos.append(first + i)
+    rows = torch.tensor(seq_of, dtype=torch.int64, device=case.device)
+    return case.replace(
+        block_tables=case.block_tables[rows].contiguous(),
+        seq_lens=torch.tensor(pos, dtype=torch.int32, device=case.device) + 1,
+        query_start_loc=torch.arange(case.num_tokens + 1, dtype=torch.int32, device=case.device),
+    )
 
 
 # ------------------------------------------------------------------ vLLM split
@@ -148,17 +242,14 @@ def to_sglang(case: PagedCase) -> dict:
     ``qo_indptr`` ``[B+1]``, ``seq_lens``, ``sm_scale``.
     """
     N, bs = case.num_blocks, case.block_size
-    slots = [case.slot_mapping(b) for b in range(case.num_seqs)]
-    req_to_token = torch.zeros(case.num_seqs, case.max_seq_len, dtype=torch.int32, device=case.device)
-    for b, s in enumerate(slots):
-        req_to_token[b, : len(s)] = s
+    kv_indptr, kv_indices = token_kv_indices(case)
     return {
         "q": case.query,
         "k_buffer": case.key_cache.reshape(N * bs, case.num_kv_heads, case.head_dim),
         "v_buffer": case.value_cache.reshape(N * bs, case.num_kv_heads, case.head_dim),
-        "kv_indptr": _loc([len(s) for s in slots], case.device),
-        "kv_indices": torch.cat(slots).to(torch.int64),
-        "req_to_token": req_to_token,
+        "kv_indptr": kv_indptr,
+        "kv_indices": kv_indices,
+        "req_to_token": req_to_token(case),
         "qo_indptr": case.query_start_loc.clone(),
         "seq_lens": case.seq_lens.clone(),
         "sm_scale": case.scale,

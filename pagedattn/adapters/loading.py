@@ -39,7 +39,15 @@ def _import_file(path: str):
         raise BackendLoadError(f"--backend: cannot import {path!r} as a Python file")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    # The file's own directory is importable while it loads, so an adapter split into a
+    # file and its helper modules beside it imports them as it would run from there.
+    directory = os.path.dirname(os.path.abspath(path))
+    sys.path.insert(0, directory)
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        if directory in sys.path:
+            sys.path.remove(directory)
     return module
 
 

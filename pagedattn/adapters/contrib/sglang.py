@@ -1,0 +1,248 @@
+"""``sglang_decode`` and ``sglang_extend``: SGLang's Triton attention kernels.
+
+SGLang keeps its KV cache as a token pool: ``k_buffer``/``v_buffer`` ``[slots, Hkv, D]``,
+one token per slot, each request's tokens listed in ``kv_indices`` (CSR by
+``kv_indptr``). The canonical pool flattened to ``[N * bs, Hkv, D]`` is such a pool (a view,
+no copy), and ``pagedattn.adapters.layouts`` gives the index lists.
+
+``sglang_decode`` calls ``decode_attention_fwd`` (``triton_ops/decode_attention.py``): one
+query token per request (``decode_only``), a split-KV first stage (up to 8 splits, SGLang's
+default ``triton_attention_num_kv_splits``; the adapter picks each request's split count
+from its own length, so batch composition changes nothing) and a reduction that adds the
+sink. The kernel has no window argument: SGLang narrows ``kv_indices`` to the window's
+keys for sliding-window layers, and so does the adapter (the last ``W`` slots). With one
+query head per KV head it forms ``q . k`` as ``tl.sum(q[None, :] * k, 1)`` on input-dtype
+tiles, products rounded to bf16/fp16 before the sum: declared as ``qk_precision="input"``.
+
+``sglang_extend`` calls ``extend_attention_fwd`` (``triton_ops/extend_attention.py``): the
+cached prefix through prefix-only ``kv_indices`` into the pool, the new tokens' K/V as
+contiguous tensors (``layouts.new_tokens_kv``), causal within them. Its window is
+``sliding_window_size = W - 1`` (keys with ``q - k <= W - 1``), and ``0`` means "no window"
+(the kernel tests ``SLIDING_WINDOW_SIZE > 0``), so ``W = 1`` cannot be expressed: those
+cases are excluded with the reason (a real deviation, measured in
+``docs/results/conformance-matrix-triton.md``). It takes no fp8 scales and no ALiBi.
+
+The kernels are imported in the constructors: without SGLang they raise
+``ImportError("sglang is not installed: ...")``. ``claims="signature"`` claims everything
+the signatures take (for the matrix).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import torch
+
+from pagedattn.adapters.conventions import window_to_flashinfer
+from pagedattn.adapters.layouts import new_tokens_kv, token_kv_indices
+from pagedattn.adapters.protocol import Capabilities
+from pagedattn.adapters.triton import _arrange_interpreter
+from pagedattn.oracle import PagedCase
+
+INSTALL_HINT = "sglang is not installed: pip install sglang"
+OPS = "sglang.srt.layers.attention.triton_ops"
+#: SGLang's default ``--triton-attention-num-kv-splits``.
+MAX_KV_SPLITS = 8
+#: Keys per split that the first stage rounds to (``_MIN_BLOCK_KV`` in decode_attention.py).
+MIN_BLOCK_KV = 32
+INTERPRETER_BF16 = (
+    "the Triton interpreter computes these kernels' bf16 tiles wrongly (numpy has no bf16); bf16 runs on the GPU"
+)
+FP8_DECODE = (
+    "with an fp8 cache the first stage forms P.V as tl.dot(p.to(v.dtype), v) (GQA path): the probabilities are "
+    "rounded to fp8"
+)
+EXTEND_WINDOW_1 = (
+    "SGLang's extend kernel takes sliding_window_size = W - 1 and reads 0 as 'no window', so W = 1 (each query "
+    "sees only itself) runs unwindowed (real deviation, docs/results/conformance-matrix-triton.md)"
+)
+
+
+def _import(module: str):
+    if importlib.util.find_spec("sglang") is None:
+        raise ImportError(INSTALL_HINT)
+    return importlib.import_module(f"{OPS}.{module}")
+
+
+def _version(module) -> str:
+    import triton
+
+    sglang = importlib.import_module("sglang")
+    return f"sglang {getattr(sglang, '__version__', '?')} ({module.__name__}), triton {triton.__version__}"
+
+
+def _runtime_claims(interpreter: bool, notes: dict[str, str]) -> dict[str, Any]:
+    if interpreter:
+        notes["dtypes"] = INTERPRETER_BF16
+        notes["devices"] = "Triton interpreter: tensors on the CPU"
+        return {"devices": frozenset({"cpu"}), "dtypes": frozenset({torch.float32, torch.float16})}
+    notes["devices"] = "compiled Triton: CUDA tensors only"
+    return {"devices": frozenset({"cuda"})}
+
+
+def _token_pool(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k_buffer``, ``v_buffer`` ``[N * bs, Hkv, D]``: views of the canonical pool."""
+    N, bs, H, D = case.key_cache.shape
+    return case.key_cache.view(N * bs, H, D), case.value_cache.view(N * bs, H, D)
+
+
+def split_count(seq_len: int) -> int:
+    """Splits for one request's history: one per 32 keys, at most ``MAX_KV_SPLITS``. Chosen
+    from the request's own length, so batching does not change its arithmetic."""
+    return max(1, min(MAX_KV_SPLITS, -(-seq_len // MIN_BLOCK_KV)))
+
+
+class SGLangDecodeBackend:
+    """SGLang's ``decode_attention_fwd`` (one query token per request)."""
+
+    name = "sglang_decode"
+
+    def __init__(self, claims: str = "honest") -> None:
+        if claims not in ("honest", "signature"):
+            raise ValueError(f"claims must be 'honest' or 'signature', got {claims!r}")
+        if importlib.util.find_spec("sglang") is None:
+            raise ImportError(INSTALL_HINT)
+        self.interpreter = _arrange_interpreter()
+        self._mod = _import("decode_attention")
+        self.version = _version(self._mod)
+        self.claims = claims
+        notes = {
+            "decode_only": "decode_attention_fwd takes one query token per request",
+            "qk_precision": "with one query head per KV head, q.k is tl.sum(q[None, :] * k, 1) on input-dtype tiles",
+            "fp32_precision": "the GQA path's tl.dot on fp32 tiles uses TF32 on NVIDIA GPUs",
+        }
+        variants = {"sliding_window", "logits_soft_cap", "sinks"}
+        if claims == "signature":
+            variants |= {"fp8_e4m3", "fp8_e5m2"}
+        else:
+            notes["variants"] = f"no ALiBi argument; fp8 not claimed: {FP8_DECODE}"
+        self.capabilities = Capabilities(
+            variants=frozenset(variants),
+            decode_only=True,
+            qk_precision="input",
+            fp32_precision="tf32",
+            notes=notes,
+            **_runtime_claims(self.interpreter, notes),
+        )
+
+    @property
+    def target(self) -> str:
+        where = "Triton interpreter, cpu" if self.interpreter else "compiled, cuda"
+        return f"sglang_decode ({self._mod.__name__}.decode_attention_fwd; {where}; claims={self.claims})"
+
+    def warmup(self, case: PagedCase) -> None:
+        if not self.interpreter:
+            self.paged_attention(case)
+
+    def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns ``[B, Hq, D]`` (one row per request) in the query dtype."""
+        if max(case.query_lens) != 1:  # the suite never asks (decode_only); a direct caller might
+            raise ValueError(f"sglang_decode: query_lens must all be 1 (decode), got {case.query_lens}")
+        dev = case.device
+        k_buffer, v_buffer = _token_pool(case)
+        kv_indptr, kv_indices = token_kv_indices(case)
+        if case.sliding_window is not None:  # the window's keys only, as SGLang feeds sliding-window layers
+            keep = [kv_indices[s:e][-case.sliding_window :] for s, e in zip(kv_indptr[:-1], kv_indptr[1:])]
+            kv_indptr = torch.tensor([0] + [len(k) for k in keep], device=dev).cumsum(0).to(torch.int32)
+            kv_indices = torch.cat(keep)
+        lens = (kv_indptr[1:] - kv_indptr[:-1]).tolist()
+        B, H, D = case.query.shape
+        q = case.query.contiguous()
+        out = torch.empty_like(q) if out is None else out
+        self._mod.decode_attention_fwd(
+            q,
+            k_buffer,
+            v_buffer,
+            out,
+            kv_indptr,
+            kv_indices,
+            torch.empty(B, H, MAX_KV_SPLITS, D, dtype=torch.float32, device=dev),
+            torch.empty(B, H, MAX_KV_SPLITS, dtype=torch.float32, device=dev),
+            torch.tensor([split_count(n) for n in lens], dtype=torch.int32, device=dev),
+            MAX_KV_SPLITS,
+            case.scale,
+            case.k_scale,
+            case.v_scale,
+            logit_cap=case.logits_soft_cap or 0.0,
+            sinks=None if case.sinks is None else case.sinks.float().contiguous(),
+        )
+        return out
+
+
+class SGLangExtendBackend:
+    """SGLang's ``extend_attention_fwd`` (a cached prefix plus new tokens per request)."""
+
+    name = "sglang_extend"
+
+    def __init__(self, claims: str = "honest") -> None:
+        if claims not in ("honest", "signature"):
+            raise ValueError(f"claims must be 'honest' or 'signature', got {claims!r}")
+        if importlib.util.find_spec("sglang") is None:
+            raise ImportError(INSTALL_HINT)
+        self.interpreter = _arrange_interpreter()
+        self._mod = _import("extend_attention")
+        self.version = _version(self._mod)
+        self.claims = claims
+        notes = {
+            "variants": "extend_attention_fwd takes no ALiBi slopes and no fp8 scales",
+            "fp32_precision": "tl.dot on fp32 tiles uses TF32 on NVIDIA GPUs",
+        }
+        self.capabilities = Capabilities(
+            variants=frozenset({"sliding_window", "logits_soft_cap", "sinks"}),
+            fp32_precision="tf32",
+            case_filter=_window_one if claims == "honest" else None,
+            notes=notes,
+            **_runtime_claims(self.interpreter, notes),
+        )
+
+    @property
+    def target(self) -> str:
+        where = "Triton interpreter, cpu" if self.interpreter else "compiled, cuda"
+        return f"sglang_extend ({self._mod.__name__}.extend_attention_fwd; {where}; claims={self.claims})"
+
+    def warmup(self, case: PagedCase) -> None:
+        if not self.interpreter:
+            self.paged_attention(case)
+
+    def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns ``[T, Hq, D]`` in the query dtype."""
+        k_buffer, v_buffer = _token_pool(case)
+        prefix_indptr, prefix_indices = token_kv_indices(case, "prefix")
+        k_new, v_new = new_tokens_kv(case)
+        q = case.query.contiguous()
+        out = torch.empty_like(q) if out is None else out
+        self._mod.extend_attention_fwd(
+            q,
+            k_new,
+            v_new,
+            out,
+            k_buffer,
+            v_buffer,
+            case.query_start_loc.to(torch.int32),
+            prefix_indptr,
+            prefix_indices,
+            None,  # custom_mask
+            True,  # is_causal
+            None,  # mask_indptr
+            max(case.query_lens),
+            sm_scale=case.scale,
+            logit_cap=case.logits_soft_cap or 0.0,
+            sliding_window_size=window_to_flashinfer(case.sliding_window),
+            sinks=None if case.sinks is None else case.sinks.float().contiguous(),
+        )
+        return out
+
+
+def _window_one(case: PagedCase, operation: str) -> str | None:
+    """A window of one key (W = 1) is excluded: SGLang's extend kernel reads sliding_window_size = W - 1 = 0 as
+    no window."""
+    return EXTEND_WINDOW_1 if case.sliding_window == 1 else None
+
+
+def decode_signature_claims() -> SGLangDecodeBackend:
+    return SGLangDecodeBackend(claims="signature")
+
+
+def extend_signature_claims() -> SGLangExtendBackend:
+    return SGLangExtendBackend(claims="signature")

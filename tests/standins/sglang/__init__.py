@@ -1,0 +1,3 @@
+"""Stand-in for the sglang package (tests/standins/README.md): not SGLang."""
+
+__version__ = "standin"
