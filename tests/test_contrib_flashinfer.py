@@ -82,7 +82,8 @@ def _suite(pytester, monkeypatch, factory: str, *modules: str, extra: tuple[str,
     """Runs the conformance modules against ``factory`` in a subprocess; the JSON report."""
     monkeypatch.setenv("PYTHONPATH", str(STANDINS))
     (pytester.path / "standin_backends.py").write_text(FACTORIES)
-    args = ["--pyargs", *(f"pagedattn.conformance.{m}" for m in modules)] if modules else ["--pyargs", "pagedattn.conformance"]  # fmt: skip
+    targets = [f"pagedattn.conformance.{m}" for m in modules] if modules else ["pagedattn.conformance"]
+    args = ["--pyargs", *targets]
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", *args, f"--backend={pytester.path / 'standin_backends.py'}:{factory}",
         "--device=cpu", "--report-json=r.json", *extra,

@@ -5,11 +5,13 @@ lists, and the JIT compile of the kernel for this dtype / head dim / variant set
 ``run`` (the kernel). Engines (vLLM, SGLang) pick the wrapper by batch composition, and
 this adapter does the same:
 
-| batch | wrapper | why |
-|---|---|---|
-| sinks | ``BatchAttentionWithAttentionSinkWrapper`` | on Hopper (0.5.3) the fa2/fa3 paths of the other wrappers ignore ``run(sinks=...)``; only this one honours it |
-| every sequence has one new token | ``BatchDecodeWithPagedKVCacheWrapper`` | the decode kernel; tensor cores when the GQA ratio is over 4 (vLLM's rule; the CUDA-core kernel has group sizes 1, 2, 3, 4, 8 only) |
-| anything else | ``BatchPrefillWithPagedKVCacheWrapper(causal=True)`` | FlashInfer's causal mask is bottom-right aligned, like ours |
+- sinks: ``BatchAttentionWithAttentionSinkWrapper``. On Hopper (0.5.3) the fa2/fa3
+  paths of the other wrappers ignore ``run(sinks=...)``; only this one honours it.
+- every sequence has one new token: ``BatchDecodeWithPagedKVCacheWrapper``, on tensor
+  cores when the GQA ratio is over 4 (vLLM's rule; the CUDA-core kernel has group sizes
+  1, 2, 3, 4 and 8 only).
+- anything else: ``BatchPrefillWithPagedKVCacheWrapper(causal=True)``; FlashInfer's
+  causal mask is bottom-right aligned, like ours.
 
 That routing costs batch invariance: a sequence's output depends on whether its
 neighbours make the batch pure decode (another kernel), and ``plan`` sizes its KV

@@ -203,7 +203,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
 
     def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
                  paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
-                 custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None, jit_kwargs=None):  # fmt: skip
+                 custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None,
+                 jit_kwargs=None):  # fmt: skip
         super().__init__(float_workspace_buffer, kv_layout, backend)
 
     def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
