@@ -10,6 +10,7 @@ must fail. The real kernels' results are in ``docs/results/conformance-matrix-fl
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import sys
@@ -159,13 +160,15 @@ def test_flashinfer_claims_state_its_limits_as_data(standins):
     from pagedattn.adapters.contrib.flashinfer import FlashInferBackend
 
     caps: Capabilities = FlashInferBackend().capabilities
-    cuda = dict(dtype=torch.bfloat16)
+    assert "device 'cpu' not claimed" in (caps.case_reason(_decode_case([9], [1])) or "")
+    caps = dataclasses.replace(caps, devices=frozenset({"cpu"}))  # the cases below are built on the CPU
+    half = dict(dtype=torch.bfloat16)
     fp32 = _decode_case([9], [1], dtype=torch.float32)
     assert "dtype float32 not claimed" in (caps.case_reason(fp32) or ""), caps.case_reason(fp32)
-    cap_alibi = _decode_case([9], [1], logits_soft_cap=5.0, alibi_slopes=torch.full((4,), 0.5), **cuda)
+    cap_alibi = _decode_case([9], [1], logits_soft_cap=5.0, alibi_slopes=torch.full((4,), 0.5), **half)
     reason = caps.case_reason(cap_alibi)
     assert reason and "before the soft-cap" in reason, f"ALiBi + soft-cap should be excluded, got {reason!r}"
-    sinks_cap = _decode_case([9], [1], logits_soft_cap=5.0, sinks=torch.zeros(4), **cuda)
+    sinks_cap = _decode_case([9], [1], logits_soft_cap=5.0, sinks=torch.zeros(4), **half)
     assert "has no soft-cap" in (caps.case_reason(sinks_cap) or ""), caps.case_reason(sinks_cap)
     assert caps.invariance_reason("batch_invariance") and "decode wrapper" in caps.invariance_reason(
         "batch_invariance"
