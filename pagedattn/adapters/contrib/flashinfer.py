@@ -187,6 +187,7 @@ class FlashInferBackend:
             # The sink kernel reads sm_scale from its own argument list and never sees
             # run(k_scale=): the key scale is folded in here
             sm_scale = case.scale * (case.k_scale if fp8 else 1.0)
+            assert case.sinks is not None  # route() sends only cases with sinks here
             call_args = (case.sinks.float().contiguous(), sm_scale)
             scales.pop("k_scale", None)
         with self._alibi_slopes(case):
