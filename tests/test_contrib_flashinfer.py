@@ -166,6 +166,26 @@ def test_flashinfer_claims_state_its_limits_as_data(standins):
     assert caps.invariance_reason("determinism") is None and caps.invariance_reason("placement_invariance") is None
 
 
+def test_flash_attn_claims_its_documented_page_rule_and_the_standin_enforces_it(standins):
+    import flash_attn
+
+    from pagedattn.adapters.contrib.flash_attn import FlashAttnBackend
+
+    backend = FlashAttnBackend()
+    caps = dataclasses.replace(backend.capabilities, devices=frozenset({"cpu"}))
+    small, paged = _decode_case([9, 40], [1, 7]), _decode_case([9, 300], [1, 7], block_size=256)
+    reason = caps.case_reason(small) or ""
+    assert "block_size 16 not claimed" in reason and "multiple of 256" in reason, reason
+    assert caps.case_reason(paged) is None, caps.case_reason(paged)
+    assert "variant sinks not claimed" in (caps.case_reason(paged.replace(sinks=torch.zeros(4))) or "")
+    with pytest.raises(RuntimeError, match="divisible by 256"):
+        backend.paged_attention(small)
+    out, lse = backend.paged_attention_lse(paged)
+    checks = check_attention_lse(out, lse, paged)
+    assert all(c.passed for c in checks), f"flash_attn on 256-token pages: {checks}"
+    assert flash_attn.PAGE_BLOCK_MULTIPLE == 256
+
+
 @pytest.mark.parametrize(
     ("seq_lens", "query_lens", "variants", "route"),
     [
