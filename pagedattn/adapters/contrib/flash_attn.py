@@ -58,8 +58,8 @@ def capabilities() -> Capabilities:
         invariances=INVARIANCES - {"batch_invariance"},
         notes={
             "dtypes": "flash-attn 2 takes fp16/bf16",
-            "head_dims": "flash-attn 2 supports head dims up to 256, multiples of 8",
-            "block_sizes": "flash-attn 2's paged KV cache needs page_block_size a multiple of 256",
+            "head_dims": "flash-attn 2 docs: head dims up to 256",
+            "block_sizes": "flash-attn 2 docs: page_block_size must be a multiple of 256 with a block_table",
             "devices": "CUDA kernels",
             "variants": "flash-attn 2 has no attention sinks and no fp8 cache",
             "batch_invariance": "num_splits=0 chooses the KV split from the batch, and the padded query "

@@ -85,7 +85,7 @@ def capabilities() -> Capabilities:
         invariances=INVARIANCES - {"batch_invariance"},
         exclusions=EXCLUSIONS,
         notes={
-            "dtypes": "FlashInfer's paged kernels take fp16/bf16 queries (no fp32)",
+            "dtypes": "FlashInfer's paged kernels take fp16/bf16 queries; no fp32",
             "head_dims": "the head dims FlashInfer's fa2/fa3 kernels are built and tested for",
             "devices": "CUDA kernels",
             "batch_invariance": "pure-decode batches run the decode wrapper, mixed batches the prefill "
