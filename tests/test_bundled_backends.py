@@ -2,13 +2,13 @@
 
 import dataclasses
 import json
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import pagedattn.adapters
+from pagedattn import INVARIANCES
 from pagedattn.adapters.sdpa import SDPABackend
 from pagedattn.cases.spec import CaseSpec
 from pagedattn.oracle import check_attention, gather_history
@@ -23,6 +23,7 @@ EXPECTED_UNSUPPORTED = {
         "operation 'lse' not claimed",
         f"variant logits_soft_cap not claimed {_NO_HOOK}",
         f"variant sinks not claimed {_NO_HOOK}",
+        f"variants logits_soft_cap, sinks not claimed {_NO_HOOK}",  # the combined family's pair
     },
     "tlsim": {"paged_attention takes no out= argument"},
     "triton": {"operation 'gather' not claimed", "operation 'write_cache' not claimed"},
@@ -32,18 +33,14 @@ EXPECTED_UNSUPPORTED = {
         "paged_attention takes no out= argument",
     },
 }
-# Known failures a bundled backend ships with (reported as expected failures, with reasons).
-EXPECTATIONS = {"flex": Path(pagedattn.adapters.__file__).parent / "expectations" / "flex.json"}
 
 
 @pytest.mark.parametrize("backend", sorted(EXPECTED_UNSUPPORTED))
 def test_bundled_backend_passes_the_quick_profile(pytester, backend):
     if backend == "triton":
         pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
-    extra = [f"--expectations={EXPECTATIONS[backend]}"] if backend in EXPECTATIONS else []
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance", f"--backend={backend}", "--report-json=r.json",
-        *extra,
+        "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance", f"--backend={backend}", "--report-json=r.json"
     )  # fmt: skip
     report = json.loads((pytester.path / "r.json").read_text())
     failed = [c["id"] for c in report["cases"] if c["status"] == "failed"]
@@ -51,10 +48,13 @@ def test_bundled_backend_passes_the_quick_profile(pytester, backend):
     reasons = {c["reason"] for c in report["cases"] if c["status"] == "unsupported"}
     # a narrowing a backend declares for this torch (with its reason) is expected too
     reasons = {r for r in reasons if "eager FlexAttention keeps" not in r and "interpreter cannot run" not in r}
-    assert reasons <= EXPECTED_UNSUPPORTED[backend], f"{backend}: unexpected unsupported reasons {reasons}"
-    assert not report["expectations"]["stale"], f"{backend}: stale expectations {report['expectations']['stale']}"
-    xfailed = {c.get("property") for c in report["cases"] if c["status"] == "xfailed"}
-    assert xfailed <= {"batch_invariance", "placement_invariance"}, xfailed
+    # an invariance a backend declines (with its reason) is reported as not claimed, not run
+    caps = pagedattn.adapters.load_backend(backend).capabilities
+    declined = {r for name in sorted(INVARIANCES) if (r := caps.invariance_reason(name))}
+    assert declined <= reasons, f"{backend}: declined invariances not reported unsupported: {declined - reasons}"
+    assert reasons <= EXPECTED_UNSUPPORTED[backend] | declined, f"{backend}: unexpected unsupported reasons {reasons}"
+    # honest claims need no expectations file: nothing is an expected failure
+    assert not {c["status"] for c in report["cases"]} & {"xfailed", "xpassed"}, f"{backend}: expectations in use"
     runs = any(c["status"] != "unsupported" for c in report["cases"] if c["family"] == "decode")
     if runs:  # a backend that cannot run here at all said why above, in its reasons
         families = {r["family"] for r in report["summary"] if r["passed"]}
@@ -107,3 +107,16 @@ def test_sdpa_meets_the_bound_on_half_precision_alibi(dtype):
     assert check.passed and not check.warning, f"sdpa on {case!r}:\n{check}"
     planted = check_attention(_sdpa_with_a_half_precision_bias(case), case)
     assert not planted.passed, f"a half-precision ALiBi bias must fail this case:\n{planted}"
+
+
+@pytest.mark.parametrize("backend", sorted(EXPECTED_UNSUPPORTED))
+def test_bundled_backends_declare_their_invariances(backend):
+    """flex declines batch and placement invariance, with its reasons; the others hold all three."""
+    if backend == "triton":
+        pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
+    caps = pagedattn.adapters.load_backend(backend).capabilities
+    want = {"determinism"} if backend == "flex" else set(INVARIANCES)
+    assert caps.invariances == want, f"{backend} claims {sorted(caps.invariances)}, expected {sorted(want)}"
+    for name in INVARIANCES - want:
+        reason = caps.invariance_reason(name)
+        assert reason and reason.startswith(f"invariance '{name}' not claimed (") and "physical" in reason, reason
