@@ -260,6 +260,14 @@ def test_exclusions_reject_a_bad_field_by_name(kwargs, message):
         Exclusion(**kwargs)
 
 
+def test_a_range_is_a_spec_and_is_not_walked():
+    caps = Capabilities(block_sizes=range(16, 2**40, 16), exclusions=(Exclusion("x", head_dims=range(1, 2**40)),))
+    case = POOL[_SPECS[0].id]  # block_size 16, head_dim 64
+    assert caps.case_reason(case) == "excluded (head_dims range(1, 1099511627776)): x"
+    assert caps.describe()["block_sizes"] == "range(16, 1099511627776, 16)"
+    assert caps.limit_lines()[0] == "block_sizes: range(16, 1099511627776, 16) only"
+
+
 def test_an_exclusion_freezes_its_sets():
     ex = Exclusion("x", variants=["sinks", "alibi"], dtypes={torch.float16})
     assert ex.variants == frozenset({"sinks", "alibi"}) and isinstance(ex.dtypes, frozenset)

@@ -38,6 +38,8 @@ def _spec_text(s: IntSpec) -> Any:
         return "any"
     if callable(s) and not isinstance(s, Collection):
         return _doc_line(s)
+    if isinstance(s, range):
+        return repr(s)
     return sorted(s)  # type: ignore[type-var]
 
 
@@ -55,6 +57,10 @@ def _check_int_spec(owner: str, name: str, spec: IntSpec, *, allow_empty: bool =
         return
     if not isinstance(spec, Collection) or isinstance(spec, str):
         raise ValueError(f"{owner}.{name} must be None, a collection of ints or a predicate int -> bool, got {spec!r}")
+    if isinstance(spec, range):  # ints by construction, and possibly far too long to walk
+        if not allow_empty and len(spec) == 0:
+            raise ValueError(f"{owner}.{name}: an empty collection matches no case; leave it None to match any")
+        return
     bad = [x for x in spec if isinstance(x, bool) or not isinstance(x, int)]
     if bad:
         raise ValueError(f"{owner}.{name}: every entry must be an int, got {bad!r}")
