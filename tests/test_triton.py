@@ -269,10 +269,11 @@ for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
     t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
     tk = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", None: t}[kv_dtype]
     types = {"q_ptr": "*" + t, "k_cache_ptr": "*" + tk, "v_cache_ptr": "*" + tk, "out_ptr": "*" + t,
-             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "alibi_ptr": "*fp32", "sinks_ptr": "*fp32",
+             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "done_ptr": "*i32", "alibi_ptr": "*fp32",
+             "sinks_ptr": "*fp32",
              "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
     flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
-             "KV_FP8": kv_dtype is not None}
+             "KV_FP8": kv_dtype is not None, "F16_DOTS": kv_dtype is not None and dtype == "bfloat16"}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on]
@@ -282,11 +283,6 @@ for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
         c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages)
         results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]),
                         "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared})
-    consts = {"HEAD_DIM": d, "HEAD_DIM_PAD": plan.decode.HEAD_DIM_PAD, "SPLIT_SIZE": plan.decode.SPLIT_SIZE}
-    consts.update({k: v for k, v in flags.items() if k in m._merge_kernel.arg_names})
-    c = compile_one(m._merge_kernel, types, consts)
-    results.append({"cfg": cfg_name + ["merge"], "cubin": len(c.asm["cubin"]), "mma": None,
-                    "shared": c.metadata.shared})
 print(json.dumps(results))
 """
 
@@ -320,7 +316,7 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
                           env=env, timeout=600)  # fmt: skip
     assert proc.returncode == 0, f"compiling for sm_90 failed:\n{proc.stderr[-4000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 3 * len(configs)
+    assert len(results) == 2 * len(configs)
     for r in results:
         assert r["cubin"] > 0, f"{r['cfg']}: no cubin: {r}"
         # the compiler accepts more shared memory than a launch gets: check the launch limit

@@ -264,8 +264,8 @@ def plan_launch(
             BLOCK_Q=1,
             BLOCK_N=DECODE_BLOCK_N,
             SPLIT_SIZE=split,
-            num_warps=4,
-            num_stages=2 if dtype == torch.float32 and d_pad > 128 else 3,
+            num_warps=DECODE_WARPS,
+            num_stages=2 if dtype == torch.float32 and d_pad > 128 else DECODE_STAGES,
             **common,
         )
     if other_seqs:
@@ -281,7 +281,7 @@ def plan_launch(
             BLOCK_Q=block_q,
             BLOCK_N=PREFILL_BLOCK_N // (2 if wide and d_pad > 128 else 1),
             num_warps=8 if block_q * group_pad >= 128 and d_pad > 64 else 4,
-            num_stages=2,
+            num_stages=PREFILL_STAGES if not wide else 2,
             **common,
         )
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
@@ -290,6 +290,9 @@ def plan_launch(
 #: Tile shapes (tuned on an H200, see benchmarks/): decode reads BLOCK_N keys a step,
 #: SPLIT_SIZE keys per program; prefill tiles hold PREFILL_ROWS query rows.
 DECODE_BLOCK_N = 64
+DECODE_WARPS = 4
+DECODE_STAGES = 3
 SPLIT_SIZE = 512
 PREFILL_ROWS = 128
 PREFILL_BLOCK_N = 64
+PREFILL_STAGES = 2
