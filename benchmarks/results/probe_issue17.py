@@ -23,6 +23,7 @@ from pagedattn.oracle import check_attention, check_attention_lse  # noqa: E402
 
 spec = importlib.util.spec_from_file_location("old_tpa", sys.argv[1])
 old = importlib.util.module_from_spec(spec)
+sys.modules["old_tpa"] = old  # dataclasses look their module up
 spec.loader.exec_module(old)
 OUT = sys.argv[2]
 dev = "cuda"
