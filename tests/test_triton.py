@@ -162,9 +162,11 @@ def test_plan_splits_decode_from_the_rest():
     plan = _plan([5000, 40, 300, 1], [1, 40, 7, 1])
     assert plan.decode_seqs == [0, 3] and plan.other_seqs == [1, 2]
     assert plan.max_splits == -(-5000 // host.SPLIT_SIZE)
+    assert _plan([host.LONG_FROM, 5000], [1, 1]).max_splits == host.LONG_FROM // host.SPLIT_LONG
     assert plan.decode.grid == (2, plan.max_splits, 8) and plan.decode.BLOCK_Q == 1
     assert plan.other.grid == (2, -(-40 // plan.other.BLOCK_Q), 8)
-    assert plan.decode.SPLIT_SIZE % plan.decode.BLOCK_N == 0, "a split must hold whole key tiles"
+    for split in (plan.decode.SPLIT_SIZE, plan.decode.SPLIT_LONG):
+        assert split % plan.decode.BLOCK_N == 0, f"{split}-key splits must hold whole {plan.decode.BLOCK_N}-key tiles"
 
 
 @pytest.mark.parametrize(
@@ -206,6 +208,11 @@ KERNEL_CASES = [
     CaseSpec("t", ((33, 33), (40, 7)), num_heads=6, num_kv_heads=2, head_dim=80, block_size=3, layout="permuted",
              scale=0.3, dtype=dt)
     for dt in (torch.float32, torch.bfloat16)
+] + [
+    # fp8 caches: V widened through split/join, bf16 queries on fp16 dots (see _query_rows)
+    CaseSpec("t", ((300, 1), (45, 1), (40, 9)), num_heads=8, num_kv_heads=2, head_dim=64, dtype=dt, kv_dtype=kv,
+             k_scale=0.5, v_scale=2.0, query_gain=40.0, layout="permuted")
+    for dt, kv in ((torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2))
 ]  # fmt: skip
 
 
@@ -213,19 +220,24 @@ KERNEL_CASES = [
 @pytest.mark.parametrize("spec", KERNEL_CASES, ids=lambda s: s.id)
 def test_kernel_within_policy(spec):
     case = spec.build().to(DEVICE)
-    out = tpa.paged_attention(*_args(case), scale=case.scale)
+    out = tpa.paged_attention(*_args(case), scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
     check = check_attention(out, case)
     assert check.passed and not check.warning, str(check)
 
 
 @runs_kernel
+@pytest.mark.parametrize("long_from, max_splits", [(10**9, 3), (48, 2)], ids=["short-splits", "long-splits-from-48"])
 @pytest.mark.parametrize("spec", KERNEL_CASES[:3], ids=lambda s: s.id)
-def test_many_splits_merge_within_policy(spec, monkeypatch):
-    """Small splits, so the log-sum-exp merge of many partial states runs on small cases."""
+def test_many_splits_merge_within_policy(spec, long_from, max_splits, monkeypatch):
+    """Small splits, so the log-sum-exp merge of many partial states runs on small cases;
+    with ``long_from=48`` the 70-key history takes 64-key splits, the others 32."""
     monkeypatch.setattr(host, "SPLIT_SIZE", 32)
+    monkeypatch.setattr(host, "SPLIT_LONG", 64)
+    monkeypatch.setattr(host, "LONG_FROM", long_from)
     monkeypatch.setattr(host, "DECODE_BLOCK_N", 16)
     case = spec.build().to(DEVICE)
-    assert host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 64, 16, case.dtype, False).max_splits == 3
+    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 64, 16, case.dtype, False)
+    assert plan.max_splits == max_splits, f"{case.seq_lens_list}: {plan.max_splits} splits, expected {max_splits}"
     check = check_attention(tpa.paged_attention(*_args(case), scale=case.scale), case)
     assert check.passed and not check.warning, str(check)
 
@@ -275,7 +287,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
     flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
              "KV_FP8": kv_dtype is not None, "F16_DOTS": kv_dtype is not None and dtype == "bfloat16"}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
-            "IEEE_FP32", "SPLIT_SIZE")
+            "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}

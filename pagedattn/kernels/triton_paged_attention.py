@@ -8,8 +8,8 @@ the visible history ``BLOCK_N`` keys at a time through the block table with an
 online softmax in fp32 (``_attend``, shared by both kernels).
 
 Sequences with one new token go to ``_decode_kernel``, which also splits the
-history into ``SPLIT_SIZE``-key pieces across programs (so one long sequence
-fills the GPU) and writes each piece's running max, denominator and weighted-V
+history into pieces of ``SPLIT_SIZE`` keys (``SPLIT_LONG`` for long histories)
+across programs (so one long sequence fills the GPU) and writes each piece's running max, denominator and weighted-V
 sum; the piece that finishes last combines them by log-sum-exp, in a fixed
 order, in the same launch. The other sequences go to ``_prefill_kernel``. ``host.plan_launch`` decides, from each
 sequence's own sizes only, so results never depend on the rest of the batch.
@@ -88,6 +88,19 @@ def _query_rows(q, scale, F16_DOTS: tl.constexpr):
 
 
 @triton.jit
+def _widen_rows(x, dtype: tl.constexpr):
+    """``x.to(dtype)`` for an fp8 tile [ROWS, D] whose rows are contiguous in memory.
+
+    Written plainly, the compiler moves the conversion past the shared-memory stage and
+    reads the fp8 V tile into the dot's operand layout one byte at a time (64
+    ``ld.shared.b8`` per thread per tile: the cost that made fp8 decode no faster than
+    bf16). The split and join keep the conversion on the loaded, row-contiguous layout,
+    so the wide values are staged and read with ``ldmatrix``, as a 16-bit tile is."""
+    a, b = tl.split(x.reshape(x.shape[0], x.shape[1] // 2, 2))
+    return tl.join(a.to(dtype), b.to(dtype)).reshape(x.shape[0], x.shape[1])
+
+
+@triton.jit
 def _attend(
     q,
     m,
@@ -139,7 +152,7 @@ def _attend(
         v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
         if KV_FP8:  # fp8 -> the dots' dtype is exact (fewer exponent and significand bits)
             kt = kt.to(q.dtype)
-            v = v.to(q.dtype)
+            v = _widen_rows(v, q.dtype)
         elif UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
@@ -316,6 +329,8 @@ def _decode_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SPLIT_SIZE: tl.constexpr,
+    SPLIT_LONG: tl.constexpr,
+    LONG_FROM: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE_FP32: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -342,10 +357,11 @@ def _decode_kernel(
     first = 0
     if USE_WINDOW:  # the new token's first visible key: splits wholly before it have no work
         first = tl.maximum(0, seq_len - window)
-    first_split = first // SPLIT_SIZE
-    n_splits = (seq_len + SPLIT_SIZE - 1) // SPLIT_SIZE
-    lo = split * SPLIT_SIZE
-    hi = tl.minimum(seq_len, lo + SPLIT_SIZE)
+    split_size = tl.where(seq_len >= LONG_FROM, SPLIT_LONG, SPLIT_SIZE)  # host.decode_split
+    first_split = first // split_size
+    n_splits = (seq_len + split_size - 1) // split_size
+    lo = split * split_size
+    hi = tl.minimum(seq_len, lo + split_size)
     if (split >= first_split) & (split < n_splits):  # the grid is sized for the longest history of the launch
         lo = tl.maximum(lo, first)
         t = tl.load(query_start_loc_ptr + seq)
@@ -382,22 +398,23 @@ def _decode_kernel(
         done = done_ptr + i * tl.num_programs(2) + kv_head
         if tl.atomic_add(done, 1, sem="acq_rel") == n_splits - first_split - 1:
             tl.atomic_xchg(done, 0)  # ready for the next launch (or graph replay)
-            # the first split with visible keys: its max is finite, so no exp(-inf - -inf) below;
-            # .cg loads read L2, where the other programs' stores are
-            s0 = first_split
-            m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
-            l_sum = tl.load(pml + s0 * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
-            acc = tl.load(pa + s0 * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
-            for s in range(first_split + 1, n_splits):
-                m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
-                l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
+            # two passes over the splits in split order (the same bits in any batch): the
+            # largest max first, then every split's share under it. The loads of the second
+            # pass do not wait on each other, where a running merge chains them; .cg loads
+            # read L2, where the other programs' stores are. A split with visible keys has a
+            # finite max for every real row, so no exp(-inf - -inf) below.
+            m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+            for s in range(first_split, n_splits):
+                m = tl.maximum(m, tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg"))
+            l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
+            acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+            for s in range(first_split, n_splits):
+                w = tl.exp(tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg") - m)
+                l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=0.0, cache_modifier=".cg")
                 acc_s = tl.load(pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
-                m_new = tl.maximum(m, m_s)
-                a = tl.exp(m - m_new)
-                b = tl.exp(m_s - m_new)
-                l_sum = l_sum * a + l_s * b
-                acc = acc * a[:, None] + acc_s * b[:, None]
-                m = m_new
+                l_sum += w * l_s
+                acc += w[:, None] * acc_s
+            l_sum = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
             if USE_SINKS:
                 sink = tl.load(sinks_ptr + head, mask=row_mask, other=0.0)
                 m_new = tl.maximum(m, sink)
@@ -555,6 +572,7 @@ def run(
             target.stride(0), target.stride(1), lse_buf.stride(0),
             GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_N=cfg.BLOCK_N, HEAD_DIM=cfg.HEAD_DIM,
             HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE, SPLIT_SIZE=cfg.SPLIT_SIZE,
+            SPLIT_LONG=cfg.SPLIT_LONG, LONG_FROM=cfg.LONG_FROM,
             UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
     if plan.other is not None:
