@@ -403,12 +403,14 @@ def _decode_kernel(
             # pass do not wait on each other, where a running merge chains them; .cg loads
             # read L2, where the other programs' stores are. A split with visible keys has a
             # finite max for every real row, so no exp(-inf - -inf) below.
+            # (two pipeline stages, not the main loop's three: 122 registers a thread where
+            # three took 156, with triton 3.6 for sm_90, which kept 3 programs an SM, not 4)
             m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-            for s in range(first_split, n_splits):
+            for s in tl.range(first_split, n_splits, num_stages=2):
                 m = tl.maximum(m, tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg"))
             l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
             acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
-            for s in range(first_split, n_splits):
+            for s in tl.range(first_split, n_splits, num_stages=2):
                 w = tl.exp(tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg") - m)
                 l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=0.0, cache_modifier=".cg")
                 acc_s = tl.load(pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
