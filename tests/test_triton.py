@@ -242,6 +242,71 @@ def test_many_splits_merge_within_policy(spec, long_from, max_splits, monkeypatc
     assert check.passed and not check.warning, str(check)
 
 
+class _Launch:
+    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args)`` records the call."""
+
+    def __init__(self, calls, name):
+        self.calls, self.name = calls, name
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.name, grid))
+
+
+def _forbid(what):
+    def fail(*a, **k):
+        pytest.fail(f"run called {what}: a CUDA graph could not capture it")
+
+    return fail
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_run_is_graph_capturable(dtype, monkeypatch):
+    """Given out and lse, ``run`` allocates nothing and reads nothing back from the device:
+    everything a replay needs was made by ``prepare``. One decode launch (the merge is
+    folded in) and one prefill launch."""
+    case = CaseSpec("t", ((70, 1), (33, 9)), dtype=dtype).build()
+    prep = tpa.prepare(*_args(case), scale=case.scale, return_lse=True)
+    out, lse = torch.empty_like(case.query), torch.empty(case.num_tokens, case.num_heads)
+    calls: list = []
+    monkeypatch.setattr(tpa, "_decode_kernel", _Launch(calls, "decode"))
+    monkeypatch.setattr(tpa, "_prefill_kernel", _Launch(calls, "prefill"))
+    for name in ("empty", "empty_like", "zeros", "zeros_like", "full", "full_like", "tensor", "cat"):
+        monkeypatch.setattr(torch, name, _forbid(f"torch.{name}"))
+    for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, _forbid(f"Tensor.{name}"))
+    got = tpa.run(prep, case.query, case.key_cache, case.value_cache, out=out, lse=lse)
+    assert got[0] is out and got[1] is lse
+    assert [c[0] for c in calls] == ["decode", "prefill"], calls
+
+
+@runs_kernel
+def test_run_leaves_the_split_counters_at_zero():
+    """The last split of a sequence resets its counter: the next launch, or a graph replay
+    of this one, starts from zero."""
+    case = CaseSpec("t", ((1100, 1), (600, 1), (40, 1)), num_heads=8, sliding_window=700).build().to(DEVICE)
+    prep = tpa.prepare(*_args(case), scale=case.scale, sliding_window=700)
+    assert prep.done is not None and prep.plan.max_splits == 3
+    for _ in range(2):
+        out = tpa.run(prep, case.query, case.key_cache, case.value_cache)
+        assert int(prep.done.abs().sum()) == 0, f"split counters left at {prep.done.tolist()}"
+        check = check_attention(out, case)
+        assert check.passed and not check.warning, str(check)
+
+
+@runs_kernel
+@pytest.mark.parametrize("gain", [1e6, 1e-33], ids=["huge-queries", "tiny-queries"])
+def test_fp8_cache_fp16_dots_keep_any_bf16_query_in_range(gain):
+    """bf16 queries over an fp8 cache run fp16 dots: each row is scaled by a power of two
+    first, so queries far outside fp16's range (either side) still score exactly."""
+    spec = CaseSpec("t", ((200, 1), (30, 5)), num_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,
+                    kv_dtype=torch.float8_e4m3fn, query_gain=gain, scale=1.0)  # fmt: skip
+    case = spec.build().to(DEVICE)
+    out, lse = tpa.paged_attention(*_args(case), scale=case.scale, return_lse=True)
+    out_check, lse_check = check_attention_lse(out, lse, case)
+    assert out_check.passed and not out_check.warning, str(out_check)
+    assert lse_check.passed, str(lse_check)
+
+
 @runs_kernel
 def test_out_is_fully_written_and_returned():
     case = KERNEL_CASES[3].build().to(DEVICE)
