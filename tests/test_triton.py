@@ -358,8 +358,13 @@ for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
         consts.update({k: v for k, v in flags.items() if k in kernel.arg_names})
         c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages)
+        # the decode merge (after the counter's reset) must read the partials through L2
+        merge = c.asm["ptx"].split("atom.global.gpu.acq_rel.exch")
         results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]),
-                        "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared})
+                        "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared,
+                        "merge": None if name == "prefill" else
+                                 {"found": len(merge) == 2, "cp_async": "cp.async" in merge[-1],
+                                  "cg_loads": merge[-1].count("ld.global.cg")}})
 print(json.dumps(results))
 """
 
@@ -398,6 +403,12 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
         assert r["cubin"] > 0, f"{r['cfg']}: no cubin: {r}"
         # the compiler accepts more shared memory than a launch gets: check the launch limit
         assert r["shared"] <= HOPPER_SHARED_MEMORY, f"{r['cfg']}: {r['shared']} B of shared memory cannot launch"
+        if r["merge"] is not None:
+            # a pipelined load becomes cp.async.ca, which reads through the SM's L1 and can see
+            # a line cached before another program's split was stored (partials share lines)
+            assert r["merge"]["found"] and r["merge"]["cg_loads"] > 0 and not r["merge"]["cp_async"], (
+                f"{r['cfg']}: the decode merge must load the partials with ld.global.cg, not cp.async: {r['merge']}"
+            )
         if r["mma"] is not None:
             # half-precision dots must land on the tensor cores; IEEE fp32 dots cannot (FMA)
             assert r["mma"] == (r["cfg"][0] != "float32"), f"{r['cfg']}: unexpected tensor-core use: {r}"
