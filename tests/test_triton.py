@@ -327,22 +327,34 @@ def test_noncontiguous_cache_strides_are_honoured():
 
 
 _AOT = r"""
-import json, sys, triton, torch
+import json, re, sys, triton, torch
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
 from pagedattn.kernels import host
 from pagedattn.kernels import triton_paged_attention as m
 
-def compile_one(kernel, types, consts, num_warps=4, num_stages=2):
+def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None):
     names = kernel.arg_names
     sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in names}
-    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()})
+    # what the JIT specializes on a GPU: pointers from torch are 16-byte aligned, and an
+    # int argument divisible by 16 is marked so (the pipeliner needs both to copy async)
+    ints = ints or {}
+    aligned = [i for i, n in enumerate(names)
+               if n not in consts and (n.endswith("_ptr") or (n in ints and ints[n] % 16 == 0))]
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     options = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 results = []
 for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
     plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False)
+    # the strides of contiguous tensors of this shape (the block table's width is left unmarked)
+    pad, splits = plan.decode.HEAD_DIM_PAD, plan.max_splits
+    ints = {"stride_qt": heads * d, "stride_qh": d, "stride_kb": bs * kv * d, "stride_ks": kv * d, "stride_kh": d,
+            "stride_vb": bs * kv * d, "stride_vs": kv * d, "stride_vh": d, "stride_ot": heads * d, "stride_oh": d,
+            "stride_lt": heads, "stride_pa_seq": splits * heads * pad, "stride_pa_split": heads * pad,
+            "stride_pml_seq": splits * heads * 2, "stride_pml_split": heads * 2}
     t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
     tk = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", None: t}[kv_dtype]
     types = {"q_ptr": "*" + t, "k_cache_ptr": "*" + tk, "v_cache_ptr": "*" + tk, "out_ptr": "*" + t,
@@ -350,17 +362,20 @@ for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
              "sinks_ptr": "*fp32",
              "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
     flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
-             "KV_FP8": kv_dtype is not None, "F16_DOTS": kv_dtype is not None and dtype == "bfloat16"}
+             "KV_FP8": kv_dtype is not None, "F16_DOTS": kv_dtype is not None and dtype == "bfloat16",
+             "TABLE_AHEAD": True}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
         consts.update({k: v for k, v in flags.items() if k in kernel.arg_names})
-        c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages)
+        c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages, ints)
         # the decode merge (after the counter's reset) must read the partials through L2
         merge = c.asm["ptx"].split("atom.global.gpu.acq_rel.exch")
-        results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]),
+        waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", c.asm["ptx"])]
+        results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]), "stages": cfg.num_stages,
+                        "deepest_wait": max(waits, default=0),
                         "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared,
                         "merge": None if name == "prefill" else
                                  {"found": len(merge) == 2, "cp_async": "cp.async" in merge[-1],
@@ -403,6 +418,11 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
         assert r["cubin"] > 0, f"{r['cfg']}: no cubin: {r}"
         # the compiler accepts more shared memory than a launch gets: check the launch limit
         assert r["shared"] <= HOPPER_SHARED_MEMORY, f"{r['cfg']}: {r['shared']} B of shared memory cannot launch"
+        if r["merge"] is not None and r["stages"] >= 3:
+            # the decode loop keeps K and V tiles of later steps in flight (host-prefetched
+            # table entries, TABLE_AHEAD); with the table loaded in the step that uses them,
+            # triton waits for every copy at the top of each step (wait_group 0)
+            assert r["deepest_wait"] >= 1, f"{r['cfg']}: the decode loop's K/V loads are not multi-buffered: {r}"
         if r["merge"] is not None:
             # a pipelined load becomes cp.async.ca, which reads through the SM's L1 and can see
             # a line cached before another program's split was stored (partials share lines)

@@ -133,6 +133,7 @@ def _attend(
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     KV_FP8: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr,
 ):
     """Online softmax of the rows ``q`` [ROWS, D] over keys ``lo .. hi-1`` of one
     sequence (its block-table row at ``table_ptr``); row ``r`` sees keys ``<= pos[r]``
@@ -141,10 +142,22 @@ def _attend(
     unscaling); ``slopes`` [ROWS] are the rows' ALiBi slopes (unused without ``USE_ALIBI``)."""
     d = tl.arange(0, HEAD_DIM_PAD)
     dmask = d < HEAD_DIM
+    # TABLE_AHEAD: each step loads the next tile's block-table entries, one step ahead. Loaded
+    # in the step that uses them, they make the K and V loads indirect, and triton (3.6 and
+    # 3.9, sm_90) then waits for every copy in flight at the top of each step
+    # (cp.async.wait_group 0): one tile in flight, its latency paid every step. Carried
+    # from the step before, the K and V tiles are multi-buffered (wait_group 2 at 3 stages).
+    j_next = lo + tl.arange(0, BLOCK_N)
+    blk_next = tl.load(table_ptr + j_next // BLOCK_SIZE, mask=j_next < hi, other=0)
     for j0 in range(lo, hi, BLOCK_N):
         j = j0 + tl.arange(0, BLOCK_N)
         kmask = j < hi
-        blk = tl.load(table_ptr + j // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+        if TABLE_AHEAD:
+            blk = blk_next.to(tl.int64)
+            j_next = j + BLOCK_N
+            blk_next = tl.load(table_ptr + j_next // BLOCK_SIZE, mask=j_next < hi, other=0)
+        else:
+            blk = tl.load(table_ptr + j // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
         slot = j % BLOCK_SIZE
         k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
         v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
@@ -231,6 +244,7 @@ def _prefill_kernel(
     USE_SINKS: tl.constexpr,
     KV_FP8: tl.constexpr,
     F16_DOTS: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
     seq = tl.load(seq_ids_ptr + tl.program_id(0))
@@ -272,7 +286,7 @@ def _prefill_kernel(
             lo, n_keys, pos, slopes, qk_scale, window, soft_cap,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
-            KV_FP8,
+            KV_FP8, TABLE_AHEAD,
         )  # fmt: skip
         l_safe = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
         result = acc * (v_scale / l_safe)[:, None]
@@ -339,6 +353,7 @@ def _decode_kernel(
     USE_SINKS: tl.constexpr,
     KV_FP8: tl.constexpr,
     F16_DOTS: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
     """One split of one decode sequence's history for one kv head's query group; the
@@ -385,7 +400,7 @@ def _decode_kernel(
             lo, hi, pos, slopes, qk_scale, window, soft_cap,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
-            KV_FP8,
+            KV_FP8, TABLE_AHEAD,
         )  # fmt: skip
         pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
         pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
@@ -558,7 +573,7 @@ def run(
     kv_fp8 = prep.kv_dtype != prep.dtype
     flags = dict(USE_WINDOW=var.sliding_window is not None, USE_SOFTCAP=var.logits_soft_cap is not None,
                  USE_ALIBI=var.alibi_slopes is not None, USE_SINKS=var.sinks is not None, KV_FP8=kv_fp8,
-                 F16_DOTS=kv_fp8 and prep.dtype == torch.bfloat16 and F16_DOTS_FOR_FP8,
+                 F16_DOTS=kv_fp8 and prep.dtype == torch.bfloat16 and F16_DOTS_FOR_FP8, TABLE_AHEAD=TABLE_AHEAD,
                  WRITE_LSE=var.return_lse)  # fmt: skip
     tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
     strides_kv = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
@@ -597,6 +612,10 @@ def run(
 #: bf16 queries over an fp8 cache run fp16 dots (see ``_query_rows``); False keeps bf16
 #: dots with fp8->bf16 tiles, the slower path it replaced (kept for the benchmark).
 F16_DOTS_FOR_FP8 = True
+
+#: Load each key tile's block-table entries one step ahead (see ``_attend``); False is the
+#: single-buffered loop it replaced (kept for the benchmark: not timed on a GPU yet).
+TABLE_AHEAD = True
 
 
 def paged_attention(
