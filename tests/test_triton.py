@@ -279,6 +279,37 @@ def test_run_is_graph_capturable(dtype, monkeypatch):
     assert [c[0] for c in calls] == ["decode", "prefill"], calls
 
 
+@pytest.mark.skipif(
+    DEVICE != "cuda",
+    reason="CUDA graphs need a GPU; on the CPU, test_run_is_graph_capturable "
+    "checks that run allocates nothing and reads nothing back",
+)
+def test_cuda_graph_replay_computes_what_run_computes():
+    """``run`` captured once and replayed gives the eager bits, also after the query tensor
+    is refilled (a new step through the same graph)."""
+    spec = CaseSpec("t", ((3000, 1), (700, 1), (60, 9)), num_heads=8, dtype=torch.bfloat16, sinks=True)
+    case = spec.build().to(DEVICE)
+    prep = tpa.prepare(*_args(case), scale=case.scale, sinks=case.sinks, return_lse=True)
+    q, k, v = case.query, case.key_cache, case.value_cache
+    out, lse = torch.empty_like(q), torch.empty(case.num_tokens, case.num_heads, device=DEVICE)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile outside the capture
+        tpa.run(prep, q, k, v, out=out, lse=lse)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tpa.run(prep, q, k, v, out=out, lse=lse)
+    for step in range(3):
+        q.copy_(torch.randn_like(q) * (step + 1))
+        want_out, want_lse = tpa.run(prep, q, k, v)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"step {step}: replay differs from run"
+        assert int(prep.done.abs().sum()) == 0, f"step {step}: split counters left at {prep.done.tolist()}"
+
+
 @runs_kernel
 def test_run_leaves_the_split_counters_at_zero():
     """The last split of a sequence resets its counter: the next launch, or a graph replay
