@@ -9,10 +9,13 @@ online softmax in fp32 (``_attend``, shared by both kernels).
 
 Sequences with one new token go to ``_decode_kernel``, which also splits the
 history into pieces of ``SPLIT_SIZE`` keys (``SPLIT_LONG`` for long histories)
-across programs (so one long sequence fills the GPU) and writes each piece's running max, denominator and weighted-V
-sum; the piece that finishes last combines them by log-sum-exp, in a fixed
-order, in the same launch. The other sequences go to ``_prefill_kernel``. ``host.plan_launch`` decides, from each
+across programs (so one long sequence fills the GPU) and writes each piece's
+running max, denominator and weighted-V sum; the piece that finishes last
+combines them by log-sum-exp, in a fixed order, in the same launch. The other
+sequences go to ``_prefill_kernel``. ``host.plan_launch`` decides, from each
 sequence's own sizes only, so results never depend on the rest of the batch.
+An fp8 cache is widened tile by tile after its load (``_widen_rows``), to fp16
+for bf16 queries (``_query_rows``).
 
 Without a GPU, Triton runs this under its interpreter, which must be switched
 on with ``TRITON_INTERPRET=1`` *before* this module (and triton) is imported:
