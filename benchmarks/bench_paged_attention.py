@@ -67,6 +67,33 @@ def bench(fn, device: str) -> float:
     return statistics.median(times)
 
 
+def graph_replay(fn, device: str):
+    """``fn`` captured once in a CUDA graph, returned as a function that replays it (on
+    the CPU, ``fn`` itself: the harness runs, there is nothing to capture)."""
+    if device != "cuda":
+        return fn
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile and warm up outside the capture
+        fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
+def host_us(fn, repeat: int = 20) -> float:
+    """Median wall-clock microseconds of ``fn`` on the host (it synchronizes itself or not)."""
+    fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
 def paged_batch(B, L, q_len, Hq, Hkv, D, bs, dtype, device, gen_seed=0):
     """Random tensors of one batch with permuted blocks; every sequence has L tokens."""
     g = torch.Generator(device="cpu").manual_seed(gen_seed)
@@ -107,6 +134,11 @@ def decode_point(B, L, bs, D, Hq, Hkv, dtype, device, kernel):
     prep = prepare(q, k, v, tables, seq_lens, loc)
     t_run = bench(lambda: run(prep, q, k, v), device)
     t_prepare = bench(lambda: prepare(q, k, v, tables, seq_lens, loc), device)
+    prepare_us = host_us(lambda: prepare(q, k, v, tables, seq_lens, loc))
+    # what an engine replays: ``run`` captured once in a CUDA graph (out given: no allocation)
+    out = torch.empty_like(q)
+    t_graph = bench(graph_replay(lambda: run(prep, q, k, v, out=out), device), device)
+    t_sdpa_graph = bench(graph_replay(lambda: sdpa(qd, kc, vc), device), device)
 
     flat = tables.reshape(-1).long()
     nb = tables.shape[1]
@@ -122,12 +154,15 @@ def decode_point(B, L, bs, D, Hq, Hkv, dtype, device, kernel):
     if B * L <= 1 << 18:  # a sanity check of the timed kernel (the suite does the real checking)
         ref = sdpa(qd.float(), kc.float(), vc.float()).view(B, Hq, D)
         err = float((kernel(q, k, v, tables, seq_lens, loc).float() - ref).abs().max())
+        err = max(err, float((out.float() - ref).abs().max()))  # the graph's replays wrote ``out``
     return {
-        "B": B, "L": L, "block_size": bs, "head_dim": D, "bytes": nbytes,
-        "ms": {"triton_paged": t_run, "triton_paged_with_checks": t_paged, "triton_prepare": t_prepare,
-               "sdpa_contiguous": t_sdpa, "gather_then_sdpa": t_gather},
-        "TBps": {"triton_paged": nbytes / t_run / 1e9, "triton_paged_with_checks": nbytes / t_paged / 1e9,
-                 "sdpa_contiguous": nbytes / t_sdpa / 1e9, "gather_then_sdpa": nbytes / t_gather / 1e9},
+        "B": B, "L": L, "block_size": bs, "head_dim": D, "bytes": nbytes, "prepare_host_us": prepare_us,
+        "ms": {"triton_paged": t_run, "triton_paged_graph": t_graph, "triton_paged_with_checks": t_paged,
+               "triton_prepare": t_prepare, "sdpa_contiguous": t_sdpa, "sdpa_contiguous_graph": t_sdpa_graph,
+               "gather_then_sdpa": t_gather},
+        "TBps": {"triton_paged": nbytes / t_run / 1e9, "triton_paged_graph": nbytes / t_graph / 1e9,
+                 "triton_paged_with_checks": nbytes / t_paged / 1e9, "sdpa_contiguous": nbytes / t_sdpa / 1e9,
+                 "sdpa_contiguous_graph": nbytes / t_sdpa_graph / 1e9, "gather_then_sdpa": nbytes / t_gather / 1e9},
         "max_abs_err_vs_fp32_sdpa": err,
     }  # fmt: skip
 
@@ -239,43 +274,39 @@ def run(device: str, out: str | None) -> dict:
 
 
 def check_targets(result: dict) -> list[dict]:
-    """Each target of the brief with its floor, the figure, and whether it is met."""
+    """Each target of issue 17 with its floor, the figure, and whether it is met."""
     rows = []
+
+    def row(target, value, floor):
+        rows.append({"target": target, "value": value, "floor": floor, "met": value >= floor})
+
     for p in result["decode"]:
         tb = p["TBps"]
-        rows.append({"target": f"decode B={p['B']} L={p['L']}: >= 90% of SDPA on contiguous",
-                     "value": tb["triton_paged"], "floor": 0.9 * tb["sdpa_contiguous"],
-                     "met": tb["triton_paged"] >= 0.9 * tb["sdpa_contiguous"]})  # fmt: skip
-        rows.append({"target": f"decode B={p['B']} L={p['L']}: >= 3x gather-then-SDPA",
-                     "value": p["ms"]["gather_then_sdpa"] / p["ms"]["triton_paged"], "floor": 3.0,
-                     "met": p["ms"]["gather_then_sdpa"] >= 3 * p["ms"]["triton_paged"]})  # fmt: skip
-    one = [p for p in result["decode"] if p["B"] == 1 and p["L"] == max(x["L"] for x in result["decode"])]
-    for p in one:
-        rows.append({"target": f"decode B=1 L={p['L']}: faster than SDPA on contiguous",
-                     "value": p["ms"]["triton_paged"], "floor": p["ms"]["sdpa_contiguous"],
-                     "met": p["ms"]["triton_paged"] < p["ms"]["sdpa_contiguous"]})  # fmt: skip
-    pre = result["prefill"][0]["TFLOPs"]
-    rows.append(
-        {
-            "target": "causal prefill: >= 50% of SDPA TFLOP/s",
-            "value": pre["triton_paged"],
-            "floor": 0.5 * pre["sdpa_contiguous"],
-            "met": pre["triton_paged"] >= 0.5 * pre["sdpa_contiguous"],
-        }
-    )
-    return rows  # fmt: skip
+        if p["B"] >= 8:
+            row(f"decode B={p['B']} L={p['L']}: >= 0.95 of SDPA on contiguous (TB/s)", tb["triton_paged"],
+                0.95 * tb["sdpa_contiguous"])  # fmt: skip
+        else:
+            row(f"decode B={p['B']} L={p['L']}: graph replay >= 0.8 of SDPA on contiguous (TB/s)",
+                tb["triton_paged_graph"], 0.8 * tb["sdpa_contiguous"])  # fmt: skip
+    causal, chunked = result["prefill"][0]["TFLOPs"], result["prefill"][1]["TFLOPs"]
+    row("causal prefill: >= 0.70 of SDPA (TFLOP/s)", causal["triton_paged"], 0.7 * causal["sdpa_contiguous"])
+    row("chunked prefill: >= 0.8 of SDPA, bottom-right mask (TFLOP/s)", chunked["triton_paged"],
+        0.8 * chunked["sdpa_contiguous"])  # fmt: skip
+    return rows
 
 
 def print_table(result: dict) -> None:
     print(f"\n{result['machine']}\ncopy bandwidth {result['copy_TBps']:.2f} TB/s")
-    print(f"{'B':>5}{'L':>7}{'bs':>4}{'D':>5}{'paged TB/s':>12}{'sdpa TB/s':>11}{'gather TB/s':>12}{'vs sdpa':>9}"
-          f"{'vs gather':>10}")  # fmt: skip
+    print(f"{'B':>5}{'L':>7}{'bs':>4}{'D':>5}{'paged TB/s':>12}{'graph':>7}{'sdpa TB/s':>11}{'graph':>7}"
+          f"{'gather TB/s':>12}{'vs sdpa':>9}{'graph/sdpa':>11}{'vs gather':>10}{'prepare us':>11}")  # fmt: skip
     for p in result["decode"] + result["decode_variants"]:
         tb = p["TBps"]
         print(f"{p['B']:>5}{p['L']:>7}{p['block_size']:>4}{p['head_dim']:>5}{tb['triton_paged']:>12.2f}"
-              f"{tb['sdpa_contiguous']:>11.2f}{tb['gather_then_sdpa']:>12.2f}"
-              f"{tb['triton_paged'] / tb['sdpa_contiguous']:>9.2f}"
-              f"{p['ms']['gather_then_sdpa'] / p['ms']['triton_paged']:>10.2f}")  # fmt: skip
+              f"{tb['triton_paged_graph']:>7.2f}{tb['sdpa_contiguous']:>11.2f}{tb['sdpa_contiguous_graph']:>7.2f}"
+              f"{tb['gather_then_sdpa']:>12.2f}{tb['triton_paged'] / tb['sdpa_contiguous']:>9.2f}"
+              f"{tb['triton_paged_graph'] / tb['sdpa_contiguous']:>11.2f}"
+              f"{p['ms']['gather_then_sdpa'] / p['ms']['triton_paged']:>10.2f}"
+              f"{p['prepare_host_us']:>11.0f}")  # fmt: skip
     for p in result["prefill"]:
         print(f"{p['kind']} new={p['new']} cached={p['cached']}: paged {p['TFLOPs']['triton_paged']:.1f} TFLOP/s, "
               f"sdpa {p['TFLOPs']['sdpa_contiguous']:.1f}")  # fmt: skip

@@ -162,9 +162,11 @@ def test_plan_splits_decode_from_the_rest():
     plan = _plan([5000, 40, 300, 1], [1, 40, 7, 1])
     assert plan.decode_seqs == [0, 3] and plan.other_seqs == [1, 2]
     assert plan.max_splits == -(-5000 // host.SPLIT_SIZE)
+    assert _plan([host.LONG_FROM, 5000], [1, 1]).max_splits == host.LONG_FROM // host.SPLIT_LONG
     assert plan.decode.grid == (2, plan.max_splits, 8) and plan.decode.BLOCK_Q == 1
     assert plan.other.grid == (2, -(-40 // plan.other.BLOCK_Q), 8)
-    assert plan.decode.SPLIT_SIZE % plan.decode.BLOCK_N == 0, "a split must hold whole key tiles"
+    for split in (plan.decode.SPLIT_SIZE, plan.decode.SPLIT_LONG):
+        assert split % plan.decode.BLOCK_N == 0, f"{split}-key splits must hold whole {plan.decode.BLOCK_N}-key tiles"
 
 
 @pytest.mark.parametrize(
@@ -206,6 +208,11 @@ KERNEL_CASES = [
     CaseSpec("t", ((33, 33), (40, 7)), num_heads=6, num_kv_heads=2, head_dim=80, block_size=3, layout="permuted",
              scale=0.3, dtype=dt)
     for dt in (torch.float32, torch.bfloat16)
+] + [
+    # fp8 caches: V widened through split/join, bf16 queries on fp16 dots (see _query_rows)
+    CaseSpec("t", ((300, 1), (45, 1), (40, 9)), num_heads=8, num_kv_heads=2, head_dim=64, dtype=dt, kv_dtype=kv,
+             k_scale=0.5, v_scale=2.0, query_gain=40.0, layout="permuted")
+    for dt, kv in ((torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2))
 ]  # fmt: skip
 
 
@@ -213,21 +220,122 @@ KERNEL_CASES = [
 @pytest.mark.parametrize("spec", KERNEL_CASES, ids=lambda s: s.id)
 def test_kernel_within_policy(spec):
     case = spec.build().to(DEVICE)
-    out = tpa.paged_attention(*_args(case), scale=case.scale)
+    out = tpa.paged_attention(*_args(case), scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
     check = check_attention(out, case)
     assert check.passed and not check.warning, str(check)
 
 
 @runs_kernel
+@pytest.mark.parametrize("long_from, max_splits", [(10**9, 3), (48, 2)], ids=["short-splits", "long-splits-from-48"])
 @pytest.mark.parametrize("spec", KERNEL_CASES[:3], ids=lambda s: s.id)
-def test_many_splits_merge_within_policy(spec, monkeypatch):
-    """Small splits, so the log-sum-exp merge of many partial states runs on small cases."""
+def test_many_splits_merge_within_policy(spec, long_from, max_splits, monkeypatch):
+    """Small splits, so the log-sum-exp merge of many partial states runs on small cases;
+    with ``long_from=48`` the 70-key history takes 64-key splits, the others 32."""
     monkeypatch.setattr(host, "SPLIT_SIZE", 32)
+    monkeypatch.setattr(host, "SPLIT_LONG", 64)
+    monkeypatch.setattr(host, "LONG_FROM", long_from)
     monkeypatch.setattr(host, "DECODE_BLOCK_N", 16)
     case = spec.build().to(DEVICE)
-    assert host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 64, 16, case.dtype, False).max_splits == 3
+    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 64, 16, case.dtype, False)
+    assert plan.max_splits == max_splits, f"{case.seq_lens_list}: {plan.max_splits} splits, expected {max_splits}"
     check = check_attention(tpa.paged_attention(*_args(case), scale=case.scale), case)
     assert check.passed and not check.warning, str(check)
+
+
+class _Launch:
+    """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args)`` records the call."""
+
+    def __init__(self, calls, name):
+        self.calls, self.name = calls, name
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.calls.append((self.name, grid))
+
+
+def _forbid(what):
+    def fail(*a, **k):
+        pytest.fail(f"run called {what}: a CUDA graph could not capture it")
+
+    return fail
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_run_is_graph_capturable(dtype, monkeypatch):
+    """Given out and lse, ``run`` allocates nothing and reads nothing back from the device:
+    everything a replay needs was made by ``prepare``. One decode launch (the merge is
+    folded in) and one prefill launch."""
+    case = CaseSpec("t", ((70, 1), (33, 9)), dtype=dtype).build()
+    prep = tpa.prepare(*_args(case), scale=case.scale, return_lse=True)
+    out, lse = torch.empty_like(case.query), torch.empty(case.num_tokens, case.num_heads)
+    calls: list = []
+    monkeypatch.setattr(tpa, "_decode_kernel", _Launch(calls, "decode"))
+    monkeypatch.setattr(tpa, "_prefill_kernel", _Launch(calls, "prefill"))
+    for name in ("empty", "empty_like", "zeros", "zeros_like", "full", "full_like", "tensor", "cat"):
+        monkeypatch.setattr(torch, name, _forbid(f"torch.{name}"))
+    for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, _forbid(f"Tensor.{name}"))
+    got = tpa.run(prep, case.query, case.key_cache, case.value_cache, out=out, lse=lse)
+    assert got[0] is out and got[1] is lse
+    assert [c[0] for c in calls] == ["decode", "prefill"], calls
+
+
+@pytest.mark.skipif(
+    DEVICE != "cuda",
+    reason="CUDA graphs need a GPU; on the CPU, test_run_is_graph_capturable "
+    "checks that run allocates nothing and reads nothing back",
+)
+def test_cuda_graph_replay_computes_what_run_computes():
+    """``run`` captured once and replayed gives the eager bits, also after the query tensor
+    is refilled (a new step through the same graph)."""
+    spec = CaseSpec("t", ((3000, 1), (700, 1), (60, 9)), num_heads=8, dtype=torch.bfloat16, sinks=True)
+    case = spec.build().to(DEVICE)
+    prep = tpa.prepare(*_args(case), scale=case.scale, sinks=case.sinks, return_lse=True)
+    q, k, v = case.query, case.key_cache, case.value_cache
+    out, lse = torch.empty_like(q), torch.empty(case.num_tokens, case.num_heads, device=DEVICE)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile outside the capture
+        tpa.run(prep, q, k, v, out=out, lse=lse)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tpa.run(prep, q, k, v, out=out, lse=lse)
+    for step in range(3):
+        q.copy_(torch.randn_like(q) * (step + 1))
+        want_out, want_lse = tpa.run(prep, q, k, v)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"step {step}: replay differs from run"
+        assert int(prep.done.abs().sum()) == 0, f"step {step}: split counters left at {prep.done.tolist()}"
+
+
+@runs_kernel
+def test_run_leaves_the_split_counters_at_zero():
+    """The last split of a sequence resets its counter: the next launch, or a graph replay
+    of this one, starts from zero."""
+    case = CaseSpec("t", ((1100, 1), (600, 1), (40, 1)), num_heads=8, sliding_window=700).build().to(DEVICE)
+    prep = tpa.prepare(*_args(case), scale=case.scale, sliding_window=700)
+    assert prep.done is not None and prep.plan.max_splits == 3
+    for _ in range(2):
+        out = tpa.run(prep, case.query, case.key_cache, case.value_cache)
+        assert int(prep.done.abs().sum()) == 0, f"split counters left at {prep.done.tolist()}"
+        check = check_attention(out, case)
+        assert check.passed and not check.warning, str(check)
+
+
+@runs_kernel
+@pytest.mark.parametrize("gain", [1e6, 1e-33], ids=["huge-queries", "tiny-queries"])
+def test_fp8_cache_fp16_dots_keep_any_bf16_query_in_range(gain):
+    """bf16 queries over an fp8 cache run fp16 dots: each row is scaled by a power of two
+    first, so queries far outside fp16's range (either side) still score exactly."""
+    spec = CaseSpec("t", ((200, 1), (30, 5)), num_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,
+                    kv_dtype=torch.float8_e4m3fn, query_gain=gain, scale=1.0)  # fmt: skip
+    case = spec.build().to(DEVICE)
+    out, lse = tpa.paged_attention(*_args(case), scale=case.scale, return_lse=True)
+    out_check, lse_check = check_attention_lse(out, lse, case)
+    assert out_check.passed and not out_check.warning, str(out_check)
+    assert lse_check.passed, str(lse_check)
 
 
 @runs_kernel
@@ -250,43 +358,59 @@ def test_noncontiguous_cache_strides_are_honoured():
 
 
 _AOT = r"""
-import json, sys, triton, torch
+import json, re, sys, triton, torch
 from triton.compiler import ASTSource
 from triton.backends.compiler import GPUTarget
 from pagedattn.kernels import host
 from pagedattn.kernels import triton_paged_attention as m
 
-def compile_one(kernel, types, consts, num_warps=4, num_stages=2):
+def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None):
     names = kernel.arg_names
     sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in names}
-    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()})
+    # what the JIT specializes on a GPU: pointers from torch are 16-byte aligned, and an
+    # int argument divisible by 16 is marked so (the pipeliner needs both to copy async)
+    ints = ints or {}
+    aligned = [i for i, n in enumerate(names)
+               if n not in consts and (n.endswith("_ptr") or (n in ints and ints[n] % 16 == 0))]
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()},
+                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     options = {"num_warps": num_warps, "num_stages": num_stages}
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 results = []
 for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
     plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False)
+    # the strides of contiguous tensors of this shape (the block table's width is left unmarked)
+    pad, splits = plan.decode.HEAD_DIM_PAD, plan.max_splits
+    ints = {"stride_qt": heads * d, "stride_qh": d, "stride_kb": bs * kv * d, "stride_ks": kv * d, "stride_kh": d,
+            "stride_vb": bs * kv * d, "stride_vs": kv * d, "stride_vh": d, "stride_ot": heads * d, "stride_oh": d,
+            "stride_lt": heads, "stride_pa_seq": splits * heads * pad, "stride_pa_split": heads * pad,
+            "stride_pml_seq": splits * heads * 2, "stride_pml_split": heads * 2}
     t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
     tk = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", None: t}[kv_dtype]
     types = {"q_ptr": "*" + t, "k_cache_ptr": "*" + tk, "v_cache_ptr": "*" + tk, "out_ptr": "*" + t,
-             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "alibi_ptr": "*fp32", "sinks_ptr": "*fp32",
+             "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "done_ptr": "*i32", "alibi_ptr": "*fp32",
+             "sinks_ptr": "*fp32",
              "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
     flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
-             "KV_FP8": kv_dtype is not None}
+             "KV_FP8": kv_dtype is not None, "F16_DOTS": kv_dtype is not None and dtype == "bfloat16",
+             "TABLE_AHEAD": True}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
-            "IEEE_FP32", "SPLIT_SIZE")
+            "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
         consts.update({k: v for k, v in flags.items() if k in kernel.arg_names})
-        c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages)
-        results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]),
-                        "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared})
-    consts = {"HEAD_DIM": d, "HEAD_DIM_PAD": plan.decode.HEAD_DIM_PAD, "SPLIT_SIZE": plan.decode.SPLIT_SIZE}
-    consts.update({k: v for k, v in flags.items() if k in m._merge_kernel.arg_names})
-    c = compile_one(m._merge_kernel, types, consts)
-    results.append({"cfg": cfg_name + ["merge"], "cubin": len(c.asm["cubin"]), "mma": None,
-                    "shared": c.metadata.shared})
+        c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages, ints)
+        # the decode merge (after the counter's reset) must read the partials through L2
+        merge = c.asm["ptx"].split("atom.global.gpu.acq_rel.exch")
+        waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", c.asm["ptx"])]
+        results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]), "stages": cfg.num_stages,
+                        "deepest_wait": max(waits, default=0),
+                        "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared,
+                        "merge": None if name == "prefill" else
+                                 {"found": len(merge) == 2, "cp_async": "cp.async" in merge[-1],
+                                  "cg_loads": merge[-1].count("ld.global.cg")}})
 print(json.dumps(results))
 """
 
@@ -320,11 +444,22 @@ def test_kernel_compiles_for_hopper_without_a_gpu():
                           env=env, timeout=600)  # fmt: skip
     assert proc.returncode == 0, f"compiling for sm_90 failed:\n{proc.stderr[-4000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == 3 * len(configs)
+    assert len(results) == 2 * len(configs)
     for r in results:
         assert r["cubin"] > 0, f"{r['cfg']}: no cubin: {r}"
         # the compiler accepts more shared memory than a launch gets: check the launch limit
         assert r["shared"] <= HOPPER_SHARED_MEMORY, f"{r['cfg']}: {r['shared']} B of shared memory cannot launch"
+        if r["merge"] is not None and r["stages"] >= 3:
+            # the decode loop keeps K and V tiles of later steps in flight (host-prefetched
+            # table entries, TABLE_AHEAD); with the table loaded in the step that uses them,
+            # triton waits for every copy at the top of each step (wait_group 0)
+            assert r["deepest_wait"] >= 1, f"{r['cfg']}: the decode loop's K/V loads are not multi-buffered: {r}"
+        if r["merge"] is not None:
+            # a pipelined load becomes cp.async.ca, which reads through the SM's L1 and can see
+            # a line cached before another program's split was stored (partials share lines)
+            assert r["merge"]["found"] and r["merge"]["cg_loads"] > 0 and not r["merge"]["cp_async"], (
+                f"{r['cfg']}: the decode merge must load the partials with ld.global.cg, not cp.async: {r['merge']}"
+            )
         if r["mma"] is not None:
             # half-precision dots must land on the tensor cores; IEEE fp32 dots cannot (FMA)
             assert r["mma"] == (r["cfg"][0] != "float32"), f"{r['cfg']}: unexpected tensor-core use: {r}"

@@ -268,7 +268,9 @@ class LaunchConfig:
     BLOCK_SIZE: int
     UPCAST: bool
     IEEE_FP32: bool
-    SPLIT_SIZE: int = 0  # decode launches: keys per split (0: no split)
+    SPLIT_SIZE: int = 0  # decode launches: keys per split (0: no split) ...
+    SPLIT_LONG: int = 0  # ... and per split of a history of at least LONG_FROM keys
+    LONG_FROM: int = 0
     num_warps: int = 4
     num_stages: int = 2
 
@@ -323,16 +325,19 @@ def plan_launch(
     if decode_seqs:
         # one query row per head: pad the group to the dot minimum; split the history so
         # that a single long sequence still fills the GPU, then merge by log-sum-exp
-        split = SPLIT_SIZE
-        max_splits = max(-(-seq_lens[b] // split) for b in decode_seqs)
+        # a long history takes longer splits: fewer partial states to write and merge, and
+        # still enough programs to fill the GPU alone; the choice reads that history's length only
+        max_splits = max(-(-seq_lens[b] // decode_split(seq_lens[b])) for b in decode_seqs)
         decode = LaunchConfig(
             grid=(len(decode_seqs), max_splits, num_kv_heads),
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
             BLOCK_N=DECODE_BLOCK_N,
-            SPLIT_SIZE=split,
-            num_warps=4,
-            num_stages=2 if dtype == torch.float32 and d_pad > 128 else 3,
+            SPLIT_SIZE=SPLIT_SIZE,
+            SPLIT_LONG=SPLIT_LONG,
+            LONG_FROM=LONG_FROM,
+            num_warps=DECODE_WARPS,
+            num_stages=2 if dtype == torch.float32 and d_pad > 128 else DECODE_STAGES,
             **common,
         )
     if other_seqs:
@@ -348,15 +353,26 @@ def plan_launch(
             BLOCK_Q=block_q,
             BLOCK_N=PREFILL_BLOCK_N // (2 if wide and d_pad > 128 else 1),
             num_warps=8 if block_q * group_pad >= 128 and d_pad > 64 else 4,
-            num_stages=2,
+            num_stages=PREFILL_STAGES if not wide else 2,
             **common,
         )
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 
 
+def decode_split(seq_len: int) -> int:
+    """Keys per split of a decode history of ``seq_len`` keys (the kernel's rule, in
+    ``_decode_kernel``: ``SPLIT_LONG`` from ``LONG_FROM`` keys on, else ``SPLIT_SIZE``)."""
+    return SPLIT_LONG if seq_len >= LONG_FROM else SPLIT_SIZE
+
+
 #: Tile shapes (tuned on an H200, see benchmarks/): decode reads BLOCK_N keys a step,
-#: SPLIT_SIZE keys per program; prefill tiles hold PREFILL_ROWS query rows.
+#: SPLIT_SIZE keys per program (SPLIT_LONG from LONG_FROM keys on); prefill tiles hold PREFILL_ROWS query rows.
 DECODE_BLOCK_N = 64
+DECODE_WARPS = 4
+DECODE_STAGES = 3
 SPLIT_SIZE = 512
+SPLIT_LONG = 1024
+LONG_FROM = 16384
 PREFILL_ROWS = 128
 PREFILL_BLOCK_N = 64
+PREFILL_STAGES = 2

@@ -8,11 +8,14 @@ the visible history ``BLOCK_N`` keys at a time through the block table with an
 online softmax in fp32 (``_attend``, shared by both kernels).
 
 Sequences with one new token go to ``_decode_kernel``, which also splits the
-history into ``SPLIT_SIZE``-key pieces across programs (so one long sequence
-fills the GPU) and writes each piece's running max, denominator and weighted-V
-sum; ``_merge_kernel`` combines them by log-sum-exp, in a fixed order. The other
+history into pieces of ``SPLIT_SIZE`` keys (``SPLIT_LONG`` for long histories)
+across programs (so one long sequence fills the GPU) and writes each piece's
+running max, denominator and weighted-V sum; the piece that finishes last
+combines them by log-sum-exp, in a fixed order, in the same launch. The other
 sequences go to ``_prefill_kernel``. ``host.plan_launch`` decides, from each
 sequence's own sizes only, so results never depend on the rest of the batch.
+An fp8 cache is widened tile by tile after its load (``_widen_rows``), to fp16
+for bf16 queries (``_query_rows``).
 
 Without a GPU, Triton runs this under its interpreter, which must be switched
 on with ``TRITON_INTERPRET=1`` *before* this module (and triton) is imported:
@@ -66,6 +69,41 @@ def _soft_cap(s, cap):
 
 
 @triton.jit
+def _query_rows(q, scale, F16_DOTS: tl.constexpr):
+    """The query tile ``q`` [ROWS, D] as the dots take it, and each row's score scale [ROWS] fp32.
+
+    With ``F16_DOTS`` (a bf16 query over an fp8 cache) the rows become fp16, so that the
+    fp8 tiles need only the hardware's one-instruction fp8->fp16 conversion (fp8->bf16
+    goes through fp32 and made the fp8 decode no faster than bf16). Each row is scaled
+    by a power of two ``r`` that puts its largest magnitude in [2**13, 2**14): a bf16
+    value then fits fp16 exactly (8 significand bits in 11; only elements 2**37 below
+    the row's largest can lose bits), and the score scale carries ``1 / r``, exactly."""
+    if F16_DOTS:
+        qf = q.to(tl.float32)
+        amax = tl.max(tl.abs(qf), 1)
+        e = (amax.to(tl.int32, bitcast=True) >> 23) & 0xFF  # biased exponent: amax in [2**(e-127), 2**(e-126))
+        r_exp = tl.minimum(tl.maximum(267 - e, 2), 253)  # r = 2**(140 - e), kept a normal fp32
+        r = (r_exp << 23).to(tl.float32, bitcast=True)
+        unscale = ((254 - r_exp) << 23).to(tl.float32, bitcast=True)  # 1 / r
+        return (qf * r[:, None]).to(tl.float16), unscale * scale
+    else:
+        return q, tl.zeros([q.shape[0]], tl.float32) + scale
+
+
+@triton.jit
+def _widen_rows(x, dtype: tl.constexpr):
+    """``x.to(dtype)`` for an fp8 tile [ROWS, D] whose rows are contiguous in memory.
+
+    Written plainly, the compiler moves the conversion past the shared-memory stage and
+    reads the fp8 V tile into the dot's operand layout one byte at a time (64
+    ``ld.shared.b8`` per thread per tile: the cost that made fp8 decode no faster than
+    bf16). The split and join keep the conversion on the loaded, row-contiguous layout,
+    so the wide values are staged and read with ``ldmatrix``, as a 16-bit tile is."""
+    a, b = tl.split(x.reshape(x.shape[0], x.shape[1] // 2, 2))
+    return tl.join(a.to(dtype), b.to(dtype)).reshape(x.shape[0], x.shape[1])
+
+
+@triton.jit
 def _attend(
     q,
     m,
@@ -79,7 +117,7 @@ def _attend(
     hi,
     pos,
     slopes,
-    scale,
+    qk_scale,
     window,
     soft_cap,
     stride_kb,
@@ -98,32 +136,46 @@ def _attend(
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
     KV_FP8: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr,
 ):
     """Online softmax of the rows ``q`` [ROWS, D] over keys ``lo .. hi-1`` of one
     sequence (its block-table row at ``table_ptr``); row ``r`` sees keys ``<= pos[r]``
-    (and ``> pos[r] - window`` with ``USE_WINDOW``). ``scale`` includes an fp8 cache's
-    ``k_scale``; ``slopes`` [ROWS] are the rows' ALiBi slopes (unused without ``USE_ALIBI``)."""
+    (and ``> pos[r] - window`` with ``USE_WINDOW``). ``qk_scale`` [ROWS] scales each
+    row's scores (the softmax scale, an fp8 cache's ``k_scale``, ``_query_rows``'s
+    unscaling); ``slopes`` [ROWS] are the rows' ALiBi slopes (unused without ``USE_ALIBI``)."""
     d = tl.arange(0, HEAD_DIM_PAD)
     dmask = d < HEAD_DIM
+    # TABLE_AHEAD: each step loads the next tile's block-table entries, one step ahead. Loaded
+    # in the step that uses them, they make the K and V loads indirect, and triton (3.6 and
+    # 3.9, sm_90) then waits for every copy in flight at the top of each step
+    # (cp.async.wait_group 0): one tile in flight, its latency paid every step. Carried
+    # from the step before, the K and V tiles are multi-buffered (wait_group 2 at 3 stages).
+    j_next = lo + tl.arange(0, BLOCK_N)
+    blk_next = tl.load(table_ptr + j_next // BLOCK_SIZE, mask=j_next < hi, other=0)
     for j0 in range(lo, hi, BLOCK_N):
         j = j0 + tl.arange(0, BLOCK_N)
         kmask = j < hi
-        blk = tl.load(table_ptr + j // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+        if TABLE_AHEAD:
+            blk = blk_next.to(tl.int64)
+            j_next = j + BLOCK_N
+            blk_next = tl.load(table_ptr + j_next // BLOCK_SIZE, mask=j_next < hi, other=0)
+        else:
+            blk = tl.load(table_ptr + j // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
         slot = j % BLOCK_SIZE
         k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
         v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
         kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
         v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
-        if KV_FP8:  # fp8 -> the query dtype is exact (fewer exponent and significand bits)
+        if KV_FP8:  # fp8 -> the dots' dtype is exact (fewer exponent and significand bits)
             kt = kt.to(q.dtype)
-            v = v.to(q.dtype)
-        if UPCAST:
+            v = _widen_rows(v, q.dtype)
+        elif UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
         if IEEE_FP32:
-            s = tl.dot(q, kt, input_precision="ieee") * scale  # [ROWS, BLOCK_N]
+            s = tl.dot(q, kt, input_precision="ieee") * qk_scale[:, None]  # [ROWS, BLOCK_N]
         else:
-            s = tl.dot(q, kt) * scale
+            s = tl.dot(q, kt) * qk_scale[:, None]
         if USE_SOFTCAP:  # on the scores, before any mask: a masked score stays -inf
             s = _soft_cap(s, soft_cap)
         if USE_ALIBI:
@@ -194,6 +246,8 @@ def _prefill_kernel(
     USE_ALIBI: tl.constexpr,
     USE_SINKS: tl.constexpr,
     KV_FP8: tl.constexpr,
+    F16_DOTS: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
     seq = tl.load(seq_ids_ptr + tl.program_id(0))
@@ -215,6 +269,7 @@ def _prefill_kernel(
         q = tl.load(q_ptr + q_off, mask=row_mask[:, None] & dmask[None, :], other=0.0)
         if UPCAST:
             q = q.to(tl.float32)
+        q, qk_scale = _query_rows(q, scale, F16_DOTS)
         context = seq_len - q_len
         pos = context + tok  # absolute position of each row: it sees keys 0..pos
         n_keys = context + tl.minimum(q_len, (q_tile + 1) * BLOCK_Q)  # visible to the tile's last row
@@ -231,10 +286,10 @@ def _prefill_kernel(
         acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
         m, l_sum, acc = _attend(
             q, m, l_sum, acc, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
-            lo, n_keys, pos, slopes, scale, window, soft_cap,
+            lo, n_keys, pos, slopes, qk_scale, window, soft_cap,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
-            KV_FP8,
+            KV_FP8, TABLE_AHEAD,
         )  # fmt: skip
         l_safe = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
         result = acc * (v_scale / l_safe)[:, None]
@@ -255,10 +310,15 @@ def _decode_kernel(
     query_start_loc_ptr,
     seq_ids_ptr,
     alibi_ptr,
+    sinks_ptr,
     part_acc_ptr,
     part_ml_ptr,
+    done_ptr,
+    out_ptr,
+    lse_ptr,
     # sizes
     scale,
+    v_scale,
     window,
     soft_cap,
     # strides (elements); partials are [n_decode, max_splits, num_heads, HEAD_DIM_PAD] and [..., 2]
@@ -275,6 +335,9 @@ def _decode_kernel(
     stride_pa_split,
     stride_pml_seq,
     stride_pml_split,
+    stride_ot,
+    stride_oh,
+    stride_lt,
     # meta-parameters
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
@@ -283,13 +346,27 @@ def _decode_kernel(
     HEAD_DIM_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SPLIT_SIZE: tl.constexpr,
+    SPLIT_LONG: tl.constexpr,
+    LONG_FROM: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE_FP32: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     USE_SOFTCAP: tl.constexpr,
     USE_ALIBI: tl.constexpr,
+    USE_SINKS: tl.constexpr,
     KV_FP8: tl.constexpr,
+    F16_DOTS: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
 ):
+    """One split of one decode sequence's history for one kv head's query group; the
+    split that finishes last merges them all (one launch: no second kernel to wait for).
+
+    Each split writes its running max, denominator and weighted-V sum, then counts itself
+    done in ``done_ptr`` [n_decode, num_kv_heads] int32 (zero between launches: the
+    merging program resets it, so a captured CUDA graph can replay the launch). The
+    merge reads the splits in split order, whichever finished last: the same bits in
+    any batch and any schedule. The sink joins there, once, not in every split."""
     i = tl.program_id(0)  # index among the decode sequences
     split = tl.program_id(1)
     kv_head = tl.program_id(2)
@@ -298,9 +375,12 @@ def _decode_kernel(
     first = 0
     if USE_WINDOW:  # the new token's first visible key: splits wholly before it have no work
         first = tl.maximum(0, seq_len - window)
-    lo = split * SPLIT_SIZE
-    hi = tl.minimum(seq_len, lo + SPLIT_SIZE)
-    if (lo < seq_len) & (hi > first):  # the grid is sized for the longest history of the launch
+    split_size = tl.where(seq_len >= LONG_FROM, SPLIT_LONG, SPLIT_SIZE)  # host.decode_split
+    first_split = first // split_size
+    n_splits = (seq_len + split_size - 1) // split_size
+    lo = split * split_size
+    hi = tl.minimum(seq_len, lo + split_size)
+    if (split >= first_split) & (split < n_splits):  # the grid is sized for the longest history of the launch
         lo = tl.maximum(lo, first)
         t = tl.load(query_start_loc_ptr + seq)
         g = tl.arange(0, GROUP_PAD)
@@ -312,6 +392,7 @@ def _decode_kernel(
                     mask=row_mask[:, None] & dmask[None, :], other=0.0)  # fmt: skip
         if UPCAST:
             q = q.to(tl.float32)
+        q, qk_scale = _query_rows(q, scale, F16_DOTS)
         pos = tl.full([GROUP_PAD], 0, dtype=tl.int32) + (seq_len - 1)  # the new token sees everything
         slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([GROUP_PAD], tl.float32)
         m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
@@ -319,84 +400,54 @@ def _decode_kernel(
         acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
         m, l_sum, acc = _attend(
             q, m, l_sum, acc, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
-            lo, hi, pos, slopes, scale, window, soft_cap,
+            lo, hi, pos, slopes, qk_scale, window, soft_cap,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
-            KV_FP8,
+            KV_FP8, TABLE_AHEAD,
         )  # fmt: skip
-        pa = part_acc_ptr + i * stride_pa_seq + split * stride_pa_split
-        tl.store(pa + head[:, None] * HEAD_DIM_PAD + d[None, :], acc, mask=row_mask[:, None])
-        pml = part_ml_ptr + i * stride_pml_seq + split * stride_pml_split
-        tl.store(pml + head * 2, m, mask=row_mask)
-        tl.store(pml + head * 2 + 1, l_sum, mask=row_mask)
-
-
-@triton.jit
-def _merge_kernel(
-    part_acc_ptr,
-    part_ml_ptr,
-    seq_lens_ptr,
-    query_start_loc_ptr,
-    seq_ids_ptr,
-    sinks_ptr,
-    out_ptr,
-    lse_ptr,
-    v_scale,
-    window,
-    stride_pa_seq,
-    stride_pa_split,
-    stride_pml_seq,
-    stride_pml_split,
-    stride_ot,
-    stride_oh,
-    stride_lt,
-    HEAD_DIM: tl.constexpr,
-    HEAD_DIM_PAD: tl.constexpr,
-    SPLIT_SIZE: tl.constexpr,
-    USE_WINDOW: tl.constexpr,
-    USE_SINKS: tl.constexpr,
-    WRITE_LSE: tl.constexpr,
-):
-    """out = sum_s exp(m_s - M) acc_s / (exp(sink - M) + sum_s exp(m_s - M) l_s) over a
-    decode sequence's splits that hold visible keys, in split order (a fixed order: the
-    same bits in any batch). The sink joins here, once, not in every split."""
-    i = tl.program_id(0)
-    head = tl.program_id(1)
-    seq = tl.load(seq_ids_ptr + i)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    n_splits = (seq_len + SPLIT_SIZE - 1) // SPLIT_SIZE
-    first = 0
-    if USE_WINDOW:
-        first = tl.maximum(0, seq_len - window) // SPLIT_SIZE
-    d = tl.arange(0, HEAD_DIM_PAD)
-    pml = part_ml_ptr + i * stride_pml_seq + head * 2
-    pa = part_acc_ptr + i * stride_pa_seq + head * HEAD_DIM_PAD
-    # the first split with visible keys: its max is finite, so no exp(-inf - -inf) below
-    m = tl.load(pml + first * stride_pml_split)
-    l_sum = tl.load(pml + first * stride_pml_split + 1)
-    acc = tl.load(pa + first * stride_pa_split + d)
-    for s in range(first + 1, n_splits):
-        m_s = tl.load(pml + s * stride_pml_split)
-        l_s = tl.load(pml + s * stride_pml_split + 1)
-        acc_s = tl.load(pa + s * stride_pa_split + d)
-        m_new = tl.maximum(m, m_s)
-        a = tl.exp(m - m_new)
-        b = tl.exp(m_s - m_new)
-        l_sum = l_sum * a + l_s * b
-        acc = acc * a + acc_s * b
-        m = m_new
-    if USE_SINKS:
-        sink = tl.load(sinks_ptr + head)
-        m_new = tl.maximum(m, sink)
-        a = tl.exp(m - m_new)
-        l_sum = l_sum * a + tl.exp(sink - m_new)
-        acc = acc * a
-        m = m_new
-    t = tl.load(query_start_loc_ptr + seq)
-    tl.store(out_ptr + t * stride_ot + head * stride_oh + d, (acc * (v_scale / l_sum)).to(out_ptr.dtype.element_ty),
-             mask=d < HEAD_DIM)  # fmt: skip
-    if WRITE_LSE:
-        tl.store(lse_ptr + t * stride_lt + head, m + tl.log(l_sum))
+        pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
+        pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
+        tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
+        tl.store(pml + split * stride_pml_split, m, mask=row_mask)
+        tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
+        # every thread's stores precede the count (the barrier), and the count releases
+        # them to the merging program, which acquires them with its own count
+        tl.debug_barrier()
+        done = done_ptr + i * tl.num_programs(2) + kv_head
+        if tl.atomic_add(done, 1, sem="acq_rel") == n_splits - first_split - 1:
+            tl.atomic_xchg(done, 0)  # ready for the next launch (or graph replay)
+            # a running merge in split order (the same bits in any batch and any schedule),
+            # from the first split with visible keys: its max is finite for every real row,
+            # so no exp(-inf - -inf) below. The loads are .cg (L2, where the other programs'
+            # stores are; an SM's L1 may hold a stale line), and the loop is not pipelined:
+            # a pipelined load becomes cp.async.ca, which reads through L1
+            # (test_kernel_compiles_for_hopper_without_a_gpu checks the machine code).
+            s0 = first_split
+            m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+            l_sum = tl.load(pml + s0 * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
+            acc = tl.load(pa + s0 * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
+            for s in tl.range(first_split + 1, n_splits, num_stages=1):
+                m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+                l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
+                acc_s = tl.load(pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
+                m_new = tl.maximum(m, m_s)
+                a = tl.exp(m - m_new)
+                b = tl.exp(m_s - m_new)
+                l_sum = l_sum * a + l_s * b
+                acc = acc * a[:, None] + acc_s * b[:, None]
+                m = m_new
+            if USE_SINKS:
+                sink = tl.load(sinks_ptr + head, mask=row_mask, other=0.0)
+                m_new = tl.maximum(m, sink)
+                a = tl.exp(m - m_new)
+                l_sum = l_sum * a + tl.exp(sink - m_new)
+                acc = acc * a[:, None]
+                m = m_new
+            result = acc * (v_scale / l_sum)[:, None]
+            o_off = t * stride_ot + head[:, None] * stride_oh + d[None, :]
+            tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
+            if WRITE_LSE:
+                tl.store(lse_ptr + t * stride_lt + head, m + tl.log(l_sum), mask=row_mask)
 
 
 @dataclass
@@ -405,7 +456,8 @@ class PreparedBatch:
 
     Build it once per batch with ``prepare`` (the checks and the one device-to-host
     transfer happen there) and call ``run`` for every layer, as serving engines build
-    their attention metadata once per step.
+    their attention metadata once per step. Everything ``run`` needs beyond its
+    arguments is allocated here, so ``run`` can be captured in a CUDA graph.
     """
 
     plan: LaunchPlan
@@ -422,6 +474,8 @@ class PreparedBatch:
     other_ids: torch.Tensor | None
     part_acc: torch.Tensor | None  # [n_decode, max_splits, num_heads, HEAD_DIM_PAD] fp32
     part_ml: torch.Tensor | None  # [n_decode, max_splits, num_heads, 2] fp32
+    done: torch.Tensor | None  # [n_decode, num_kv_heads] int32, zero between launches
+    upcast_out: torch.Tensor | None  # [num_tokens, num_heads, head_dim] fp32 (interpreter, bf16 only)
     variants: Variants = Variants()
 
 
@@ -436,8 +490,8 @@ def prepare(
     out: torch.Tensor | None = None,
     **variants,
 ) -> PreparedBatch:
-    """Check every input (``ValueError`` naming the field) and plan the launches.
-    Arguments as for ``paged_attention``."""
+    """Check every input (``ValueError`` naming the field), plan the launches and
+    allocate their scratch. Arguments as for ``paged_attention``."""
     lens, loc = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out)
     var = check_variants(query, key_cache, **variants)
     interp = interpreter_active()
@@ -447,11 +501,13 @@ def prepare(
             "before importing triton (the `triton` backend does this) or move the tensors to a GPU"
         )
     T, Hq, D = query.shape
-    plan = plan_launch(lens, [loc[i + 1] - loc[i] for i in range(len(lens))], Hq, key_cache.shape[2], D,
+    Hkv = key_cache.shape[2]
+    plan = plan_launch(lens, [loc[i + 1] - loc[i] for i in range(len(lens))], Hq, Hkv, D,
                        key_cache.shape[1], query.dtype, interp)  # fmt: skip
     dev = query.device
     n_dec = len(plan.decode_seqs)
     d_pad = plan.decode.HEAD_DIM_PAD if plan.decode is not None else 0
+    upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
     return PreparedBatch(
         plan=plan,
         scale=float(D**-0.5 if scale is None else scale) * var.k_scale,
@@ -467,6 +523,8 @@ def prepare(
         other_ids=torch.tensor(plan.other_seqs, dtype=torch.int32, device=dev) if plan.other_seqs else None,
         part_acc=torch.empty(n_dec, plan.max_splits, Hq, d_pad, dtype=torch.float32, device=dev) if n_dec else None,
         part_ml=torch.empty(n_dec, plan.max_splits, Hq, 2, dtype=torch.float32, device=dev) if n_dec else None,
+        done=torch.zeros(n_dec, Hkv, dtype=torch.int32, device=dev) if n_dec else None,
+        upcast_out=torch.empty(T, Hq, D, dtype=torch.float32, device=dev) if upcast else None,
         variants=var,
     )
 
@@ -477,9 +535,16 @@ def run(
     key_cache: torch.Tensor,
     value_cache: torch.Tensor,
     out: torch.Tensor | None = None,
+    lse: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The launches of a prepared batch, over tensors of the prepared shapes (checked
     here without touching the device: shapes, dtypes, devices, last-dim strides).
+
+    ``out`` [num_tokens, num_heads, head_dim] (query dtype) and, with ``return_lse``,
+    ``lse`` [num_tokens, num_heads] float32 are written when given, else allocated.
+    Given both, ``run`` allocates nothing and never waits for the device, so it can be
+    captured in a CUDA graph and replayed (one prepared batch per graph: the batch's
+    block tables, lengths and scratch are read where ``prepare`` found or made them).
     Returns ``out``, or ``(out, lse)`` when prepared with ``return_lse=True``."""
     for name, t, shape, dtype in (("query", query, prep.query_shape, prep.dtype),
                                   ("key_cache", key_cache, prep.cache_shape, prep.kv_dtype),
@@ -494,55 +559,66 @@ def run(
     elif tuple(out.shape) != prep.query_shape or out.dtype != prep.dtype or out.device != prep.device:
         raise ValueError(f"paged_attention.run: out must be {prep.dtype} of shape {prep.query_shape}")
     plan, var = prep.plan, prep.variants
-    upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
+    T, Hq = prep.query_shape[:2]
+    if lse is not None and not var.return_lse:
+        raise ValueError("paged_attention.run: lse given, but the batch was prepared without return_lse=True")
+    if lse is None and var.return_lse:
+        lse = torch.empty(T, Hq, dtype=torch.float32, device=prep.device)
+    elif lse is not None and (tuple(lse.shape) != (T, Hq) or lse.dtype != torch.float32 or lse.device != prep.device):
+        raise ValueError(f"paged_attention.run: lse must be float32 of shape {(T, Hq)} on {prep.device}")
     # bf16 on the interpreter: write fp32, round with torch (the interpreter truncates)
-    target = torch.empty(out.shape, dtype=torch.float32, device=out.device) if upcast else out
-    T, Hq = query.shape[:2]
-    lse = torch.empty(T, Hq, dtype=torch.float32, device=query.device) if var.return_lse else target
-    # an unused pointer still needs a tensor: any of the right device will do
+    target = prep.upcast_out if prep.upcast_out is not None else out
+    lse_buf = lse if lse is not None else target  # an unused pointer still needs a tensor of the device
     alibi = var.alibi_slopes if var.alibi_slopes is not None else target
     sinks = var.sinks if var.sinks is not None else target
     window = var.sliding_window or 0
     cap = var.logits_soft_cap or 1.0
+    kv_fp8 = prep.kv_dtype != prep.dtype
     flags = dict(USE_WINDOW=var.sliding_window is not None, USE_SOFTCAP=var.logits_soft_cap is not None,
-                 USE_ALIBI=var.alibi_slopes is not None, KV_FP8=prep.kv_dtype != prep.dtype)  # fmt: skip
+                 USE_ALIBI=var.alibi_slopes is not None, USE_SINKS=var.sinks is not None, KV_FP8=kv_fp8,
+                 F16_DOTS=kv_fp8 and prep.dtype == torch.bfloat16 and F16_DOTS_FOR_FP8, TABLE_AHEAD=TABLE_AHEAD,
+                 WRITE_LSE=var.return_lse)  # fmt: skip
     tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
     strides_kv = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
                   value_cache.stride(0), value_cache.stride(1), value_cache.stride(2))  # fmt: skip
     if plan.decode is not None:
-        cfg, ids, part_acc, part_ml = plan.decode, prep.decode_ids, prep.part_acc, prep.part_ml
+        cfg, part_acc, part_ml = plan.decode, prep.part_acc, prep.part_ml
         assert part_acc is not None and part_ml is not None  # prepared with the decode launch
         _decode_kernel[cfg.grid](
-            query, key_cache, value_cache, tables, seq_lens, loc, ids, alibi, part_acc, part_ml,
-            prep.scale, window, cap,
+            query, key_cache, value_cache, tables, seq_lens, loc, prep.decode_ids, alibi, sinks, part_acc, part_ml,
+            prep.done, target, lse_buf,
+            prep.scale, var.v_scale, window, cap,
             query.stride(0), query.stride(1), *strides_kv, tables.stride(0),
             part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
+            target.stride(0), target.stride(1), lse_buf.stride(0),
             GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_N=cfg.BLOCK_N, HEAD_DIM=cfg.HEAD_DIM,
             HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE, SPLIT_SIZE=cfg.SPLIT_SIZE,
+            SPLIT_LONG=cfg.SPLIT_LONG, LONG_FROM=cfg.LONG_FROM,
             UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
-        _merge_kernel[(len(plan.decode_seqs), Hq)](
-            part_acc, part_ml, seq_lens, loc, ids, sinks, target, lse, var.v_scale, window,
-            part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
-            target.stride(0), target.stride(1), lse.stride(0),
-            HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, SPLIT_SIZE=cfg.SPLIT_SIZE,
-            USE_WINDOW=flags["USE_WINDOW"], USE_SINKS=var.sinks is not None, WRITE_LSE=var.return_lse,
         )  # fmt: skip
     if plan.other is not None:
         cfg = plan.other
         _prefill_kernel[cfg.grid](
-            query, key_cache, value_cache, tables, seq_lens, loc, prep.other_ids, alibi, sinks, target, lse,
+            query, key_cache, value_cache, tables, seq_lens, loc, prep.other_ids, alibi, sinks, target, lse_buf,
             prep.scale, var.v_scale, window, cap,
             query.stride(0), query.stride(1), *strides_kv, tables.stride(0), target.stride(0), target.stride(1),
-            lse.stride(0),
+            lse_buf.stride(0),
             GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_Q=cfg.BLOCK_Q, BLOCK_N=cfg.BLOCK_N,
             HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE,
-            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, **flags, USE_SINKS=var.sinks is not None,
-            WRITE_LSE=var.return_lse, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
-    if upcast:
+    if target is not out:
         out.copy_(target)
-    return (out, lse) if var.return_lse else out
+    return (out, lse) if lse is not None and var.return_lse else out
+
+
+#: bf16 queries over an fp8 cache run fp16 dots (see ``_query_rows``); False keeps bf16
+#: dots with fp8->bf16 tiles, the slower path it replaced (kept for the benchmark).
+F16_DOTS_FOR_FP8 = True
+
+#: Load each key tile's block-table entries one step ahead (see ``_attend``); False is the
+#: single-buffered loop it replaced (kept for the benchmark: not timed on a GPU yet).
+TABLE_AHEAD = True
 
 
 def paged_attention(
