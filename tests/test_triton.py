@@ -139,6 +139,25 @@ def test_lse_is_float32_natural_log_of_the_denominator():
     assert float((lse.double() - ref).abs().max()) < 1e-4  # natural log, not log2 (ln 2 apart)
 
 
+@pytest.mark.parametrize("field", ["alibi_slopes", "sinks"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
+def test_non_finite_slopes_and_sinks_fail_before_any_launch(monkeypatch, field, bad):
+    # prepare() hands them to the core checks' one device-to-host transfer
+    monkeypatch.setattr(tpa, "plan_launch", lambda *a: pytest.fail("planned a launch for invalid input"))
+    args = _bad("query", lambda a: None)
+    values = torch.ones(args["query"].shape[1], dtype=torch.float32)
+    values[-1] = bad
+    with pytest.raises(ValueError, match=f"{field}: must be finite"):
+        tpa.paged_attention(**args, **{field: values})
+
+
+def test_scale_times_k_scale_must_stay_in_fp32_before_any_launch(monkeypatch):
+    monkeypatch.setattr(tpa, "plan_launch", lambda *a: pytest.fail("planned a launch for invalid input"))
+    args = _bad("query", lambda a: None)
+    with pytest.raises(ValueError, match="scale"):
+        tpa.paged_attention(**args, scale=1e39)
+
+
 def test_bad_input_fails_before_any_launch(monkeypatch):
     monkeypatch.setattr(tpa, "plan_launch", lambda *a: pytest.fail("planned a launch for invalid input"))
     args = _bad("block_tables", BAD["block-oob"][2])

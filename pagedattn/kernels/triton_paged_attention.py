@@ -492,8 +492,10 @@ def prepare(
 ) -> PreparedBatch:
     """Check every input (``ValueError`` naming the field), plan the launches and
     allocate their scratch. Arguments as for ``paged_attention``."""
-    lens, loc = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out)
-    var = check_variants(query, key_cache, **variants)
+    # the slopes' and sinks' finiteness rides on the one device-to-host transfer of the core checks
+    lens, loc = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out,
+                                   alibi_slopes=variants.get("alibi_slopes"), sinks=variants.get("sinks"))  # fmt: skip
+    var = check_variants(query, key_cache, scale=scale, **variants)
     interp = interpreter_active()
     if query.device.type != "cuda" and not interp:
         raise RuntimeError(
