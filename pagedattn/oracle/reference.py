@@ -27,9 +27,11 @@ from pagedattn.oracle.case import PagedCase
 #: ``PAGEDATTN_ORACLE_MAX_BYTES`` says otherwise: a 32k-token prefill fits in it.
 DEFAULT_MAX_BYTES = 2 << 30
 MAX_BYTES_ENV = "PAGEDATTN_ORACLE_MAX_BYTES"
-#: Rows per block are also capped so that a window's block computes at most about
-#: twice the keys its rows see (a block of n rows under a window W spans W + n - 1 keys).
+#: Rows per block are also capped so that a block computes not many more keys than its
+#: rows see: under a window W a block of n rows spans W + n - 1 keys (n ~ W: about twice
+#: the W each row sees), and a causal block of n rows computes an n x n triangle for nothing.
 _MIN_ROWS = 64
+_CAUSAL_ROWS = 256
 
 
 def max_bytes() -> int:
@@ -114,12 +116,16 @@ class Chunk(NamedTuple):
     lse: torch.Tensor  # [Hkv, G, n], natural log of the softmax denominator (sink included)
     sink_probs: torch.Tensor | None  # [Hkv, G, n]: the sink's share of the denominator
     alibi: tuple[torch.Tensor, torch.Tensor] | None  # slopes [Hkv, G, 1, 1], j - p [n, Lc]
+    score_floor: torch.Tensor | None  # [Hkv, G, n]: min logit over the chunk's keys, masked ones too
+    v_all: torch.Tensor  # [Hkv, L, D]: the sequence's whole history (v is v_all[:, keys])
 
-    def output(self, v: torch.Tensor | None = None) -> torch.Tensor:
-        """``probs @ v`` as ``[n, Hq, F]`` (``v``: ``[Hkv, Lc, F]``, default ``self.v``)."""
+    def output(self, v: torch.Tensor | None = None, probs: torch.Tensor | None = None) -> torch.Tensor:
+        """``probs @ v`` as ``[n, Hq, F]``: ``v`` ``[Hkv, Lc, F]`` (default ``self.v``),
+        ``probs`` ``[Hkv, G, n, Lc]`` (default ``self.probs``)."""
         v = self.v if v is None else v
-        h, g, n, lc = self.probs.shape
-        o = torch.bmm(self.probs.view(h, g * n, lc), v)  # [Hkv, G*n, F]
+        probs = self.probs if probs is None else probs
+        h, g, n, lc = probs.shape
+        o = torch.bmm(probs.view(h, g * n, lc), v)  # [Hkv, G*n, F]
         return o.view(h, g, n, -1).permute(2, 0, 1, 3).reshape(n, h * g, -1)
 
     def rows(self, t: torch.Tensor) -> torch.Tensor:
@@ -132,7 +138,7 @@ def _rows_per_chunk(case: PagedCase, q_len: int, seq_len: int, budget: int, live
     elems = max(1, budget // (8 * live * case.num_heads))  # n * Lc per head
     W = case.sliding_window
     if W is None:
-        return max(1, min(q_len, elems // seq_len))
+        return max(1, min(q_len, elems // seq_len, _CAUSAL_ROWS))
     # n rows under a window span at most W + n - 1 keys; more rows than ~W only adds masked work
     n = max(1, min(q_len, max(W, _MIN_ROWS)))
     while n > 1 and n * min(seq_len, W + n - 1) > elems:
@@ -140,11 +146,14 @@ def _rows_per_chunk(case: PagedCase, q_len: int, seq_len: int, budget: int, live
     return n
 
 
-def iter_chunks(case: PagedCase, live: int = 2, budget: int | None = None) -> Iterator[Chunk]:
+def iter_chunks(
+    case: PagedCase, live: int = 2, budget: int | None = None, score_floor: bool = False
+) -> Iterator[Chunk]:
     """The oracle's work, sequence by sequence, in blocks of query rows over the keys
     they can see, sized so that ``live`` float64 score-sized tensors of one block fit
     ``budget`` bytes (default ``max_bytes()``): a consumer that keeps more tensors of
-    the block's size alive asks for smaller blocks."""
+    the block's size alive asks for smaller blocks. ``score_floor``: also each row's
+    smallest logit over the block's keys (a lower bound of its smallest visible one)."""
     budget = max_bytes() if budget is None else budget
     loc = case.query_start_loc_list
     cap = case.logits_soft_cap
@@ -169,14 +178,17 @@ def iter_chunks(case: PagedCase, live: int = 2, budget: int | None = None) -> It
             q = case.query[tokens].to(torch.float64).view(n, Hkv, G, D).permute(1, 2, 0, 3).contiguous()
             scores = torch.bmm(q.view(Hkv, G * n, D), k.transpose(1, 2)).view(Hkv, G, n, -1)
             scores *= case.scale
-            if cap is not None:
-                scores = cap * torch.tanh(scores / cap)
+            if cap is not None:  # in place: c * tanh(s / c)
+                scores /= cap
+                scores.tanh_()
+                scores *= cap
             alibi = None
             pos = torch.arange(p0, p1 + 1, device=k.device)
             if slopes is not None:
                 rel = (torch.arange(keys.start, keys.stop, device=k.device)[None, :] - pos[:, None]).to(torch.float64)
                 alibi = (slopes, rel)  # bias = slopes * rel, [Hkv, G, n, Lc]
                 scores += slopes * rel
+            floor = scores.amin(dim=-1) if score_floor else None  # before the mask: every key finite
             j = torch.arange(keys.start, keys.stop, device=k.device)[None, :]
             hidden = j > pos[:, None]  # [n, Lc]
             if W is not None:
@@ -185,7 +197,7 @@ def iter_chunks(case: PagedCase, live: int = 2, budget: int | None = None) -> It
             row_max = scores.amax(dim=-1)  # [Hkv, G, n]; every row sees itself, so finite
             if sinks is not None:
                 row_max = torch.maximum(row_max, sinks)
-            probs = torch.exp(scores - row_max[..., None])
+            probs = torch.sub(scores, row_max[..., None]).exp_()
             denom = probs.sum(-1)  # [Hkv, G, n]
             sink_probs = None
             if sinks is not None:
@@ -194,7 +206,7 @@ def iter_chunks(case: PagedCase, live: int = 2, budget: int | None = None) -> It
                 sink_probs = sink_w / denom
             probs /= denom[..., None]
             lse = row_max + torch.log(denom)
-            yield Chunk(b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, alibi)
+            yield Chunk(b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, alibi, floor, v_all)
 
 
 def paged_attention_reference(case: PagedCase) -> torch.Tensor:
