@@ -41,6 +41,8 @@ U_TF32 = 2.0**-11  # TF32 keeps 10 explicit significand bits: rounding to neares
 #: An fp32 operand of a TF32 tensor-core product: NVIDIA's mma reads the top 19 bits of the
 #: register (truncation, 2**-10) unless the kernel rounds first, and Triton does not by default.
 U_TF32_OPERAND = 2.0**-10
+#: TF32 operands of the weighted-V product that round: the weights and the values
+TF32_PV_OPERANDS = 2
 
 
 @dataclass(frozen=True)
@@ -148,7 +150,8 @@ def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -
     model = DTYPE_TABLE[case.dtype]
     tf32 = precision == "tf32" and case.dtype == torch.float32
     u_op = U_TF32_OPERAND if tf32 else 0.0  # each operand of both dots, when TF32
-    u_w = max(model.weights_u, u_op)
+    u_w = max(model.weights_u, u_op)  # the weights, one operand of P.V
+    u_v = (TF32_PV_OPERANDS - 1) * u_op  # the values, the other one
     # an fp8 cache may be dequantized into the query dtype before the products (vLLM does):
     # one rounding of every K and V element, legitimate, so part of the bound
     u_kv = _u(case.dtype) if case.kv_dtype != case.dtype else 0.0
@@ -207,7 +210,7 @@ def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -
                 e_scores.add_(c.output(c.v.abs(), probs=extra.masked_fill_(~small, 0.0)), alpha=C_W)
         # E_weights, the V operand's rounding (fp8 dequantized to the input dtype, TF32) and E_accum
         acc = C_ACC * U_FP32 * math.sqrt(L)
-        e = e_scores.add_(abs_pv, alpha=C_W * u_w + u_kv + u_op + acc).add_(o.abs(), alpha=acc)
+        e = e_scores.add_(abs_pv, alpha=C_W * u_w + u_kv + u_v + acc).add_(o.abs(), alpha=acc)
         e.add_(_half_ulp(o.abs().add_(e), case.dtype))
         lse = c.rows(c.lse)  # [n, Hq]
         # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
