@@ -180,6 +180,9 @@ def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -
         if c.seq != seq:
             seq, centre, vv = c.seq, *_value_moments(c.v_all)
         s12 = c.output(vv[:, c.keys], probs=c.probs.float()).double()  # [n, Hq, 2D]
+        # sums of Lc + 1 nonnegative float32 products of float32-rounded factors: each within
+        # (Lc + 3) u_fp32 of its value, so raised by that much they bound it from above
+        s12 *= 1.0 + (Lc + 3) * U_FP32
         abs_pv, spread2 = s12[..., :D], s12[..., D:]
         # sum_j p_j (v_j - o)^2 = S2 + 2 d o p_sink - d^2 (1 - p_sink), d = c - o
         d = centre.repeat_interleave(G, dim=0).transpose(0, 1) - o  # [n, Hq, D]
