@@ -29,6 +29,8 @@ import threading
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the checkout whose pagedattn is measured (``--code``: another one, for before/after figures)
+CODE = [REPO]
 
 #: (profile, case id): a quick window case, the standard profile's long cases (the 8000-token
 #: combined one dominated its run), and the thorough 32k history under a 4096-key window
@@ -73,13 +75,18 @@ def _case(profile: str, case_id: str, device: str):
     return spec.build().to(device)
 
 
-def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int) -> dict:
+def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int, threads: int) -> dict:
     """In this (fresh) process: time ``what`` ("oracle" or "check") on the case, and its peak memory."""
     import torch
 
     from pagedattn.oracle import check_attention, paged_attention_reference_lse
 
+    torch.set_num_threads(threads)
     case = _case(profile, case_id, device)
+    # one small call of each first: lazy initialisation (allocator pools, BLAS buffers) is
+    # neither the oracle's time nor its memory
+    warm = _case("quick", SMOKE_CASES[0][1], device)
+    check_attention(paged_attention_reference_lse(warm)[0].to(warm.dtype), warm)
     gen = torch.Generator(device=device).manual_seed(0)
     out = torch.randn(case.num_tokens, case.num_heads, case.head_dim, generator=gen, device=device).to(case.dtype)
     fn = (lambda: paged_attention_reference_lse(case)) if what == "oracle" else (lambda: check_attention(out, case))
@@ -105,19 +112,20 @@ def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int
     return {"seconds": min(times), "runs": len(times), "peak_mb": round(max(peak, 0) / 2**20, 1)}
 
 
-def _child(profile: str, case_id: str, what: str, device: str, repeats: int) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--one", profile, case_id, what, device, str(repeats)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": REPO})
+def _child(profile: str, case_id: str, what: str, device: str, repeats: int, threads: int) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--one", profile, case_id, what, device]
+    cmd += [str(repeats), str(threads)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": CODE[0]})
     if proc.returncode != 0:
         raise RuntimeError(f"{case_id} {what}: {proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def bench_checks(cases: list[tuple[str, str]], device: str, repeats: int) -> list[dict]:
+def bench_checks(cases: list[tuple[str, str]], device: str, repeats: int, threads: int) -> list[dict]:
     rows = []
     for profile, case_id in cases:
-        oracle = _child(profile, case_id, "oracle", device, repeats)
-        check = _child(profile, case_id, "check", device, repeats)
+        oracle = _child(profile, case_id, "oracle", device, repeats, threads)
+        check = _child(profile, case_id, "check", device, repeats, threads)
         row = {
             "profile": profile,
             "case": case_id,
@@ -128,7 +136,8 @@ def bench_checks(cases: list[tuple[str, str]], device: str, repeats: int) -> lis
             "check_peak_mb": check["peak_mb"],
         }
         print(f"{case_id:62s} oracle {row['oracle_s']:8.3f} s {row['oracle_peak_mb']:8.1f} MB   check "
-              f"{row['check_s']:8.3f} s {row['check_peak_mb']:8.1f} MB   x{row['check_over_oracle']}", flush=True)  # fmt: skip
+              f"{row['check_s']:8.3f} s {row['check_peak_mb']:8.1f} MB   x{row['check_over_oracle']}",
+              flush=True)  # fmt: skip
         rows.append(row)
     return rows
 
@@ -191,19 +200,24 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--smoke", action="store_true", help="two tiny cases, no profile run: the harness only")
     ap.add_argument("--skip-thorough", action="store_true", help="leave out the 32k-token case")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of the timed calls (1: steadier when shared)")
     ap.add_argument("--profile-run", action="store_true", help="also run the standard profile of the reference backend")
+    ap.add_argument("--code", default=REPO, help="checkout whose pagedattn is measured (default: this one)")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--one", nargs=5, metavar=("PROFILE", "CASE", "WHAT", "DEVICE", "REPEATS"), help=argparse.SUPPRESS)
+    ap.add_argument("--one", nargs=6, metavar=("PROFILE", "CASE", "WHAT", "DEVICE", "REPEATS", "THREADS"),
+                    help=argparse.SUPPRESS)  # fmt: skip
     args = ap.parse_args(argv)
     if args.one:
-        profile, case_id, what, device, repeats = args.one
-        print(json.dumps(measure_one(profile, case_id, what, device, int(repeats))))
+        profile, case_id, what, device, repeats, threads = args.one
+        print(json.dumps(measure_one(profile, case_id, what, device, int(repeats), int(threads))))
         return {}
     import torch
 
+    CODE[0] = os.path.abspath(args.code)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cases = SMOKE_CASES if args.smoke else [c for c in CASES if not (args.skip_thorough and c[0] == "thorough")]
-    result: dict = {"machine": machine(device), "checks": bench_checks(cases, device, args.repeats)}
+    result: dict = {"machine": machine(device), "code": CODE[0], "threads": args.threads,
+                    "checks": bench_checks(cases, device, args.repeats, args.threads)}  # fmt: skip
     result["worst_check_over_oracle"] = max(r["check_over_oracle"] for r in result["checks"])
     if args.profile_run and not args.smoke:
         result["standard_profile_reference"] = profile_run("standard", "reference", 2)
