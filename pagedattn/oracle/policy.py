@@ -125,8 +125,8 @@ def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     centre = v.mean(dim=1, keepdim=True)
     vv = torch.empty(*v.shape[:2], 2 * v.shape[2], dtype=torch.float32, device=v.device)
     D = v.shape[2]
-    vv[..., :D] = v.abs()
-    vv[..., D:] = (v - centre).square_()
+    vv[..., :D].copy_(v).abs_()  # |fl32(v)| = fl32(|v|): no float64 temporary
+    vv[..., D:] = (v - centre).square_()  # the difference in float64: it may cancel
     return centre, vv
 
 
@@ -211,6 +211,8 @@ def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -
             if bool(small.any()):
                 extra = (c.probs * l_rel).clamp_(max=model.weights_spacing / 2).div_(l_rel).sub_(c.probs, alpha=u_w)
                 e_scores.add_(c.output(c.v.abs(), probs=extra.masked_fill_(~small, 0.0)), alpha=C_W)
+                del extra
+            del small
         # E_weights, the V operand's rounding (fp8 dequantized to the input dtype, TF32) and E_accum
         acc = C_ACC * U_FP32 * math.sqrt(L)
         e = e_scores.add_(abs_pv, alpha=C_W * u_w + u_kv + u_v + acc).add_(o.abs(), alpha=acc)
@@ -219,7 +221,9 @@ def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -
         # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
         # sum rounded, a base change (log2 kernels) rounded, the denominator's sqrt(L) growth
         e_lse = lse_scores + U_FP32 * (C_EXP + 2.0 * lse.abs()) + C_ACC * U_FP32 * math.sqrt(L)
-        yield _Bound(c.tokens, o, e, lse, e_lse)
+        tokens = c.tokens
+        del c  # its score-sized tensors go before the next block's come
+        yield _Bound(tokens, o, e, lse, e_lse)
 
 
 def attention_error_bound(

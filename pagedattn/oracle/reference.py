@@ -136,11 +136,12 @@ class Chunk(NamedTuple):
 def _rows_per_chunk(case: PagedCase, q_len: int, seq_len: int, budget: int, live: int) -> int:
     """Query rows per chunk so that ``live`` float64 ``[Hq, n, Lc]`` tensors fit ``budget`` bytes."""
     elems = max(1, budget // (8 * live * case.num_heads))  # n * Lc per head
+    shrink = max(1, live // 2)  # a consumer with more live tensors takes proportionally fewer rows
     W = case.sliding_window
     if W is None:
-        return max(1, min(q_len, elems // seq_len, _CAUSAL_ROWS))
+        return max(1, min(q_len, elems // seq_len, _CAUSAL_ROWS // shrink))
     # n rows under a window span at most W + n - 1 keys; more rows than ~W only adds masked work
-    n = max(1, min(q_len, max(W, _MIN_ROWS)))
+    n = max(1, min(q_len, max(W, _MIN_ROWS) // shrink))
     while n > 1 and n * min(seq_len, W + n - 1) > elems:
         n //= 2
     return n
@@ -163,8 +164,8 @@ def iter_chunks(
     sinks = case.sinks.to(torch.float64).view(Hkv, G, 1) if case.sinks is not None else None
     for b, L in enumerate(case.seq_lens_list):
         k_all, v_all = gather_history(case, b)
-        k_all = dequantized(k_all, case.k_scale).transpose(0, 1)  # [Hkv, L, D]
-        v_all = dequantized(v_all, case.v_scale).transpose(0, 1)
+        k_all = dequantized(k_all, case.k_scale).transpose(0, 1).contiguous()  # [Hkv, L, D]
+        v_all = dequantized(v_all, case.v_scale).transpose(0, 1).contiguous()
         q_len = loc[b + 1] - loc[b]
         step = _rows_per_chunk(case, q_len, L, budget, live)
         for i0 in range(0, q_len, step):
@@ -172,8 +173,7 @@ def iter_chunks(
             n = i1 - i0
             p0, p1 = L - q_len + i0, L - q_len + i1 - 1  # positions of the first and last row
             keys = slice(0 if W is None else max(0, p0 - W + 1), p1 + 1)
-            k = k_all[:, keys].contiguous()  # [Hkv, Lc, D]
-            v = v_all[:, keys].contiguous()
+            k, v = k_all[:, keys], v_all[:, keys]  # [Hkv, Lc, D] views, rows of D contiguous
             tokens = slice(loc[b] + i0, loc[b] + i1)
             q = case.query[tokens].to(torch.float64).view(n, Hkv, G, D).permute(1, 2, 0, 3).contiguous()
             scores = torch.bmm(q.view(Hkv, G * n, D), k.transpose(1, 2)).view(Hkv, G, n, -1)
@@ -207,6 +207,7 @@ def iter_chunks(
             probs /= denom[..., None]
             lse = row_max + torch.log(denom)
             yield Chunk(b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, alibi, floor, v_all)
+            del scores, probs  # before the next block's are allocated: one block alive at a time
 
 
 def paged_attention_reference(case: PagedCase) -> torch.Tensor:
@@ -234,4 +235,5 @@ def paged_attention_reference_lse(case: PagedCase) -> tuple[torch.Tensor, torch.
     for c in iter_chunks(case):
         out[c.tokens] = c.output()
         lse[c.tokens] = c.rows(c.lse)
+        del c  # its score-sized tensors go before the next block's come
     return out, lse
