@@ -97,13 +97,13 @@ _LIVE = 4
 def _half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Half the ulp in ``dtype`` of the float64 values ``x >= 0``, floored at half its
     subnormal spacing: ``2**(floor(log2 max(x, 2**emin)) - significand)``, read off and
-    written into the float64 exponent field."""
+    written into the float64 exponent field. Overwrites ``x``."""
     m = DTYPE_TABLE[dtype]
     if m.emin - m.significand < -1022:  # the result itself is no normal float64
         exp = torch.floor(torch.log2(x.clamp_min(2.0**m.emin)))
         return torch.exp2(exp - m.significand)
-    biased = (x.clamp_min(2.0**m.emin).view(torch.int64) >> 52) - m.significand
-    return (biased << 52).view(torch.float64)
+    biased = x.clamp_min_(2.0**m.emin).view(torch.int64).bitwise_right_shift_(52).sub_(m.significand)
+    return biased.bitwise_left_shift_(52).view(torch.float64)
 
 
 # ------------------------------------------------------------------------ bounds
@@ -179,21 +179,24 @@ def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -
         # sum_j p_j |v_j| and sum_j p_j (v_j - c)^2, c the sequence's mean value (against cancellation)
         if c.seq != seq:
             seq, centre, vv = c.seq, *_value_moments(c.v_all)
-        s12 = c.output(vv[:, c.keys], probs=c.probs.float()).double()  # [n, Hq, 2D]
+        s12 = c.output(vv[:, c.keys], probs=c.probs.float())  # [n, Hq, 2D] float32
         # sums of Lc + 1 nonnegative float32 products of float32-rounded factors: each within
-        # (Lc + 3) u_fp32 of its value, so raised by that much they bound it from above
-        s12 *= 1.0 + (Lc + 3) * U_FP32
-        abs_pv, spread2 = s12[..., :D], s12[..., D:]
-        # sum_j p_j (v_j - o)^2 = S2 + 2 d o p_sink - d^2 (1 - p_sink), d = c - o
+        # (Lc + 3) u_fp32 of its value, so raised by that much (1 + eps) they bound it from above
+        grow = 1.0 + (Lc + 3) * U_FP32
+        abs_pv, s2 = s12[..., :D], s12[..., D:]
+        # sum_j p_j (v_j - o)^2 = S2 + 2 d o p_sink - d^2 (1 - p_sink), d = c - o; formed as
+        # grow (S2 - ...) / grow, so that the float32 S2 is promoted in the one subtraction
         d = centre.repeat_interleave(G, dim=0).transpose(0, 1) - o  # [n, Hq, D]
+        ds_rows = c.rows(ds_max)[..., None]  # [n, Hq, 1]
         if c.sink_probs is None:
-            spread2.sub_(d.square_())
-            e_scores = spread2.clamp_min_(0.0).sqrt_().mul_(c.rows(ds_max)[..., None])
+            spread2 = torch.sub(s2, d.square_(), alpha=1.0 / grow)
+            e_scores = spread2.clamp_min_(0.0).sqrt_().mul_(ds_rows * math.sqrt(grow))
             lse_scores = c.rows(ds_max)
         else:
             p_sink = c.rows(c.sink_probs)[..., None]  # [n, Hq, 1]
-            spread2.add_(2.0 * d * o * p_sink).sub_(d.square_() * (1.0 - p_sink))
-            e_scores = spread2.clamp_min_(0.0).mul_(1.0 - p_sink).sqrt_().mul_(c.rows(ds_max)[..., None])
+            spread2 = torch.add(s2, 2.0 * d * o * p_sink, alpha=1.0 / grow)
+            spread2.sub_(d.square_().mul_(1.0 - p_sink), alpha=1.0 / grow)
+            e_scores = spread2.clamp_min_(0.0).mul_(1.0 - p_sink).sqrt_().mul_(ds_rows * math.sqrt(grow))
             lse_scores = c.rows(ds_max) * (1.0 - p_sink[..., 0])
             # the sink's logit is exact; its exp and the max subtraction round like a key's,
             # and a perturbed sink weight moves the output towards 0 (its value)
@@ -215,8 +218,9 @@ def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -
             del small
         # E_weights, the V operand's rounding (fp8 dequantized to the input dtype, TF32) and E_accum
         acc = C_ACC * U_FP32 * math.sqrt(L)
-        e = e_scores.add_(abs_pv, alpha=C_W * u_w + u_kv + u_v + acc).add_(o.abs(), alpha=acc)
-        e.add_(_half_ulp(o.abs().add_(e), case.dtype))
+        o_abs = o.abs()
+        e = e_scores.add_(abs_pv, alpha=(C_W * u_w + u_kv + u_v + acc) * grow).add_(o_abs, alpha=acc)
+        e.add_(_half_ulp(o_abs.add_(e), case.dtype))
         lse = c.rows(c.lse)  # [n, Hq]
         # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
         # sum rounded, a base change (log2 kernels) rounded, the denominator's sqrt(L) growth
