@@ -304,3 +304,20 @@ def test_fp16_weights_made_subnormal_by_a_dominant_sink_are_legitimate():
     # and the policy still sees a precision bug in the same rows
     bad = check_attention(streamed_attention(case, 64, round_weights=True, bug="exp_bf16"), case)
     assert not bad.passed, str(bad)
+
+
+@pytest.mark.parametrize("cap", [None, 1 << 20], ids=["one-block", "many-blocks"])
+def test_the_verdict_gathered_block_by_block_is_the_whole_one(cap, monkeypatch):
+    """The check judges each block of rows as the oracle yields it; its budget, counts and
+    worst element are those of the whole ``[T, Hq, D]`` ratio (a 1 MiB cap: several blocks)."""
+    if cap is not None:
+        monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(cap))
+    case = CaseSpec("t", ((300, 1), (200, 120), (90, 90)), num_heads=4, num_kv_heads=2, dtype=torch.bfloat16).build()
+    out = streamed_attention(case, 16, bug="exp_bf16")
+    ref, bound = attention_error_bound(case)
+    ratio = (out.double() - ref).abs() / bound
+    check = check_attention(out, case)
+    t, h, d = (int(i) for i in torch.unravel_index(ratio.argmax(), ratio.shape))
+    assert check.budget_used == pytest.approx(float(ratio.max()), rel=1e-12), str(check)
+    assert (check.worst_token, check.worst_head, check.worst_channel) == (t, h, d), str(check)
+    assert check.num_over == int((ratio > 1).sum()) and check.num_elements == ratio.numel(), str(check)

@@ -391,7 +391,7 @@ def check_attention(
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
     verdict = _Verdict()
     for blk in _chunk_bounds(case, precision, qk_precision):
-        verdict.add(blk.tokens, output[blk.tokens], blk.o, blk.e * tolerance_factor)
+        verdict.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
     return verdict.check(case, common)
 
 
@@ -429,9 +429,13 @@ def check_attention_lse(
         return out_check, lse_check
     v_out, v_lse = _Verdict(), _Verdict()
     for blk in _chunk_bounds(case, precision, qk_precision):
-        v_out.add(blk.tokens, output[blk.tokens], blk.o, blk.e * tolerance_factor)
-        v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, blk.e_lse * tolerance_factor)
+        v_out.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
+        v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
     return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
+
+
+def _scaled(bound: torch.Tensor, tolerance_factor: float) -> torch.Tensor:
+    return bound if tolerance_factor == 1.0 else bound.mul_(tolerance_factor)
 
 
 def _output_problem(output: Any, case: PagedCase) -> str:
@@ -461,18 +465,22 @@ class _Verdict:
         self.worst: tuple[int, ...] = ()
         self.value = self.reference = self.bound = float("nan")
 
-    def add(self, tokens: slice, output: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor) -> None:
-        """Judge rows ``tokens`` of the output (``output``, in its dtype) against ``ref`` and ``bound``."""
+    def add(
+        self, tokens: slice, output: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, exact_inf: bool = False
+    ) -> None:
+        """Judge rows ``tokens`` of the output (``output``, in its dtype) against ``ref`` and ``bound``;
+        ``exact_inf``: an infinite reference matched exactly is no error (a log-sum-exp's ``-inf``)."""
         out = output.to(torch.float64)
-        # a NaN or infinite output gives a NaN or infinite ratio: infinitely over
-        ratio = torch.sub(out, ref).abs_().div_(bound).nan_to_num_(nan=float("inf"), posinf=float("inf"))
-        if not bool(torch.isfinite(ref).all()):  # an lse of -inf where the reference is -inf: exact
+        ratio = torch.sub(out, ref).abs_().div_(bound)
+        if exact_inf:  # an lse of -inf where the reference is -inf is exact
             ratio.masked_fill_(torch.isinf(ref) & (out == ref), 0.0)
-        flat = int(torch.argmax(ratio))
+        flat = int(torch.argmax(ratio))  # a NaN ratio is the largest
         budget = float(ratio.reshape(-1)[flat])
         self.num_over += int((ratio > 1.0).sum())
         self.num_elements += ratio.numel()
-        if budget == float("inf"):
+        if not budget < float("inf"):  # a NaN or infinite output: infinitely over
+            budget = float("inf")
+            self.num_over += int(torch.isnan(ratio).sum())
             self.num_nonfinite += int((~torch.isfinite(out) & torch.isfinite(ref)).sum())
         if budget > self.budget:
             idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape))
