@@ -5,22 +5,27 @@
 reference ``o``, a correct streamed online-softmax kernel with fp32
 accumulation stays within
 
-    bound = E_scores + E_weights + E_accum + E_round
+    bound = E_scores + E_weights + E_values + E_accum + E_round
 
-    E_scores  = sqrt(sum_j p_j ds_j) * sqrt(sum_j p_j ds_j (v_j - o)^2)
-                ds_j = C_DOT u_acc sqrt(D) A_j + 2 u_dot A_j + u_acc (C_EXP + |s_j| + |s_j - m|)
-                A_j  = scale * sum_i |q_i| |k_ji|
+    E_scores  = Delta sqrt(P sum_j p_j (v_j - o)^2)       P = sum_j p_j (the sink's share excluded)
+                Delta = max_j ds_j, bounded per row:
+                ds_j <= (C_DOT u_acc sqrt(D) + 2 u_op + u_kv + u_qk) scale |q| max_j |k_j|
+                        + u_acc (C_EXP + m - 2 min(s_min, 0))   (+ soft-cap, ALiBi terms)
     E_weights = C_W u_w sum_j p_j |v_j|
+    E_values  = (u_kv + u_op) sum_j p_j |v_j|
     E_accum   = C_ACC u_acc sqrt(L) (sum_j p_j |v_j| + |o|)
     E_round   = ulp_out(|o| + E) / 2        (ulp floored at the smallest subnormal)
 
-``u_acc`` is fp32's unit roundoff, ``u_dot`` the operand rounding of the score
-and weighted-V products (0 for IEEE fp32 or half-precision inputs, TF32's for
-fp32 inputs when a backend declares TF32), ``u_w`` the precision in which the
+``u_acc`` is fp32's unit roundoff; ``u_op`` the rounding of each operand of both
+dots (0 for IEEE fp32 or half-precision inputs; ``2**-10`` for fp32 inputs when a
+backend declares TF32: tensor cores truncate); ``u_w`` the precision in which the
 weights meet V (the input dtype's: flash-style kernels round ``p`` before the
-product). ``E_scores`` is Cauchy-Schwarz on the first-order softmax perturbation
-``sum_j p_j ds_j (v_j - o)``, so it scales with how far the values spread around
-the output, not with their magnitude.
+product); ``u_kv`` an fp8 cache dequantized into the query dtype; ``u_qk`` a
+declared input-dtype score (``qk_precision="input"``). ``E_scores`` is
+Cauchy-Schwarz on the first-order softmax perturbation ``sum_j p_j ds_j (v_j - o)``
+with every ``ds_j`` bounded by the row's largest, so it scales with how far the
+values spread around the output, not with their magnitude, and costs one float32
+product beyond the oracle's pass.
 """
 
 from __future__ import annotations
