@@ -321,3 +321,14 @@ def test_the_verdict_gathered_block_by_block_is_the_whole_one(cap, monkeypatch):
     assert check.budget_used == pytest.approx(float(ratio.max()), rel=1e-12), str(check)
     assert (check.worst_token, check.worst_head, check.worst_channel) == (t, h, d), str(check)
     assert check.num_over == int((ratio > 1).sum()) and check.num_elements == ratio.numel(), str(check)
+
+
+def test_a_sink_that_takes_nearly_every_weight_leaves_the_keys_their_share():
+    """Found by the search (tlsim, fp32): one key under a sink that holds all but 1e-18 of
+    the weight. The keys' share must come from their own sum: 1 - p_sink is exactly 0
+    in float64 there, which zeroed the score term and failed a correct kernel at 14x."""
+    spec = CaseSpec("search", ((1, 1), (1, 1)), num_heads=4, num_kv_heads=1, head_dim=48, block_size=1,
+                    scale=1.0, query_gain=4.0, sinks=True)  # fmt: skip
+    case = spec.build()
+    check = check_attention(streamed_attention(case, 16), case)
+    assert check.passed and not check.warning, str(check)

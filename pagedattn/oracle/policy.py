@@ -198,11 +198,13 @@ def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -
             e_scores = spread2.clamp_min_(0.0).sqrt_().mul_(ds_rows * math.sqrt(grow))
             lse_scores = c.rows(ds_max)
         else:
+            assert c.key_share is not None
             p_sink = c.rows(c.sink_probs)[..., None]  # [n, Hq, 1]
+            share = c.rows(c.key_share)[..., None]  # P = sum_j p_j, not 1 - p_sink: that cancels
             spread2 = torch.add(s2, 2.0 * d * o * p_sink, alpha=1.0 / grow)
-            spread2.sub_(d.square_().mul_(1.0 - p_sink), alpha=1.0 / grow)
-            e_scores = spread2.clamp_min_(0.0).mul_(1.0 - p_sink).sqrt_().mul_(ds_rows * math.sqrt(grow))
-            lse_scores = c.rows(ds_max) * (1.0 - p_sink[..., 0])
+            spread2.sub_(d.square_().mul_(share), alpha=1.0 / grow)
+            e_scores = spread2.clamp_min_(0.0).mul_(share).sqrt_().mul_(ds_rows * math.sqrt(grow))
+            lse_scores = c.rows(ds_max) * share[..., 0]
             # the sink's logit is exact; its exp and the max subtraction round like a key's,
             # and a perturbed sink weight moves the output towards 0 (its value)
             assert sinks is not None

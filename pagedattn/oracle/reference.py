@@ -115,6 +115,7 @@ class Chunk(NamedTuple):
     row_max: torch.Tensor  # [Hkv, G, n], max of the row's logits, the sink's included
     lse: torch.Tensor  # [Hkv, G, n], natural log of the softmax denominator (sink included)
     sink_probs: torch.Tensor | None  # [Hkv, G, n]: the sink's share of the denominator
+    key_share: torch.Tensor | None  # [Hkv, G, n]: the keys' share, sum_j probs (None: 1, no sink)
     alibi: tuple[torch.Tensor, torch.Tensor] | None  # slopes [Hkv, G, 1, 1], j - p [n, Lc]
     score_floor: torch.Tensor | None  # [Hkv, G, n]: min logit over the chunk's keys, masked ones too
     v_all: torch.Tensor  # [Hkv, L, D]: the sequence's whole history (v is v_all[:, keys])
@@ -199,14 +200,16 @@ def iter_chunks(
                 row_max = torch.maximum(row_max, sinks)
             probs = torch.sub(scores, row_max[..., None]).exp_()
             denom = probs.sum(-1)  # [Hkv, G, n]
-            sink_probs = None
-            if sinks is not None:
+            sink_probs = key_share = None
+            if sinks is not None:  # both shares from their own sums: 1 - sink_probs may cancel to 0
                 sink_w = torch.exp(sinks - row_max)
+                keys_w = denom.clone()
                 denom += sink_w
-                sink_probs = sink_w / denom
+                sink_probs, key_share = sink_w / denom, keys_w / denom
             probs /= denom[..., None]
             lse = row_max + torch.log(denom)
-            yield Chunk(b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, alibi, floor, v_all)
+            yield Chunk(b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, key_share, alibi, floor,
+                        v_all)  # fmt: skip
             del scores, probs  # before the next block's are allocated: one block alive at a time
 
 
