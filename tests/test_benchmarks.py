@@ -53,3 +53,20 @@ def test_variant_bench_cpu_mode(tmp_path):
     names = {r["variant"] for r in rows}
     assert {"none", "softcap50", "alibi", "sinks", "fp8_e4m3", "lse", "window128+sinks"} <= names
     assert all(r["decode_ms"] > 0 and r["prefill_ms"] > 0 for r in rows)
+
+
+def test_suite_bench_smoke(tmp_path):
+    """bench_suite.py measures the oracle and the check on two tiny cases, each in its own
+    process, and records the machine; the figures are positive (never compared)."""
+    out = tmp_path / "suite.json"
+    script = SCRIPT.parent / "bench_suite.py"
+    proc = subprocess.run([sys.executable, str(script), "--smoke", "--device", "cpu", "--repeats", "1", "--out",
+                           str(out)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert {"machine", "checks", "worst_check_over_oracle"} <= set(result)
+    assert result["machine"]["device"] == "cpu" and result["machine"]["torch_threads"] >= 1
+    assert len(result["checks"]) == 2
+    for row in result["checks"]:
+        assert row["oracle_s"] > 0 and row["check_s"] > 0 and row["oracle_peak_mb"] >= 0, row
+        assert row["case"] in proc.stdout

@@ -131,19 +131,49 @@ def test_gather_is_pool_indexing():
     assert torch.equal(paged_gather(pool, slots), pool.reshape(15, 2, 4)[slots])
 
 
-def test_long_prefill_is_chunked_and_agrees():
-    # 3000 rows x 3000 keys x 2 heads exceeds one chunk: the chunking must not change the answer
+def test_long_prefill_is_chunked_and_agrees(monkeypatch):
+    # a 1 MiB cap splits 300 rows x 300 keys x 2 heads into many blocks of rows, each over
+    # only the keys its rows see: the chunking must not change the answer
     from pagedattn.oracle import reference
 
     case = CaseSpec("t", ((300, 300),), num_heads=2, num_kv_heads=1, head_dim=8, block_size=16).build()
     whole = paged_attention_reference(case)
-    old = reference._MAX_SCORE_ELEMENTS
-    reference._MAX_SCORE_ELEMENTS = 2 * 300 * 7
-    try:
-        chunked = paged_attention_reference(case)
-    finally:
-        reference._MAX_SCORE_ELEMENTS = old
+    monkeypatch.setenv(reference.MAX_BYTES_ENV, str(1 << 20))
+    assert len(list(reference.iter_chunks(case, live=300))) > 1
+    chunked = torch.cat([c.output() for c in reference.iter_chunks(case, live=300)])
     assert _rel_err(chunked, whole) < 1e-14
+    assert _rel_err(paged_attention_reference(case), whole) < 1e-14
+
+
+def test_memory_cap_is_validated(monkeypatch):
+    from pagedattn.oracle import reference
+
+    monkeypatch.setenv(reference.MAX_BYTES_ENV, "lots")
+    with pytest.raises(ValueError, match="PAGEDATTN_ORACLE_MAX_BYTES must be a number of bytes"):
+        reference.max_bytes()
+    monkeypatch.setenv(reference.MAX_BYTES_ENV, "1000")
+    with pytest.raises(ValueError, match="at least 1 MiB"):
+        reference.max_bytes()
+
+
+def test_a_window_computes_only_the_keys_it_sees():
+    # 600 rows of a prefill under a 16-key window: each block of rows spans at most
+    # its rows plus the window, never the whole history
+    from pagedattn.oracle import reference
+
+    case = CaseSpec("t", ((600, 600),), num_heads=2, num_kv_heads=1, head_dim=8, block_size=16).build()
+    case = case.replace(sliding_window=16)
+    chunks = list(reference.iter_chunks(case))
+    assert [c.tokens.start for c in chunks][0] == 0 and chunks[-1].tokens.stop == 600
+    for c in chunks:
+        rows = c.tokens.stop - c.tokens.start
+        span = c.keys.stop - c.keys.start
+        assert span <= 16 + rows - 1 and c.keys.stop == c.tokens.stop, (
+            f"rows {c.tokens} computed keys {c.keys}: more than the window of 16 plus the rows"
+        )
+    f64 = _f64(case)
+    err = _rel_err(paged_attention_reference(f64), naive_attention(f64))
+    assert err < 1e-12, f"windowed oracle and naive loop differ by {err:.3g} relative (bound 1e-12)"
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

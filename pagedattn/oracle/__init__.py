@@ -3,6 +3,8 @@
 from pagedattn.oracle.case import FP8_DTYPES, VARIANTS, PagedCase
 from pagedattn.oracle.policy import (
     DTYPE_TABLE,
+    PRECISIONS,
+    QK_PRECISIONS,
     WARN_FACTOR,
     AttentionCheck,
     BitCheck,
@@ -22,6 +24,8 @@ from pagedattn.oracle.reference import (
 
 __all__ = [
     "DTYPE_TABLE",
+    "PRECISIONS",
+    "QK_PRECISIONS",
     "WARN_FACTOR",
     "AttentionCheck",
     "BitCheck",

@@ -5,29 +5,35 @@
 reference ``o``, a correct streamed online-softmax kernel with fp32
 accumulation stays within
 
-    bound = E_scores + E_weights + E_accum + E_round
+    bound = E_scores + E_weights + E_values + E_accum + E_round
 
-    E_scores  = sqrt(sum_j p_j ds_j) * sqrt(sum_j p_j ds_j (v_j - o)^2)
-                ds_j = C_DOT u_acc sqrt(D) A_j + 2 u_dot A_j + u_acc (C_EXP + |s_j| + |s_j - m|)
-                A_j  = scale * sum_i |q_i| |k_ji|
+    E_scores  = Delta sqrt(P sum_j p_j (v_j - o)^2)       P = sum_j p_j (the sink's share excluded)
+                Delta = max_j ds_j, bounded per row:
+                ds_j <= (C_DOT u_acc sqrt(D) + 2 u_op + u_kv + u_qk) scale |q| max_j |k_j|
+                        + u_acc (C_EXP + m - 2 min(s_min, 0))   (+ soft-cap, ALiBi terms)
     E_weights = C_W u_w sum_j p_j |v_j|
+    E_values  = (u_kv + u_op) sum_j p_j |v_j|
     E_accum   = C_ACC u_acc sqrt(L) (sum_j p_j |v_j| + |o|)
     E_round   = ulp_out(|o| + E) / 2        (ulp floored at the smallest subnormal)
 
-``u_acc`` is fp32's unit roundoff, ``u_dot`` the operand rounding of the score
-and weighted-V products (0 for IEEE fp32 or half-precision inputs, TF32's for
-fp32 inputs when a backend declares TF32), ``u_w`` the precision in which the
+``u_acc`` is fp32's unit roundoff; ``u_op`` the rounding of each operand of both
+dots (0 for IEEE fp32 or half-precision inputs; ``2**-10`` for fp32 inputs when a
+backend declares TF32: tensor cores truncate); ``u_w`` the precision in which the
 weights meet V (the input dtype's: flash-style kernels round ``p`` before the
-product). ``E_scores`` is Cauchy-Schwarz on the first-order softmax perturbation
-``sum_j p_j ds_j (v_j - o)``, so it scales with how far the values spread around
-the output, not with their magnitude.
+product); ``u_kv`` an fp8 cache dequantized into the query dtype; ``u_qk`` a
+declared input-dtype score (``qk_precision="input"``). ``E_scores`` is
+Cauchy-Schwarz on the first-order softmax perturbation ``sum_j p_j ds_j (v_j - o)``
+with every ``ds_j`` bounded by the row's largest, so it scales with how far the
+values spread around the output, not with their magnitude, and costs one float32
+product beyond the oracle's pass.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -36,7 +42,12 @@ from pagedattn.oracle.reference import iter_chunks
 
 # --------------------------------------------------------------------- constants
 U_FP32 = 2.0**-24
-U_TF32 = 2.0**-11  # TF32 keeps 10 explicit significand bits
+U_TF32 = 2.0**-11  # TF32 keeps 10 explicit significand bits: rounding to nearest errs by 2**-11
+#: An fp32 operand of a TF32 tensor-core product: NVIDIA's mma reads the top 19 bits of the
+#: register (truncation, 2**-10) unless the kernel rounds first, and Triton does not by default.
+U_TF32_OPERAND = 2.0**-10
+#: TF32 operands of the weighted-V product that round: the weights and the values
+TF32_PV_OPERANDS = 2
 
 
 @dataclass(frozen=True)
@@ -81,13 +92,23 @@ C_ACC = 2.0
 WARN_FACTOR = 2.0
 
 PRECISIONS = ("ieee", "tf32")
+QK_PRECISIONS = ("fp32", "input")
+#: float64 score-sized tensors of one block alive at once while the bound is formed (the
+#: oracle's scores and weights, the weights in float32, a correction of subnormal weights):
+#: its blocks are sized for them, so that the check needs no more memory than the oracle
+_LIVE = 4
 
 
-def _ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """float64 ulp of the values ``|x|`` in ``dtype``, floored at its subnormal spacing."""
+def _half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Half the ulp in ``dtype`` of the float64 values ``x >= 0``, floored at half its
+    subnormal spacing: ``2**(floor(log2 max(x, 2**emin)) - significand)``, read off and
+    written into the float64 exponent field. Overwrites ``x``."""
     m = DTYPE_TABLE[dtype]
-    exp = torch.floor(torch.log2(x.abs().clamp_min(2.0 ** (m.emin))))
-    return torch.exp2(exp - (m.significand - 1))
+    if m.emin - m.significand < -1022:  # the result itself is no normal float64
+        exp = torch.floor(torch.log2(x.clamp_min(2.0**m.emin)))
+        return torch.exp2(exp - m.significand)
+    biased = x.clamp_min_(2.0**m.emin).view(torch.int64).bitwise_right_shift_(52).sub_(m.significand)
+    return biased.bitwise_left_shift_(52).view(torch.float64)
 
 
 # ------------------------------------------------------------------------ bounds
@@ -96,71 +117,131 @@ def _u(dtype: torch.dtype) -> float:
     return 2.0 ** -DTYPE_TABLE[dtype].significand
 
 
-def _chunk_bounds(case: PagedCase, precision: str):
-    """Per chunk of query rows, in token order: ``(o, e_out, lse, e_lse)``, ``o``/``e_out``
-    ``[n, Hq, D]`` and ``lse``/``e_lse`` ``[n, Hq]`` float64."""
+def _validate_precisions(precision: str, qk_precision: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    if qk_precision not in QK_PRECISIONS:
+        raise ValueError(f"qk_precision must be one of {QK_PRECISIONS}, got {qk_precision!r}")
+
+
+def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``v`` ``[Hkv, L, D]`` float64: its mean over the keys ``c`` ``[Hkv, 1, D]`` and
+    ``[|v|, (v - c)^2]`` ``[Hkv, L, 2D]`` in float32, the right factor of the bound's product."""
+    centre = v.mean(dim=1, keepdim=True)
+    vv = torch.empty(*v.shape[:2], 2 * v.shape[2], dtype=torch.float32, device=v.device)
+    D = v.shape[2]
+    vv[..., :D].copy_(v).abs_()  # |fl32(v)| = fl32(|v|): no float64 temporary
+    vv[..., D:] = (v - centre).square_()  # the difference in float64: it may cancel
+    return centre, vv
+
+
+class _Bound(NamedTuple):
+    """One block of query rows: the reference and the bound of its output and lse."""
+
+    tokens: slice  # rows of the packed output
+    o: torch.Tensor  # [n, Hq, D] float64
+    e: torch.Tensor  # [n, Hq, D] float64
+    lse: torch.Tensor  # [n, Hq] float64
+    e_lse: torch.Tensor  # [n, Hq] float64
+
+
+def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -> Iterator[_Bound]:
+    """The model's terms per block of query rows, in token order, from the oracle's own
+    pass (its weights, maxima, denominators and smallest logits). The score term is
+    formed per row (``docs/tolerance.md``: the largest ``ds_j`` of the row bounds every
+    key's), so the only work of the scores' size beyond the oracle's is one product of
+    the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64)."""
+    _validate_precisions(precision, qk_precision)
     model = DTYPE_TABLE[case.dtype]
-    u_dot = U_TF32 if (precision == "tf32" and case.dtype == torch.float32) else 0.0
-    u_w = model.weights_u
-    if precision == "tf32" and case.dtype == torch.float32:
-        u_w = max(u_w, U_TF32)
+    tf32 = precision == "tf32" and case.dtype == torch.float32
+    u_op = U_TF32_OPERAND if tf32 else 0.0  # each operand of both dots, when TF32
+    u_w = max(model.weights_u, u_op)  # the weights, one operand of P.V
+    u_v = (TF32_PV_OPERANDS - 1) * u_op  # the values, the other one
     # an fp8 cache may be dequantized into the query dtype before the products (vLLM does):
     # one rounding of every K and V element, legitimate, so part of the bound
     u_kv = _u(case.dtype) if case.kv_dtype != case.dtype else 0.0
+    # q.k from products rounded to the input dtype, and the sum rounded to it once
+    half = case.dtype in (torch.float16, torch.bfloat16)
+    u_qk = 2.0 * _u(case.dtype) if qk_precision == "input" and half else 0.0
     D = case.head_dim
-    cap = case.logits_soft_cap
-    sinks = case.sinks.to(torch.float64) if case.sinks is not None else None
-    for c in iter_chunks(case):
-        o = torch.einsum("hqk,khd->qhd", c.probs, c.v)  # [n, Hq, D]
-        A = torch.einsum("qhd,khd->hqk", c.q.abs(), c.k.abs()) * case.scale  # [Hq, n, L]
-        finite = torch.isfinite(c.scores)
-        s = torch.where(finite, c.scores, torch.zeros_like(c.scores))
-        m = s.masked_fill(~finite, float("-inf")).amax(dim=-1, keepdim=True)  # [Hq, n, 1]
-        if sinks is not None:
-            m = torch.maximum(m, sinks[:, None, None])
-        ds = (C_DOT * U_FP32 * math.sqrt(D) + 2.0 * u_dot + u_kv) * A + U_FP32 * (C_EXP + s.abs() + (s - m).abs())
-        if cap is not None:  # tanh in fp32: a few ulps of the capped range
-            ds = ds + U_FP32 * C_EXP * cap
-        if c.bias is not None:  # slope * (j - p) rounded once in fp32
-            ds = ds + U_FP32 * torch.where(finite, c.bias, torch.zeros_like(c.bias)).abs()
-        w = c.probs * ds  # zero where masked
-        W0 = w.sum(-1).transpose(0, 1)  # [n, Hq]
-        W1 = torch.einsum("hqk,khd->qhd", w, c.v)
-        W2 = torch.einsum("hqk,khd->qhd", w, c.v * c.v)
-        spread2 = (W2 - 2.0 * o * W1 + o * o * W0[..., None]).clamp_min(0.0)
-        e_scores = torch.sqrt(W0[..., None] * spread2)
-        lse_scores = W0
-        if sinks is not None and c.sink_probs is not None:
+    a = (C_DOT * U_FP32 * math.sqrt(D) + 2.0 * u_op + u_kv + u_qk) * case.scale  # coefficient of |q||k_j|
+    row_const = U_FP32 * (C_EXP + (C_EXP * case.logits_soft_cap if case.logits_soft_cap is not None else 0.0))
+    sinks = case.sinks.to(torch.float64).view(case.num_kv_heads, case.gqa_ratio, 1) if case.sinks is not None else None
+    log_min_normal = math.log(model.weights_min_normal)
+    seq_lens = case.seq_lens_list
+    seq, centre, vv = -1, torch.empty(0), torch.empty(0)
+    for c in iter_chunks(case, live=_LIVE, score_floor=True):
+        assert c.score_floor is not None
+        Hkv, G, n, Lc = c.probs.shape
+        L = seq_lens[c.seq]  # the accumulation term counts the whole history, as a kernel may
+        o = c.output()  # [n, Hq, D]
+        # the row's largest ds_j: sum_i |q_i||k_ji| <= |q| |k_j|; |s| + m - s = m - 2 min(s, 0)
+        k_max = c.k.norm(dim=-1).amax(dim=-1).view(Hkv, 1, 1)  # [Hkv, 1, 1]
+        ds_max = a * c.q.norm(dim=-1) * k_max + U_FP32 * (c.row_max - 2.0 * c.score_floor.clamp(max=0.0)) + row_const
+        if c.alibi is not None:  # slope * (j - p) rounded once in fp32; |j - p| <= p - first key
+            slopes, rel = c.alibi
+            ds_max = ds_max + U_FP32 * slopes.abs()[..., 0] * (-rel[:, 0]).clamp_min(0.0)
+        # sum_j p_j |v_j| and sum_j p_j (v_j - c)^2, c the sequence's mean value (against cancellation)
+        if c.seq != seq:
+            seq, centre, vv = c.seq, *_value_moments(c.v_all)
+        s12 = c.output(vv[:, c.keys], probs=c.probs.float())  # [n, Hq, 2D] float32
+        # sums of Lc + 1 nonnegative float32 products of float32-rounded factors: each within
+        # (Lc + 3) u_fp32 of its value, so raised by that much (1 + eps) they bound it from above
+        grow = 1.0 + (Lc + 3) * U_FP32
+        abs_pv, s2 = s12[..., :D], s12[..., D:]
+        # sum_j p_j (v_j - o)^2 = S2 + 2 d o p_sink - d^2 (1 - p_sink), d = c - o; formed as
+        # grow (S2 - ...) / grow, so that the float32 S2 is promoted in the one subtraction
+        d = centre.repeat_interleave(G, dim=0).transpose(0, 1) - o  # [n, Hq, D]
+        ds_rows = c.rows(ds_max)[..., None]  # [n, Hq, 1]
+        if c.sink_probs is None:
+            spread2 = torch.sub(s2, d.square_(), alpha=1.0 / grow)
+            e_scores = spread2.clamp_min_(0.0).sqrt_().mul_(ds_rows * math.sqrt(grow))
+            lse_scores = c.rows(ds_max)
+        else:
+            assert c.key_share is not None
+            p_sink = c.rows(c.sink_probs)[..., None]  # [n, Hq, 1]
+            share = c.rows(c.key_share)[..., None]  # P = sum_j p_j, not 1 - p_sink: that cancels
+            spread2 = torch.add(s2, 2.0 * d * o * p_sink, alpha=1.0 / grow)
+            spread2.sub_(d.square_().mul_(share), alpha=1.0 / grow)
+            e_scores = spread2.clamp_min_(0.0).mul_(share).sqrt_().mul_(ds_rows * math.sqrt(grow))
+            lse_scores = c.rows(ds_max) * share[..., 0]
             # the sink's logit is exact; its exp and the max subtraction round like a key's,
             # and a perturbed sink weight moves the output towards 0 (its value)
-            ds_sink = U_FP32 * (C_EXP + sinks[:, None].abs() + (sinks[:, None] - m[..., 0]).abs())  # [Hq, n]
-            w_sink = (c.sink_probs * ds_sink).transpose(0, 1)  # [n, Hq]
-            e_scores = e_scores + w_sink[..., None] * o.abs()
+            assert sinks is not None
+            ds_sink = U_FP32 * (C_EXP + sinks.abs() + (sinks - c.row_max).abs())  # [Hkv, G, n]
+            w_sink = c.rows(c.sink_probs * ds_sink)  # [n, Hq]
+            e_scores.addcmul_(w_sink[..., None], o.abs())
             lse_scores = lse_scores + w_sink
-        abs_pv = torch.einsum("hqk,khd->qhd", c.probs, c.v.abs())
         # weights rounded where they meet V, relative to the final max (each is largest
         # there): relatively while normal, by at most half the subnormal spacing below
-        l_rel = torch.exp(c.lse[..., None] - m)  # the denominator in units of the max
-        p_rel = c.probs * l_rel
-        w_err = torch.where(p_rel < model.weights_min_normal, torch.clamp(p_rel, max=model.weights_spacing / 2),
-                            u_w * p_rel) / l_rel  # fmt: skip
-        e_weights = torch.einsum("hqk,khd->qhd", w_err, c.v.abs())
-        L = c.k.shape[0]
-        e = e_scores + C_W * e_weights + u_kv * abs_pv + C_ACC * U_FP32 * math.sqrt(L) * (abs_pv + o.abs())
-        e = e + 0.5 * _ulp(o.abs() + e, case.dtype)
-        lse = c.lse.transpose(0, 1)  # [n, Hq]
+        # (E_weights = C_W u_w sum_j p_j |v_j|, plus the below-normal correction)
+        if bool((c.score_floor - c.row_max < log_min_normal).any()):  # some p_rel may be subnormal
+            l_rel = torch.exp(c.lse - c.row_max)[..., None]  # the denominator in units of the max
+            small = (c.probs < model.weights_min_normal / l_rel) & (c.probs > 0.0)
+            if bool(small.any()):
+                extra = (c.probs * l_rel).clamp_(max=model.weights_spacing / 2).div_(l_rel).sub_(c.probs, alpha=u_w)
+                e_scores.add_(c.output(c.v.abs(), probs=extra.masked_fill_(~small, 0.0)), alpha=C_W)
+                del extra
+            del small
+        # E_weights, the V operand's rounding (fp8 dequantized to the input dtype, TF32) and E_accum
+        acc = C_ACC * U_FP32 * math.sqrt(L)
+        o_abs = o.abs()
+        e = e_scores.add_(abs_pv, alpha=(C_W * u_w + u_kv + u_v + acc) * grow).add_(o_abs, alpha=acc)
+        e.add_(_half_ulp(o_abs.add_(e), case.dtype))
+        lse = c.rows(c.lse)  # [n, Hq]
         # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
         # sum rounded, a base change (log2 kernels) rounded, the denominator's sqrt(L) growth
         e_lse = lse_scores + U_FP32 * (C_EXP + 2.0 * lse.abs()) + C_ACC * U_FP32 * math.sqrt(L)
-        yield o, e, lse, e_lse
+        tokens = c.tokens
+        del c  # its score-sized tensors go before the next block's come
+        yield _Bound(tokens, o, e, lse, e_lse)
 
 
 def attention_error_bound(
     case: PagedCase,
     reference: torch.Tensor | None = None,
     precision: str = "ieee",
+    qk_precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-element acceptance bound of the error model.
 
@@ -169,29 +250,28 @@ def attention_error_bound(
         reference: ``[T, Hq, D]`` float64 oracle output (computed if None).
         precision: ``"ieee"`` (default) or ``"tf32"``: how the backend's fp32 dot
             products round their operands.
+        qk_precision: ``"fp32"`` (default) or ``"input"``: the backend forms q.k from
+            products rounded to the input dtype.
 
     Returns:
         ``(reference, bound)``: two ``[T, Hq, D]`` float64 tensors on the case's device.
     """
-    ref_chunks, bounds = [], []
-    for o, e, _, _ in _chunk_bounds(case, precision):
-        ref_chunks.append(o)
-        bounds.append(e)
-    ref = torch.cat(ref_chunks) if reference is None else reference
-    return ref, torch.cat(bounds)
+    ref, bound, _, _ = attention_lse_error_bounds(case, precision, qk_precision)
+    return (ref if reference is None else reference), bound
 
 
 def attention_lse_error_bounds(
-    case: PagedCase, precision: str = "ieee"
+    case: PagedCase, precision: str = "ieee", qk_precision: str = "fp32"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Output and log-sum-exp references and bounds in one pass over the oracle:
     ``(ref [T, Hq, D], bound [T, Hq, D], ref_lse [T, Hq], bound_lse [T, Hq])``, float64
     on the case's device (natural log; see ``PagedCase`` for the definition)."""
-    parts: list[list[torch.Tensor]] = [[], [], [], []]
-    for tensors in _chunk_bounds(case, precision):
-        for acc, t in zip(parts, tensors):
-            acc.append(t)
-    ref, bound, ref_lse, bound_lse = (torch.cat(p) for p in parts)
+    T, H, D = case.num_tokens, case.num_heads, case.head_dim
+    kw: dict[str, Any] = dict(dtype=torch.float64, device=case.device)
+    ref, bound, ref_lse, bound_lse = torch.empty(T, H, D, **kw), torch.empty(T, H, D, **kw), \
+        torch.empty(T, H, **kw), torch.empty(T, H, **kw)  # fmt: skip
+    for blk in _chunk_bounds(case, precision, qk_precision):
+        ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = blk[1:]
     return ref, bound, ref_lse, bound_lse
 
 
@@ -221,6 +301,7 @@ class AttentionCheck:
     bound: float = float("nan")
     problem: str = ""  # a structural failure (shape, dtype, device), if any
     precision: str = "ieee"
+    qk_precision: str = "fp32"
     tolerance_factor: float = 1.0
     case_summary: str = ""
     what: str = "attention"  # or "log-sum-exp" (then worst_channel is -1)
@@ -250,6 +331,7 @@ class AttentionCheck:
             },
             "problem": self.problem,
             "precision": self.precision,
+            "qk_precision": self.qk_precision,
             "tolerance_factor": self.tolerance_factor,
             "what": self.what,
         }
@@ -273,6 +355,7 @@ class AttentionCheck:
             f"  got {self.value!r}, reference {self.reference!r}, "
             f"|error| {abs(self.value - self.reference):.3g}, bound {self.bound:.3g}",
             f"  policy: fp32 dot precision {self.precision}"
+            + (", q.k from input-dtype products (declared)" if self.qk_precision == "input" else "")
             + (f", tolerance x{self.tolerance_factor:g} (backend override)" if self.tolerance_factor != 1.0 else ""),
             f"  case: {self.case_summary}",
         ]
@@ -292,25 +375,31 @@ def check_attention(
     case: PagedCase,
     *,
     precision: str = "ieee",
+    qk_precision: str = "fp32",
     tolerance_factor: float = 1.0,
-    reference: torch.Tensor | None = None,
 ) -> AttentionCheck:
-    """Judge ``output`` against the float64 oracle with the per-element bound.
+    """Judge ``output`` against the float64 oracle with the per-element bound, block of
+    rows by block of rows, in the oracle's own pass.
 
     Args:
         output: ``[num_tokens, num_heads, head_dim]`` in the query dtype, on the case's
             device: what the backend returned.
         case: the problem it was asked.
         precision: ``"ieee"`` or ``"tf32"`` (the backend's declared fp32 dot precision).
+        qk_precision: ``"fp32"`` or ``"input"`` (the backend's declared score precision:
+            q.k from products rounded to the input dtype).
         tolerance_factor: an explicit loosening (> 1) or tightening, shown in the report.
-        reference: the oracle output if already computed.
     """
-    common: dict[str, Any] = dict(precision=precision, tolerance_factor=tolerance_factor, case_summary=repr(case))
+    _validate_precisions(precision, qk_precision)
+    common: dict[str, Any] = dict(precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor,
+                                  case_summary=repr(case))  # fmt: skip
     problem = _output_problem(output, case)
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
-    ref, bound = attention_error_bound(case, reference, precision)
-    return _judge(output, ref, bound * tolerance_factor, case, common)
+    verdict = _Verdict()
+    for blk in _chunk_bounds(case, precision, qk_precision):
+        verdict.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
+    return verdict.check(case, common)
 
 
 def check_attention_lse(
@@ -319,6 +408,7 @@ def check_attention_lse(
     case: PagedCase,
     *,
     precision: str = "ieee",
+    qk_precision: str = "fp32",
     tolerance_factor: float = 1.0,
 ) -> tuple[AttentionCheck, AttentionCheck]:
     """Judge an output and its log-sum-exp (one pass over the oracle).
@@ -327,12 +417,14 @@ def check_attention_lse(
         output: ``[num_tokens, num_heads, head_dim]`` in the query dtype.
         lse: ``[num_tokens, num_heads]`` float32, natural log of each row's softmax
             denominator (sink included).
-        case, precision, tolerance_factor: as for ``check_attention``.
+        case, precision, qk_precision, tolerance_factor: as for ``check_attention``.
 
     Returns:
         ``(output_check, lse_check)``.
     """
-    common: dict[str, Any] = dict(precision=precision, tolerance_factor=tolerance_factor, case_summary=repr(case))
+    _validate_precisions(precision, qk_precision)
+    common: dict[str, Any] = dict(precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor,
+                                  case_summary=repr(case))  # fmt: skip
     p_out = _output_problem(output, case)
     p_lse = _structural(lse, case, (case.num_tokens, case.num_heads), torch.float32, "[num_tokens, num_heads]",
                         "float32")  # fmt: skip
@@ -342,11 +434,15 @@ def check_attention_lse(
         lse_check = AttentionCheck(False, False, float("inf"), problem=p_lse or "not judged: the output was "
                                    "rejected", what="log-sum-exp", **common)  # fmt: skip
         return out_check, lse_check
-    ref, bound, ref_lse, bound_lse = attention_lse_error_bounds(case, precision)
-    return (
-        _judge(output, ref, bound * tolerance_factor, case, common),
-        _judge(lse, ref_lse, bound_lse * tolerance_factor, case, dict(common, what="log-sum-exp")),
-    )
+    v_out, v_lse = _Verdict(), _Verdict()
+    for blk in _chunk_bounds(case, precision, qk_precision):
+        v_out.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
+        v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
+    return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
+
+
+def _scaled(bound: torch.Tensor, tolerance_factor: float) -> torch.Tensor:
+    return bound if tolerance_factor == 1.0 else bound.mul_(tolerance_factor)
 
 
 def _output_problem(output: Any, case: PagedCase) -> str:
@@ -366,39 +462,58 @@ def _structural(t: Any, case: PagedCase, shape: tuple, dtype: torch.dtype, shape
     return ""
 
 
-def _judge(
-    output: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, case: PagedCase, common: dict
-) -> AttentionCheck:
-    """The verdict on ``output`` ``[T, Hq(, D)]`` against ``ref`` and its per-element bound."""
-    out = output.to(torch.float64)
-    same_inf = torch.isinf(ref) & (out == ref)  # an lse of -inf where the reference is -inf
-    err = torch.where(same_inf, torch.zeros_like(ref), (out - ref).abs())
-    nonfinite = ~torch.isfinite(out) & torch.isfinite(ref)
-    ratio = torch.where(nonfinite, torch.full_like(err, float("inf")), err / bound)
-    ratio = torch.where(same_inf, torch.zeros_like(ratio), torch.nan_to_num(ratio, nan=float("inf")))
-    flat = int(torch.argmax(ratio))
-    idx = [int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape)]
-    t, h = idx[0], idx[1]
-    budget = float(ratio.reshape(-1)[flat])
-    n_nonfinite = int(nonfinite.sum())
-    seq, pos = _token_coords(case, t)
-    return AttentionCheck(
-        passed=bool(budget <= WARN_FACTOR) and n_nonfinite == 0,
-        warning=bool(1.0 < budget <= WARN_FACTOR),
-        budget_used=budget,
-        num_over=int((ratio > 1.0).sum()),
-        num_elements=ratio.numel(),
-        num_nonfinite=n_nonfinite,
-        worst_seq=seq,
-        worst_token=t,
-        worst_position=pos,
-        worst_head=h,
-        worst_channel=idx[2] if len(idx) > 2 else -1,
-        value=float(out[tuple(idx)]),
-        reference=float(ref[tuple(idx)]),
-        bound=float(bound[tuple(idx)]),
-        **common,
-    )
+class _Verdict:
+    """The verdict on an output ``[T, Hq(, D)]`` gathered block of rows by block of rows:
+    counts, and the worst element so far."""
+
+    def __init__(self) -> None:
+        self.budget = -1.0
+        self.num_over = self.num_elements = self.num_nonfinite = 0
+        self.worst: tuple[int, ...] = ()
+        self.value = self.reference = self.bound = float("nan")
+
+    def add(
+        self, tokens: slice, output: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, exact_inf: bool = False
+    ) -> None:
+        """Judge rows ``tokens`` of the output (``output``, in its dtype) against ``ref`` and ``bound``;
+        ``exact_inf``: an infinite reference matched exactly is no error (a log-sum-exp's ``-inf``)."""
+        out = output.to(torch.float64)
+        ratio = torch.sub(out, ref).abs_().div_(bound)
+        if exact_inf:  # an lse of -inf where the reference is -inf is exact
+            ratio.masked_fill_(torch.isinf(ref) & (out == ref), 0.0)
+        flat = int(torch.argmax(ratio))  # a NaN ratio is the largest
+        budget = float(ratio.reshape(-1)[flat])
+        self.num_over += int((ratio > 1.0).sum())
+        self.num_elements += ratio.numel()
+        if not budget < float("inf"):  # a NaN or infinite output: infinitely over
+            budget = float("inf")
+            self.num_over += int(torch.isnan(ratio).sum())
+            self.num_nonfinite += int((~torch.isfinite(out) & torch.isfinite(ref)).sum())
+        if budget > self.budget:
+            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape))
+            self.budget, self.worst = budget, (idx[0] + tokens.start, *idx[1:])
+            self.value, self.reference, self.bound = float(out[idx]), float(ref[idx]), float(bound[idx])
+
+    def check(self, case: PagedCase, common: dict) -> AttentionCheck:
+        t, h = self.worst[0], self.worst[1]
+        seq, pos = _token_coords(case, t)
+        return AttentionCheck(
+            passed=bool(self.budget <= WARN_FACTOR) and self.num_nonfinite == 0,
+            warning=bool(1.0 < self.budget <= WARN_FACTOR),
+            budget_used=self.budget,
+            num_over=self.num_over,
+            num_elements=self.num_elements,
+            num_nonfinite=self.num_nonfinite,
+            worst_seq=seq,
+            worst_token=t,
+            worst_position=pos,
+            worst_head=h,
+            worst_channel=self.worst[2] if len(self.worst) > 2 else -1,
+            value=self.value,
+            reference=self.reference,
+            bound=self.bound,
+            **common,
+        )
 
 
 # --------------------------------------------------------------- bit-exact checks

@@ -5,10 +5,17 @@ Loop over sequences; gather each sequence's history through its block table
 dequantized by ``k_scale``/``v_scale``); dense masked softmax with the case's
 variants in the order ``PagedCase`` documents. Vectorized over tokens and heads.
 Never mutates its inputs.
+
+Two economies, neither of which changes a number: a block of query rows only
+computes the keys some row of it can see (a causal prefill skips the keys past its
+last row, a sliding window the keys before its first row's window), and the rows
+come in blocks small enough that one block's float64 score tensors stay under a
+memory cap (``PAGEDATTN_ORACLE_MAX_BYTES``, default 2 GiB).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -16,9 +23,29 @@ import torch
 
 from pagedattn.oracle.case import PagedCase
 
-# Query rows per chunk: bounds the float64 score matrix [Hq, rows, L] so that a
-# 32k-token causal prefill fits in a few GB instead of a few hundred.
-_MAX_SCORE_ELEMENTS = 1 << 26
+#: Working memory of one block of rows (its float64 score-sized tensors), unless
+#: ``PAGEDATTN_ORACLE_MAX_BYTES`` says otherwise: a 32k-token prefill fits in it.
+DEFAULT_MAX_BYTES = 2 << 30
+MAX_BYTES_ENV = "PAGEDATTN_ORACLE_MAX_BYTES"
+#: Rows per block are also capped so that a block computes not many more keys than its
+#: rows see: under a window W a block of n rows spans W + n - 1 keys (n ~ W: about twice
+#: the W each row sees), and a causal block of n rows computes an n x n triangle for nothing.
+_MIN_ROWS = 64
+_CAUSAL_ROWS = 256
+
+
+def max_bytes() -> int:
+    """The oracle's memory cap in bytes: ``$PAGEDATTN_ORACLE_MAX_BYTES`` or 2 GiB."""
+    raw = os.environ.get(MAX_BYTES_ENV)
+    if raw is None:
+        return DEFAULT_MAX_BYTES
+    try:
+        value = int(float(raw))
+    except ValueError:
+        raise ValueError(f"{MAX_BYTES_ENV} must be a number of bytes, got {raw!r}") from None
+    if value < 1 << 20:
+        raise ValueError(f"{MAX_BYTES_ENV} must be at least 1 MiB (1048576), got {value}")
+    return value
 
 
 def index_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -50,12 +77,16 @@ def gather_history(case: PagedCase, seq: int) -> tuple[torch.Tensor, torch.Tenso
     return paged_gather(case.key_cache, slots), paged_gather(case.value_cache, slots)
 
 
-def causal_mask(query_len: int, seq_len: int, device: torch.device, sliding_window: int | None = None) -> torch.Tensor:
+def causal_mask(
+    query_len: int, seq_len: int, device: torch.device, sliding_window: int | None = None, keys: slice | None = None
+) -> torch.Tensor:
     """``[query_len, seq_len]`` bool, True where query ``i`` (at absolute position
     ``p = seq_len - query_len + i``) may see key ``j``: ``j <= p`` (bottom-right causal)
-    and, with a sliding window ``W``, ``j > p - W``."""
+    and, with a sliding window ``W``, ``j > p - W``. ``keys`` restricts the columns to
+    the key positions ``keys.start .. keys.stop - 1`` (then ``[query_len, len(keys)]``)."""
+    lo, hi = (0, seq_len) if keys is None else (keys.start, keys.stop)
     pos = torch.arange(seq_len - query_len, seq_len, device=device)
-    j = torch.arange(seq_len, device=device)[None, :]
+    j = torch.arange(lo, hi, device=device)[None, :]
     mask = j <= pos[:, None]
     if sliding_window is not None:
         mask &= j > pos[:, None] - sliding_window
@@ -69,57 +100,117 @@ def dequantized(cache: torch.Tensor, scale: float) -> torch.Tensor:
 
 
 class Chunk(NamedTuple):
-    """A block of query rows of one sequence, everything upcast to float64."""
+    """A block of ``n`` query rows of one sequence against the ``Lc`` keys they can see,
+    everything in float64, grouped by kv head: query head ``h = kv * G + g`` (``G`` the
+    GQA ratio) is ``[kv, g]``, so no K/V is repeated per query head."""
 
     seq: int
     tokens: slice  # rows of the packed query / output
-    q: torch.Tensor  # [n, Hq, D]
-    k: torch.Tensor  # [L, Hq, D], dequantized, kv heads repeated to the query heads
-    v: torch.Tensor  # [L, Hq, D], dequantized
-    scores: torch.Tensor  # [Hq, n, L], final logits (scaled, capped, biased), -inf where masked
-    probs: torch.Tensor  # [Hq, n, L]
-    lse: torch.Tensor  # [Hq, n], natural log of the softmax denominator (sink included)
-    sink_probs: torch.Tensor | None  # [Hq, n]: the sink's share of the denominator
-    bias: torch.Tensor | None  # [Hq, n, L]: the ALiBi term alone (already in scores)
+    keys: slice  # positions of the chunk's keys in the sequence's history
+    q: torch.Tensor  # [Hkv, G, n, D]
+    k: torch.Tensor  # [Hkv, Lc, D], dequantized
+    v: torch.Tensor  # [Hkv, Lc, D], dequantized
+    scores: torch.Tensor  # [Hkv, G, n, Lc], final logits (scaled, capped, biased), -inf where masked
+    probs: torch.Tensor  # [Hkv, G, n, Lc], 0 where masked
+    row_max: torch.Tensor  # [Hkv, G, n], max of the row's logits, the sink's included
+    lse: torch.Tensor  # [Hkv, G, n], natural log of the softmax denominator (sink included)
+    sink_probs: torch.Tensor | None  # [Hkv, G, n]: the sink's share of the denominator
+    key_share: torch.Tensor | None  # [Hkv, G, n]: the keys' share, sum_j probs (None: 1, no sink)
+    alibi: tuple[torch.Tensor, torch.Tensor] | None  # slopes [Hkv, G, 1, 1], j - p [n, Lc]
+    score_floor: torch.Tensor | None  # [Hkv, G, n]: min logit over the chunk's keys, masked ones too
+    v_all: torch.Tensor  # [Hkv, L, D]: the sequence's whole history (v is v_all[:, keys])
+
+    def output(self, v: torch.Tensor | None = None, probs: torch.Tensor | None = None) -> torch.Tensor:
+        """``probs @ v`` as ``[n, Hq, F]``: ``v`` ``[Hkv, Lc, F]`` (default ``self.v``),
+        ``probs`` ``[Hkv, G, n, Lc]`` (default ``self.probs``)."""
+        v = self.v if v is None else v
+        probs = self.probs if probs is None else probs
+        h, g, n, lc = probs.shape
+        o = torch.bmm(probs.view(h, g * n, lc), v)  # [Hkv, G*n, F]
+        return o.view(h, g, n, -1).permute(2, 0, 1, 3).reshape(n, h * g, -1)
+
+    def rows(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-row ``[Hkv, G, n]`` tensor as ``[n, Hq]``."""
+        return t.permute(2, 0, 1).reshape(t.shape[2], -1)
 
 
-def iter_chunks(case: PagedCase) -> Iterator[Chunk]:
-    """The oracle's work, sequence by sequence, in query chunks small enough that the
-    float64 score matrix stays a few hundred MB even for a 32k-token prefill."""
+def _rows_per_chunk(case: PagedCase, q_len: int, seq_len: int, budget: int, live: int) -> int:
+    """Query rows per chunk so that ``live`` float64 ``[Hq, n, Lc]`` tensors fit ``budget`` bytes."""
+    elems = max(1, budget // (8 * live * case.num_heads))  # n * Lc per head
+    shrink = max(1, live // 2)  # a consumer with more live tensors takes proportionally fewer rows
+    W = case.sliding_window
+    if W is None:
+        return max(1, min(q_len, elems // seq_len, _CAUSAL_ROWS // shrink))
+    # n rows under a window span at most W + n - 1 keys; more rows than ~W only adds masked work
+    n = max(1, min(q_len, max(W, _MIN_ROWS) // shrink))
+    while n > 1 and n * min(seq_len, W + n - 1) > elems:
+        n //= 2
+    return n
+
+
+def iter_chunks(
+    case: PagedCase, live: int = 2, budget: int | None = None, score_floor: bool = False
+) -> Iterator[Chunk]:
+    """The oracle's work, sequence by sequence, in blocks of query rows over the keys
+    they can see, sized so that ``live`` float64 score-sized tensors of one block fit
+    ``budget`` bytes (default ``max_bytes()``): a consumer that keeps more tensors of
+    the block's size alive asks for smaller blocks. ``score_floor``: also each row's
+    smallest logit over the block's keys (a lower bound of its smallest visible one)."""
+    budget = max_bytes() if budget is None else budget
     loc = case.query_start_loc_list
     cap = case.logits_soft_cap
-    slopes = case.alibi_slopes.to(torch.float64) if case.alibi_slopes is not None else None
-    sinks = case.sinks.to(torch.float64) if case.sinks is not None else None
+    W = case.sliding_window
+    Hkv, G, D = case.num_kv_heads, case.gqa_ratio, case.head_dim
+    slopes = case.alibi_slopes.to(torch.float64).view(Hkv, G, 1, 1) if case.alibi_slopes is not None else None
+    sinks = case.sinks.to(torch.float64).view(Hkv, G, 1) if case.sinks is not None else None
     for b, L in enumerate(case.seq_lens_list):
-        k, v = gather_history(case, b)
-        k = dequantized(k, case.k_scale).repeat_interleave(case.gqa_ratio, dim=1)  # [L, Hq, D]
-        v = dequantized(v, case.v_scale).repeat_interleave(case.gqa_ratio, dim=1)  # [L, Hq, D]
+        k_all, v_all = gather_history(case, b)
+        k_all = dequantized(k_all, case.k_scale).transpose(0, 1).contiguous()  # [Hkv, L, D]
+        v_all = dequantized(v_all, case.v_scale).transpose(0, 1).contiguous()
         q_len = loc[b + 1] - loc[b]
-        mask = causal_mask(q_len, L, k.device, case.sliding_window)  # [q_len, L]
-        step = max(1, _MAX_SCORE_ELEMENTS // (case.num_heads * L))
-        for r0 in range(loc[b], loc[b + 1], step):
-            tokens = slice(r0, min(loc[b + 1], r0 + step))
-            q = case.query[tokens].to(torch.float64)  # [n, Hq, D]
-            scores = torch.einsum("qhd,khd->hqk", q, k) * case.scale  # [Hq, n, L]
-            if cap is not None:
-                scores = cap * torch.tanh(scores / cap)
-            bias = None
+        step = _rows_per_chunk(case, q_len, L, budget, live)
+        for i0 in range(0, q_len, step):
+            i1 = min(q_len, i0 + step)
+            n = i1 - i0
+            p0, p1 = L - q_len + i0, L - q_len + i1 - 1  # positions of the first and last row
+            keys = slice(0 if W is None else max(0, p0 - W + 1), p1 + 1)
+            k, v = k_all[:, keys], v_all[:, keys]  # [Hkv, Lc, D] views, rows of D contiguous
+            tokens = slice(loc[b] + i0, loc[b] + i1)
+            q = case.query[tokens].to(torch.float64).view(n, Hkv, G, D).permute(1, 2, 0, 3).contiguous()
+            scores = torch.bmm(q.view(Hkv, G * n, D), k.transpose(1, 2)).view(Hkv, G, n, -1)
+            scores *= case.scale
+            if cap is not None:  # in place: c * tanh(s / c)
+                scores /= cap
+                scores.tanh_()
+                scores *= cap
+            alibi = None
+            pos = torch.arange(p0, p1 + 1, device=k.device)
             if slopes is not None:
-                pos = torch.arange(L - q_len + tokens.start - loc[b], L - q_len + tokens.stop - loc[b], device=k.device)
-                rel = torch.arange(L, device=k.device)[None, :] - pos[:, None]  # j - p, [n, L]
-                bias = slopes[:, None, None] * rel[None].to(torch.float64)
-                scores = scores + bias
-            m = mask[tokens.start - loc[b] : tokens.stop - loc[b]]
-            scores = scores.masked_fill(~m[None], float("-inf"))
-            sink_probs = None
-            if sinks is None:
-                lse = torch.logsumexp(scores, dim=-1)  # [Hq, n]
-            else:
-                sink = sinks[:, None].expand(-1, scores.shape[1])  # [Hq, n]
-                lse = torch.logaddexp(torch.logsumexp(scores, dim=-1), sink)
-                sink_probs = torch.exp(sink - lse)
-            probs = torch.exp(scores - lse[..., None])  # the sink's share is what these miss of 1
-            yield Chunk(b, tokens, q, k, v, scores, probs, lse, sink_probs, bias)
+                rel = (torch.arange(keys.start, keys.stop, device=k.device)[None, :] - pos[:, None]).to(torch.float64)
+                alibi = (slopes, rel)  # bias = slopes * rel, [Hkv, G, n, Lc]
+                scores += slopes * rel
+            floor = scores.amin(dim=-1) if score_floor else None  # before the mask: every key finite
+            j = torch.arange(keys.start, keys.stop, device=k.device)[None, :]
+            hidden = j > pos[:, None]  # [n, Lc]
+            if W is not None:
+                hidden |= j <= pos[:, None] - W
+            scores.masked_fill_(hidden, float("-inf"))
+            row_max = scores.amax(dim=-1)  # [Hkv, G, n]; every row sees itself, so finite
+            if sinks is not None:
+                row_max = torch.maximum(row_max, sinks)
+            probs = torch.sub(scores, row_max[..., None]).exp_()
+            denom = probs.sum(-1)  # [Hkv, G, n]
+            sink_probs = key_share = None
+            if sinks is not None:  # both shares from their own sums: 1 - sink_probs may cancel to 0
+                sink_w = torch.exp(sinks - row_max)
+                keys_w = denom.clone()
+                denom += sink_w
+                sink_probs, key_share = sink_w / denom, keys_w / denom
+            probs /= denom[..., None]
+            lse = row_max + torch.log(denom)
+            yield Chunk(b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, key_share, alibi, floor,
+                        v_all)  # fmt: skip
+            del scores, probs  # before the next block's are allocated: one block alive at a time
 
 
 def paged_attention_reference(case: PagedCase) -> torch.Tensor:
@@ -140,12 +231,12 @@ def paged_attention_reference_lse(case: PagedCase) -> tuple[torch.Tensor, torch.
     Returns:
         ``(out, lse)``: ``[num_tokens, num_heads, head_dim]`` and ``[num_tokens, num_heads]``
         float64 on the case's device. ``lse[t, h]`` is the natural log of the softmax
-        denominator (``exp(sinks[h])`` included): ``-inf`` for a row that sees no key and
-        has no sink (no valid ``PagedCase`` has one: every query sees itself).
+        denominator (``exp(sinks[h])`` included).
     """
     out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=torch.float64, device=case.device)
     lse = torch.empty(case.num_tokens, case.num_heads, dtype=torch.float64, device=case.device)
     for c in iter_chunks(case):
-        out[c.tokens] = torch.einsum("hqk,khd->qhd", c.probs, c.v)
-        lse[c.tokens] = c.lse.transpose(0, 1)
+        out[c.tokens] = c.output()
+        lse[c.tokens] = c.rows(c.lse)
+        del c  # its score-sized tensors go before the next block's come
     return out, lse
