@@ -283,9 +283,9 @@ def test_run_is_graph_capturable(dtype, monkeypatch):
     """Given out and lse, ``run`` allocates nothing and reads nothing back from the device:
     everything a replay needs was made by ``prepare``. One decode launch (the merge is
     folded in) and one prefill launch."""
-    case = CaseSpec("t", ((70, 1), (33, 9)), dtype=dtype).build()
+    case = CaseSpec("t", ((70, 1), (33, 9)), dtype=dtype).build().to(DEVICE)  # prepare refuses CPU tensors on a GPU
     prep = tpa.prepare(*_args(case), scale=case.scale, return_lse=True)
-    out, lse = torch.empty_like(case.query), torch.empty(case.num_tokens, case.num_heads)
+    out, lse = torch.empty_like(case.query), torch.empty(case.num_tokens, case.num_heads, device=DEVICE)
     calls: list = []
     monkeypatch.setattr(tpa, "_decode_kernel", _Launch(calls, "decode"))
     monkeypatch.setattr(tpa, "_prefill_kernel", _Launch(calls, "prefill"))
