@@ -108,7 +108,7 @@ def test_json_report_schema(pytester):
     result = _run(pytester, DECODE, "pagedattn.conformance.test_gather", "--backend=reference", "--report-json=r.json")
     assert result.ret == 0
     report = json.loads((pytester.path / "r.json").read_text())
-    assert report["schema"] == "pagedattn-report/1"
+    assert report["schema"] == "pagedattn-report/2"
     assert set(report["target"]) >= {"backend", "backend_version", "runs_on", "device", "torch", "triton", "profile"}
     assert report["target"]["backend"] == "reference"
     case = next(c for c in report["cases"] if c["family"] == "decode")
