@@ -15,6 +15,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -157,6 +158,16 @@ def _device_name(device: str) -> str:
     return device
 
 
+def _rerun_command(config: pytest.Config, run: Run, rec: CaseRecord) -> str:
+    """The command that reruns one case by its node id, isolated (for a case whose process
+    died before a replay file could be saved; the case is rebuilt from its id)."""
+    path, sep, rest = rec.nodeid.partition("::")
+    target = str(rec.extra.get("file") or config.rootpath / path) + sep + rest
+    args = ["pytest", target, f"--backend={run.spec}", f"--device={run.device}", f"--profile={run.profile}",
+            "-p", "pagedattn.plugin", "--isolate"]  # fmt: skip
+    return " ".join(shlex.quote(a) for a in args)
+
+
 def _is_controller(config: pytest.Config) -> bool:
     """This process is a pytest-xdist controller (it distributes, the workers run)."""
     return not hasattr(config, "workerinput") and (config.getoption("dist", "no") or "no") != "no"
@@ -186,12 +197,15 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = getattr(config, "workerinput", None)
     if worker is None:
         run.book = RecordBook(config.getoption("--report-json"), header=lambda: report_header(config))
+        run.book.rerun = lambda rec: _rerun_command(config, run, rec)
         config.pluginmanager.register(_Recorder(config, run), "pagedattn-recorder")
     if _is_controller(config):
-        # the workers load the backend; the controller only distributes and reports. One
-        # configuration (compile key) per worker: --dist loadgroup, the effective -n mode.
+        # the workers load the backend; the controller only distributes and reports. Under
+        # --isolate, one configuration (compile key) per worker: --dist loadgroup becomes the
+        # effective -n mode. Not without --isolate: pytest-xdist 3.8's group scheduler fails
+        # (KeyError, or a hang) when it replaces a crashed worker; plain load replaces it.
         run.controller = True
-        if config.getoption("dist") == "load":
+        if config.getoption("dist") == "load" and run.isolate:
             config.option.dist = "loadgroup"
         return
     if worker is not None and not device.startswith("cuda"):
@@ -200,6 +214,13 @@ def pytest_configure(config: pytest.Config) -> None:
     if worker is not None and device == "cuda":
         device = run.device = worker_device(device, worker["workerid"], torch.cuda.device_count())
     extra = [f"--profile={run.profile}"]
+    if run.book is not None:
+        # written before the backend is constructed, and watched: a constructor that kills
+        # this process still leaves a report and a hint
+        run.book.notes.append("constructing the backend")
+        run.book.flush()
+        run.watch = _start_watch(run.book.path)
+        _tell(run, "start the backend's construction")
     try:
         if run.isolate:
             from pagedattn.isolation import IsolatedBackend
@@ -215,6 +236,10 @@ def pytest_configure(config: pytest.Config) -> None:
         run.broken = str(exc)
         run.info = {"name": spec, "target": f"{spec} (not constructed: {exc})"}
         return
+    finally:
+        _tell(run, "end")
+        if run.book is not None:
+            run.book.notes.remove("constructing the backend")
     run.info = backend_info(backend)
     config.stash[SUITE_KEY] = run.suite = Suite(
         backend=backend,
@@ -292,7 +317,11 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
         return [
             f"pagedattn {__version__}: backend {run.spec} (loaded in each xdist worker, not in this process)",
             f"  device {run.device}; profile {run.profile}; --dist {config.getoption('dist')} "
-            "(each configuration on one worker)",
+            + (
+                "(each configuration on one worker)"
+                if config.getoption("dist") == "loadgroup"
+                else "(--dist loadgroup keeps each configuration on one worker; the default with --isolate)"
+            ),
             env,
             _guard_line(run),
         ]
@@ -416,10 +445,12 @@ def _base_facts(item: pytest.Item) -> dict[str, Any] | None:
     if spec is None:
         if "conformance_spec" in getattr(getattr(item, "callspec", None), "params", {}):
             return None
-        return {"id": family, "family": family, "dtype": "mixed", "operation": "attention", "configuration": family}
+        return {"file": str(item.path), "id": family, "family": family, "dtype": "mixed", "operation": "attention",
+                "configuration": family}  # fmt: skip
     operation = getattr(spec, "operation", None) if isinstance(spec, _ReplaySpec) else None
     operation = operation or _OPERATIONS.get(family, "attention")
     facts = {
+        "file": str(item.path),
         "id": spec.id,
         "family": family if family in ("properties", "cache_write") else spec.family,
         "dtype": dtype_name(spec.dtype, spec.kv_dtype) if hasattr(spec, "dtype") else _replay_dtype(spec),
@@ -540,7 +571,6 @@ class _Recorder:
         for item in session.items:
             self.book.collected(item.nodeid, noted(item))
         self.book.flush()
-        self.run.watch = _start_watch(self.book.path)
 
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         fresh = [i for i in ids if i not in self.book.records]
@@ -669,7 +699,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         tr.write_line(f"stale expectation: {e['case']!r} matched no case ({e['reason']})")
     bad = [r for r in records if r.status in (Status.CRASHED, Status.TIMED_OUT)]
     for r in bad:
-        tr.write_line(f"{r.status.value}: {r.id}: {r.message.splitlines()[0] if r.message else ''}", red=True)
+        first = r.message.splitlines()[0] if r.message else ""
+        tr.write_line(f"{r.status.value}: " + (first if first.startswith(r.id) else f"{r.id}: {first}"), red=True)
     never: dict[str, int] = {}
     for r in records:
         if r.status is Status.NOT_RUN:
@@ -685,8 +716,8 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
 
 def _stop_reason(session: pytest.Session, run: Run) -> str:
     if run.crashed_workers:
-        return ("never run: pytest-xdist stopped replacing crashed workers (--max-worker-restart); "
-                "rerun with --isolate")  # fmt: skip
+        return (f"never run: pytest-xdist did not run it after {run.crashed_workers} worker crashes (it stops "
+                "replacing crashed workers after --max-worker-restart); rerun with --isolate")  # fmt: skip
     stop = session.shouldstop or session.shouldfail
     if stop:
         return f"never run: the run stopped early ({stop})"

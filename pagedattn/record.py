@@ -206,6 +206,8 @@ class RecordBook:
         self.running: set[str] = set()
         self.notes: list[str] = []  # run-level events (a worker crash, a construction failure)
         self.complete = False
+        #: record -> a command that reruns that case (for a crash that left no replay file)
+        self.rerun: Any = None
 
     # the key is pytest's node id as reported (an xdist group suffix included)
     def collected(self, nodeid: str, facts: dict[str, Any] | None = None) -> None:
@@ -224,6 +226,8 @@ class RecordBook:
     def start(self, nodeid: str) -> None:
         rec = self.get(nodeid)
         rec.status, rec.message, rec.reason = Status.CRASHED, DIED, ""
+        if self.rerun and not rec.replay:
+            rec.replay = self.rerun(rec)
         self.running.add(nodeid)
         self.flush()
 
@@ -239,6 +243,11 @@ class RecordBook:
         if report.when in ("setup", "call"):
             rec.duration_s += report.duration
         done = self._decide(rec, report, facts)
+        if done and rec.status in (Status.CRASHED, Status.TIMED_OUT) and not rec.replay and self.rerun:
+            rec.replay = self.rerun(rec)
+        elif done and rec.status not in (Status.CRASHED, Status.TIMED_OUT) and self.rerun:
+            if rec.replay == self.rerun(rec):  # set in case it died; it did not
+                rec.replay = None
         if done:
             self.running.discard(report.nodeid)
             self.flush()
@@ -408,7 +417,8 @@ def summary_lines(report: dict[str, Any]) -> list[str]:
     for c in cases:
         if c["status"] in ("failed", "crashed", "timed_out", "xpassed"):
             first = (c.get("message") or "").splitlines()
-            lines.append(f"{c['status']}: {c['id']}: {first[0] if first else ''}".rstrip(": "))
+            text = first[0] if first else ""
+            lines.append(f"{c['status']}: " + (text if text.startswith(c["id"]) else f"{c['id']}: {text}"))
             if c.get("replay"):
                 lines.append(f"  replay: {c['replay']}")
     return lines

@@ -1,5 +1,7 @@
 """Deliberately wrong backends, one broken property each, for testing the suite itself."""
 
+from dataclasses import dataclass
+
 import torch
 
 from pagedattn import Capabilities, paged_attention_reference
@@ -92,13 +94,69 @@ class SegfaultsOnLongDecode(Correct):
         return super().paged_attention(case)
 
 
+def _hang() -> None:
+    """Sleep "forever"; but leave when orphaned (a test killed the run above this process)."""
+    import os
+    import time
+
+    parent = os.getppid()
+    for _ in range(1200):
+        time.sleep(0.1)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
 class HangsOnLongDecode(Correct):
     def paged_attention(self, case):
         if case.num_seqs == 1:
-            import time
-
-            time.sleep(3600)
+            _hang()
         return super().paged_attention(case)
+
+
+class CrashesWhenConstructed(Correct):
+    """A constructor that dies (a CUDA context that faults while a kernel library loads)."""
+
+    def __init__(self):
+        import ctypes
+
+        ctypes.string_at(0)  # SIGSEGV
+
+
+class SkipsMultiSequence(Correct):
+    """Declines what it cannot run by raising ``pytest.skip`` inside the call."""
+
+    def paged_attention(self, case):
+        if case.num_seqs > 1:
+            import pytest
+
+            pytest.skip("this adapter runs one sequence per call")
+        return super().paged_attention(case)
+
+
+class WritesNaNIntoOut(Correct):
+    """Writes every element of ``out``, one of them with a NaN."""
+
+    def paged_attention(self, case, out=None):
+        result = super().paged_attention(case)
+        if out is None:
+            return result
+        out.copy_(result)
+        out[0, 0, 0] = float("nan")
+        return out
+
+
+@dataclass(frozen=True)
+class _DeclinesBatchInvariance(Capabilities):
+    def invariance_reason(self, name: str) -> str | None:
+        if name != "batch_invariance":
+            return None
+        return "invariance 'batch_invariance' not claimed (decode and mixed batches take different kernels)"
+
+
+class DeclinesBatchInvariance(BatchDependent):
+    """Batch-dependent, and says so."""
+
+    capabilities = _DeclinesBatchInvariance()
 
 
 class WrongShape(Correct):
