@@ -374,8 +374,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "conformance_spec" not in metafunc.fixturenames:
         return
     config = metafunc.config
-    suite = config.stash.get(SUITE_KEY, None)
-    if suite is None:
+    run = config.stash.get(RUN_KEY, None)
+    if run is None or not run.spec:
         # reported once, for the whole run, in pytest_collection_modifyitems
         metafunc.parametrize("conformance_spec", [None], ids=["no-backend"])
         return
@@ -389,9 +389,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     else:
         source = getattr(metafunc.module, "SPECS", None)
         if callable(source):
-            specs = source(suite.profile)
+            specs = source(run.profile)
         else:
-            specs = grid(suite.profile, family) if family in FAMILIES else []  # replay-only modules
+            specs = grid(run.profile, family) if family in FAMILIES else []  # replay-only modules
     metafunc.parametrize("conformance_spec", specs, ids=[s.id for s in specs])
 
 
