@@ -6,7 +6,7 @@ conformance suite (``pytest conformance --backend=...``).
 """
 
 from pagedattn._version import __version__
-from pagedattn.adapters.protocol import Backend, Capabilities
+from pagedattn.adapters.protocol import INVARIANCES, Backend, Capabilities, Exclusion
 from pagedattn.oracle import (
     AttentionCheck,
     PagedCase,
@@ -17,9 +17,11 @@ from pagedattn.oracle import (
 )
 
 __all__ = [
+    "INVARIANCES",
     "AttentionCheck",
     "Backend",
     "Capabilities",
+    "Exclusion",
     "PagedCase",
     "__version__",
     "check_attention",

@@ -6,7 +6,7 @@ from hypothesis import given, settings
 
 from pagedattn.cases import DTYPES, FAMILIES, PROFILES, CaseSpec, grid, load_case, save_case
 from pagedattn.cases.strategies import case_specs
-from pagedattn.oracle import bits_equal, paged_attention_reference
+from pagedattn.oracle import FP8_DTYPES, bits_equal, check_attention, paged_attention_reference
 
 QUICK = grid("quick")
 
@@ -82,6 +82,45 @@ def test_family_claims_hold():
             assert all(s % case.block_size == 0 for s in lens), spec.id
         if spec.tag == "boundary+1":
             assert all(s % case.block_size == 1 for s in lens), spec.id
+
+
+#: the variants as kernels combine them: either fp8 format is "fp8"
+_KINDS = {"sliding_window": "window", "logits_soft_cap": "softcap", "alibi": "alibi", "sinks": "sinks",
+          **{name: "fp8" for name in FP8_DTYPES.values()}}  # fmt: skip
+
+
+def test_quick_covers_every_pair_of_variants_alone():
+    """A backend that claims exactly two variants runs at least one case of that pair
+    (issue 15: vLLM's prefix_prefill drops the window under ALiBi; no case combined them)."""
+    kinds = sorted(set(_KINDS.values()))
+    pairs = {frozenset({a, b}) for i, a in enumerate(kinds) for b in kinds[i + 1 :]}
+    seen = {frozenset(_KINDS[v] for v in s.build().variants) for s in QUICK}
+    missing = sorted(sorted(p) for p in pairs - seen)
+    assert not missing, f"no quick case uses exactly these variant pairs: {missing}"
+
+
+def _window_dropped_under_alibi(case):
+    """A planted bug (vLLM prefix_prefill's): the sliding window is ignored when ALiBi is on;
+    otherwise the oracle, rounded to the output dtype."""
+    run = case.replace(sliding_window=None) if case.alibi_slopes is not None else case
+    return paged_attention_reference(run).to(case.dtype)
+
+
+def test_alibi_with_a_window_catches_a_kernel_that_drops_the_window_under_alibi():
+    """The planted backend fails the combined family's ALiBi+window case (by far) and passes
+    every other case of the family: the case, not luck, catches it."""
+    failed, passed = {}, []
+    for spec in grid("quick", "combined"):
+        case = spec.build()
+        check = check_attention(_window_dropped_under_alibi(case), case)
+        if check.passed:
+            passed.append(spec.id)
+        else:
+            failed[spec.id] = check.budget_used
+    want = {s.id for s in grid("quick", "combined") if s.alibi and s.sliding_window is not None}
+    assert want and set(failed) == want, f"failed {failed}, expected exactly {sorted(want)}; passed {passed}"
+    # far beyond the warning band: no tolerance change could hide it
+    assert min(failed.values()) > 100, failed
 
 
 def test_poison_is_where_nothing_may_read():

@@ -16,6 +16,10 @@ the pool; the log-sum-exp is FlexAttention's ``return_lse``. Sinks have no hook,
 they get a slot of their own: one extra key position, visible to every query, whose
 ``score_mod`` returns the head's sink logit and whose value is zero.
 
+It claims determinism but not batch or placement invariance (``FLEX_INVARIANCES``, with
+the reasons in the notes): the reduction spans the whole pool in physical slot order, so a
+sequence's neighbours and where its blocks sit can change its last bits.
+
 By default the call runs eagerly (FlexAttention's reference path: every case shape
 works, nothing compiles); ``--backend=pagedattn.adapters.flex:compiled`` runs it
 through ``torch.compile`` on CUDA, FlexAttention's fused Triton kernel, which
@@ -39,6 +43,18 @@ from pagedattn.oracle.reference import index_rows
 FULL_PRECISION_EAGER = (2, 11)
 
 
+#: FlexAttention reduces over the whole physical pool in one call, in slot order: the same
+#: input gives the same bits, but a sequence's neighbours and the blocks' placement do not
+#: leave them alone (measured: bf16 placement on the CPU; both on the H200, torch 2.11)
+FLEX_INVARIANCES = frozenset({"determinism"})
+INVARIANCE_NOTES = {
+    "batch_invariance": "FlexAttention attends over the whole physical pool in one call; how its key reduction "
+    "is blocked depends on the pool's extent and on where the other sequences' blocks sit",
+    "placement_invariance": "the key reduction runs in physical slot order, so permuting the physical blocks "
+    "reorders the sum and can change the last bit",
+}
+
+
 def _torch_version() -> tuple[int, int]:
     major, minor = torch.__version__.split(".")[:2]
     return int(major), int(minor)
@@ -56,16 +72,18 @@ class FlexBackend:
             ) from exc
         self._fa = fa
         self.compile = compiled
-        claims: dict[str, Any] = dict(operations=frozenset({"attention", "lse"}), variants=frozenset(VARIANTS))
+        claims: dict[str, Any] = dict(
+            operations=frozenset({"attention", "lse"}), variants=frozenset(VARIANTS), invariances=FLEX_INVARIANCES
+        )
+        notes = dict(INVARIANCE_NOTES)
         if _torch_version() < FULL_PRECISION_EAGER and not compiled:
-            self.capabilities = Capabilities(
-                dtypes=frozenset({torch.float32}),
-                notes={"dtypes": f"torch {torch.__version__}: eager FlexAttention keeps fp16/bf16 intermediates "
-                       "in the input dtype (measured 7x the bound on 2.9.1)"},
-                **claims,
-            )  # fmt: skip
+            notes["dtypes"] = (
+                f"torch {torch.__version__}: eager FlexAttention keeps fp16/bf16 intermediates "
+                "in the input dtype (measured 7x the bound on 2.9.1)"
+            )
+            self.capabilities = Capabilities(dtypes=frozenset({torch.float32}), notes=notes, **claims)
         else:
-            self.capabilities = Capabilities(**claims)
+            self.capabilities = Capabilities(notes=notes, **claims)
         self._compiled: Any = None
         self.version = f"torch {torch.__version__}"
 

@@ -17,9 +17,11 @@ class SDPABackend:
     input dtype, with an explicit bottom-right causal mask (SDPA's ``is_causal`` is
     top-left aligned, wrong for a continuation).
 
-    Variants SDPA can express: the sliding window (in the mask), ALiBi (a float mask:
-    the bias, ``-inf`` where masked) and fp8 caches (dequantized into the query dtype
-    first, as vLLM's kernels do). Not soft-cap or sinks: SDPA has no hook for either."""
+    Variants SDPA can express: the sliding window (in the mask), ALiBi (a float32 mask:
+    the bias, ``-inf`` where masked; with fp16/bf16 the call runs in float32, because the
+    bias in the query dtype loses the bits the policy counts on) and fp8 caches
+    (dequantized into the query dtype first, as vLLM's kernels do). Not soft-cap or sinks:
+    SDPA has no hook for either."""
 
     name = "sdpa"
     capabilities = Capabilities(
@@ -48,7 +50,12 @@ class SDPABackend:
             if case.alibi_slopes is not None:
                 rel = torch.arange(L, device=q.device)[None, :] - torch.arange(L - n, L, device=q.device)[:, None]
                 bias = case.alibi_slopes[:, None, None] * rel[None].float()  # [Hq, n, L]
-                mask = bias.masked_fill(~mask[None], float("-inf")).to(case.dtype)
+                mask = bias.masked_fill(~mask[None], float("-inf"))  # float32
+                # A half-precision float mask (or one SDPA rounds to the query dtype) loses the
+                # bias's low bits: slope 0.707 over 527 keys reaches 372, where the fp16 ulp is
+                # 0.25 (15.9x the bound). Kernels add the bias to fp32 scores; so do we: the
+                # half-precision operands upcast exactly, and the output rounds once at the end
+                q, k, v = q.float(), k.float(), v.float()
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=case.scale)
             out[loc[b] : loc[b + 1]] = o.transpose(0, 1)
         return out

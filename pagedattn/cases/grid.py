@@ -260,8 +260,24 @@ def _lse(profile: str) -> list[CaseSpec]:
     return out
 
 
+#: every pair of variants that shipped kernels combine, one small case each (the real models'
+#: combinations above cover window+sinks and window+soft-cap): a kernel that drops one variant
+#: when the other is on fails its case (vLLM's prefix_prefill ignores the window under ALiBi;
+#: its unified attention measures ALiBi from the chunk start, which only sinks expose)
+PAIRS: tuple[dict[str, Any], ...] = (
+    dict(dtype=F32, alibi=True, sliding_window=20),
+    dict(dtype=BF16, alibi=True, sinks=True),  # bf16: the properties run it (ALiBi nowhere else there)
+    dict(dtype=F16, alibi=True, soft_cap=5.0, query_gain=4.0),
+    dict(dtype=F32, soft_cap=5.0, sinks=True, query_gain=4.0),
+    dict(dtype=F16, kv_dtype=E4M3, sliding_window=24, k_scale=0.37, v_scale=1.9),
+    dict(dtype=F16, kv_dtype=E4M3, soft_cap=5.0, query_gain=4.0, k_scale=0.37, v_scale=1.9),
+    dict(dtype=F32, kv_dtype=E5M2, alibi=True, k_scale=3.0, v_scale=0.25),
+    dict(dtype=F16, kv_dtype=E4M3, sinks=True, k_scale=0.37, v_scale=1.9),
+)
+
+
 def _combined(profile: str) -> list[CaseSpec]:
-    """What real models ship together."""
+    """What real models ship together, and every pair of variants shipped kernels combine."""
     out = []
     for dt in DTYPES:
         # gpt-oss: GQA 8:1, head_dim 64, a 128-key window and sinks (on alternate layers)
@@ -273,6 +289,11 @@ def _combined(profile: str) -> list[CaseSpec]:
     for dt in (F16, BF16):  # a quantized cache under a window with sinks
         out.append(CaseSpec("combined", SPLIT, num_heads=8, sliding_window=600, sinks=True, kv_dtype=E4M3,
                             k_scale=0.37, v_scale=1.9, dtype=dt))  # fmt: skip
+    # a decode row and a continuation with context; histories many windows long, and the
+    # small ALiBi slopes (down to 2^-8 with 8 heads) leave far keys a real share, so a
+    # dropped window shows in every row. Few in bf16: the properties run every bf16 case
+    for pair in PAIRS:
+        out.append(CaseSpec("combined", ((200, 1), (90, 30)), num_heads=8, num_kv_heads=2, **pair))
     if profile != "quick":
         for dt in DTYPES:
             out.append(CaseSpec("combined", ((8000, 1), (2000, 2000), (3000, 100)), num_heads=64, num_kv_heads=8,
