@@ -298,13 +298,11 @@ def _claims_lines(info: dict[str, Any]) -> list[str]:
         f"  claims: operations {', '.join(caps.get('operations', []))}; "
         f"variants {', '.join(caps.get('variants', [])) or 'none'}",
     ]
+    if info.get("limit_lines"):  # Capabilities.limit_lines: every limit, declined invariances included
+        return lines + [f"  limit: {line}" for line in info["limit_lines"]]
     declined = {k: v for k, v in (info.get("invariances") or {}).items() if v}
-    for reason in declined.values():
-        lines.append(f"  declined: {reason}")
-    for line in info.get("limit_lines") or []:
-        lines.append(f"  limit: {line}")
-    for key, note_ in (info.get("notes") or {}).items():
-        lines.append(f"  narrowed {key}: {note_}")
+    lines += [f"  declined: {reason}" for reason in declined.values()]
+    lines += [f"  narrowed {key}: {note_}" for key, note_ in (info.get("notes") or {}).items()]
     return lines
 
 

@@ -1,10 +1,8 @@
 """Deliberately wrong backends, one broken property each, for testing the suite itself."""
 
-from dataclasses import dataclass
-
 import torch
 
-from pagedattn import Capabilities, paged_attention_reference
+from pagedattn import INVARIANCES, Capabilities, paged_attention_reference
 
 
 def _nudge(out: torch.Tensor, ulps: int) -> torch.Tensor:
@@ -145,18 +143,13 @@ class WritesNaNIntoOut(Correct):
         return out
 
 
-@dataclass(frozen=True)
-class _DeclinesBatchInvariance(Capabilities):
-    def invariance_reason(self, name: str) -> str | None:
-        if name != "batch_invariance":
-            return None
-        return "invariance 'batch_invariance' not claimed (decode and mixed batches take different kernels)"
-
-
 class DeclinesBatchInvariance(BatchDependent):
     """Batch-dependent, and says so."""
 
-    capabilities = _DeclinesBatchInvariance()
+    capabilities = Capabilities(
+        invariances=INVARIANCES - {"batch_invariance"},
+        notes={"batch_invariance": "decode and mixed batches take different kernels"},
+    )
 
 
 class WrongShape(Correct):

@@ -40,7 +40,8 @@ def test_header_names_backend_and_versions(pytester):
     result = _run(pytester, DECODE, "--backend=sdpa")
     claims = "*claims: operations attention, gather, write_cache; variants alibi, fp8_e4m3, fp8_e5m2, sliding_window"
     result.stdout.fnmatch_lines(["pagedattn *: backend sdpa torch *", "*runs on: sdpa (cpu)*", "*torch *, triton *",
-                                 claims])  # fmt: skip
+                                 "*guard: none: a crash or a hang of the backend ends the run*--isolate*",
+                                 claims, "pagedattn: * cases in * configurations*"])  # fmt: skip
 
 
 def test_unknown_backend_lists_the_available_ones(pytester):
@@ -76,7 +77,8 @@ def test_missing_backend_option_is_a_usage_error(pytester):
         ("PlacementDependent", "placement_invariance", "permuting the physical blocks changed"),
         ("Mutating", "immutability", "the backend modified key_cache"),
         ("ReadsPadding", "poisoned_padding", "non-finite where the reference is finite"),
-        ("PartlyWritesOut", "out_argument", "elements of the NaN-filled `out` were never written"),
+        ("PartlyWritesOut", "out_argument", "elements of `out` were never written"),
+        ("WritesNaNIntoOut", "out_argument", "non-finite where the reference is finite"),
     ],
 )
 def test_each_property_catches_its_bug(pytester, bad, cls, prop, text):
@@ -87,11 +89,33 @@ def test_each_property_catches_its_bug(pytester, bad, cls, prop, text):
 
 
 def test_a_raising_backend_fails_its_cases_and_is_reported(pytester, bad):
-    result = _run(pytester, DECODE, f"--backend={bad}:Raises", "--report-json=r.json")
+    """In process as isolated: one short line per case (type, message, the backend's own
+    frame), a replay, and the full traceback in the JSON (and with --tb=long)."""
+    result = _run(pytester, DECODE, f"--backend={bad}:Raises", "--report-json=r.json", "--tb=long")
     result.assert_outcomes(failed=N_DECODE)
     report = json.loads((pytester.path / "r.json").read_text())
     assert {c["status"] for c in report["cases"]} == {"failed"}
-    assert "too many resources" in report["cases"][0]["message"]
+    for c in report["cases"]:
+        assert c["message"].startswith(f"{c['id']} [attention]: the backend raised RuntimeError: kernel launch "
+                                       "failed: too many resources requested (at bad_backends.py:")  # fmt: skip
+        assert "\n  replay: pytest " in c["message"] and c["replay"] in c["message"]
+        assert 'raise RuntimeError("kernel launch failed' in c["traceback"]
+    result.stdout.fnmatch_lines(["*Traceback (most recent call last)*", "*raise RuntimeError(*"])  # --tb=long
+
+
+def test_declined_invariance_is_unsupported_and_probed(pytester, bad):
+    reason = "invariance 'batch_invariance' not claimed (decode and mixed batches take different kernels)"
+    result = _run(pytester, PROPS, f"--backend={bad}:DeclinesBatchInvariance", "-k", "invariance or determinism",
+                  "--report-json=r.json", "--probe-unclaimed=1")  # fmt: skip
+    assert result.ret == 0
+    report = json.loads((pytester.path / "r.json").read_text())
+    batch = [c for c in report["cases"] if c["property"] == "batch_invariance"]
+    assert batch and {c["status"] for c in batch} == {"unsupported"} and {c["reason"] for c in batch} == {reason}
+    others = [c for c in report["cases"] if c["property"] != "batch_invariance" and "mixed" in c["id"]]
+    assert others and {c["status"] for c in others} == {"passed"}
+    probed = [c for c in batch if "probe" in c]
+    assert len(probed) == 1 and probed[0]["probe"].startswith("would not hold: batch invariance: sequence")
+    result.stdout.fnmatch_lines([f"*unsupported: {reason}*", "*limit: invariance 'batch_invariance' not claimed*"])
 
 
 def test_replay_reproduces_a_failure(pytester, bad):
