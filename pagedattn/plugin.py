@@ -448,6 +448,7 @@ def _base_facts(item: pytest.Item) -> dict[str, Any] | None:
     operation = getattr(spec, "operation", None) if isinstance(spec, _ReplaySpec) else None
     operation = operation or _OPERATIONS.get(family, "attention")
     facts = {
+        "worker": os.environ.get("PYTEST_XDIST_WORKER"),
         "file": str(item.path),
         "id": spec.id,
         "family": family if family in ("properties", "cache_write") else spec.family,
@@ -528,7 +529,7 @@ if not done:
     path = sys.argv[1]
     sys.stderr.write(
         f"\npagedattn: the test process died{where}. "
-        + (f"The JSON report {path} accounts for every case (that one as crashed, the rest not_run); "
+        + (f"The JSON report {path} accounts for every collected case (a case running then as crashed); "
            f"python -m pagedattn report {path} prints its table. " if path else "")
         + "Rerun with --isolate to contain crashes and hangs.\n"
     )

@@ -181,8 +181,10 @@ def base_record(nodeid: str) -> CaseRecord:
     """What a node id alone says about a case: its family (from the module), id (from the
     parameters) and dtype (from the id). Facts replace this once the case is set up."""
     plain, group = split_group(nodeid)
-    module = os.path.basename(plain.split("::")[0]).removesuffix(".py")
-    family = {"test_replay": "search-replay", "test_property": "properties"}.get(module, module.removeprefix("test_"))
+    function = plain.split("::")[-1].split("[")[0]  # the module part is empty in a --pyargs run
+    family = {"test_search_replay": "search-replay", "test_property": "properties"}.get(
+        function, function.removeprefix("test_")
+    )
     m = re.search(r"\[(.*)\]$", plain)
     case_id = m.group(1) if m else family
     tokens = case_id.split("-")

@@ -231,3 +231,16 @@ class WindowOffByOne(Correct):
     def paged_attention(self, case):
         w = case.sliding_window
         return paged_attention_reference(case.replace(sliding_window=None if w is None else w + 1)).to(case.dtype)
+
+
+class WarmsUp(Correct):
+    """A JIT-style backend: ``warmup(case)`` compiles; it logs each warm-up (process and
+    configuration) to the file named by ``PAGEDATTN_TEST_WARMLOG``."""
+
+    def warmup(self, case):
+        import os
+
+        from pagedattn.suite import case_configuration
+
+        with open(os.environ["PAGEDATTN_TEST_WARMLOG"], "a") as f:
+            f.write(f"{os.getpid()} {case_configuration(case, 'attention')}\n")

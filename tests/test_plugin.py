@@ -211,3 +211,29 @@ def test_a_claimed_variant_is_verified_and_its_failure_replays(pytester, bad):
     # the saved case keeps its window: a backend that does not claim it reports it unsupported
     fixed.assert_outcomes(skipped=1)
     fixed.stdout.fnmatch_lines(["*variant sliding_window not claimed*"])
+
+
+def test_jit_runs_one_configuration_per_worker_warmed_once_and_import_once(pytester, bad, monkeypatch):
+    """Under -n 2 --isolate: the backend file is imported only in the isolation children
+    (never in the controller or a worker), each configuration runs on one worker, and
+    ``warmup`` runs once per configuration, before its cases."""
+    log, warm = pytester.path / "imports.log", pytester.path / "warm.log"
+    monkeypatch.setenv("PAGEDATTN_TEST_WARMLOG", str(warm))
+    source = (pytester.path / "bad_backends.py").read_text()
+    (pytester.path / "bad_backends.py").write_text(
+        f"import os\nwith open({str(log)!r}, 'a') as _f:\n"
+        "    _f.write(f\"{os.getpid()} {os.environ.get('PYTEST_XDIST_WORKER')}\\n\")\n" + source
+    )
+    result = _run(pytester, DECODE, f"--backend={bad}:WarmsUp", "-n", "2", "--isolate", "--report-json=r.json")
+    result.assert_outcomes(passed=N_DECODE)
+    result.stdout.fnmatch_lines(["*--dist loadgroup (each configuration on one worker)*"])
+    imports = [line.split() for line in log.read_text().splitlines()]
+    assert len(imports) == 2 and len({pid for pid, _ in imports}) == 2, imports  # one isolation child per worker
+    assert {w for _, w in imports} == {"gw0", "gw1"}  # none in the controller or in a worker itself
+    report = json.loads((pytester.path / "r.json").read_text())
+    configurations = {c["configuration"] for c in report["cases"]}
+    assert report["configurations"] == len(configurations) > 1
+    for key in configurations:
+        assert len({c["worker"] for c in report["cases"] if c["configuration"] == key}) == 1, key
+    warmed = [line.split()[1] for line in warm.read_text().splitlines()]
+    assert sorted(warmed) == sorted(configurations)  # each once
