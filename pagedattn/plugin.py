@@ -208,6 +208,8 @@ def pytest_configure(config: pytest.Config) -> None:
         if config.getoption("dist") == "load" and run.isolate:
             config.option.dist = "loadgroup"
         return
+    if worker is not None and worker.get("pagedattn_loadgroup"):
+        config.option.loadgroup = True  # xdist's worker appends each item's group to its node id
     if worker is not None and not device.startswith("cuda"):
         # one core per xdist worker: intra-op threads of several workers spin against each other
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1))))
@@ -571,6 +573,12 @@ class _Recorder:
             self.book.collected(item.nodeid, noted(item))
         self.book.flush()
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        # a worker parses the command line again: tell it the --dist mode chosen here
+        node.workerinput["pagedattn_loadgroup"] = self.config.getoption("dist") == "loadgroup"
+
+    @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         fresh = [i for i in ids if i not in self.book.records]
         for nodeid in fresh:
@@ -597,6 +605,7 @@ class _Recorder:
         report.user_properties = [("pagedattn_status", rec.status.value),
                                   ("pagedattn", json.dumps(rec.to_dict() | {"traceback": None}))]  # fmt: skip
 
+    @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         info = getattr(node, "workeroutput", {}).get("pagedattn_info")
         if info and not self.run.info.get("capabilities"):
