@@ -129,14 +129,22 @@ def test_replay_reproduces_a_failure(pytester, bad):
 
 
 def test_json_report_schema(pytester):
-    result = _run(pytester, DECODE, "pagedattn.conformance.test_gather", "--backend=reference", "--report-json=r.json")
+    result = _run(pytester, DECODE, "pagedattn.conformance.test_gather", "--backend=reference", "--report-json=r.json",
+                  "--junitxml=j.xml")  # fmt: skip
     assert result.ret == 0
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["schema"] == "pagedattn-report/2"
+    assert report["complete"] is True and report["counts"]["passed"] == len(report["cases"])
+    # JUnit carries the same records: one status property and the record per test case
+    junit = (pytester.path / "j.xml").read_text()
+    assert junit.count('name="pagedattn_status" value="passed"') == len(report["cases"])
+    assert junit.count('name="pagedattn" value=') == len(report["cases"])
     assert set(report["target"]) >= {"backend", "backend_version", "runs_on", "device", "torch", "triton", "profile"}
     assert report["target"]["backend"] == "reference"
     case = next(c for c in report["cases"] if c["family"] == "decode")
-    assert set(case) >= {"id", "family", "dtype", "status", "metrics", "nodeid"}
+    assert set(case) >= {"id", "family", "dtype", "status", "metrics", "nodeid", "configuration", "operation",
+                         "message", "replay", "traceback", "duration_s"}  # fmt: skip
+    assert case["configuration"].endswith("|plain|attention")
     assert set(case["metrics"]["worst"]) == {
         "seq",
         "token",
