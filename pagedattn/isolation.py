@@ -64,10 +64,11 @@ def describe_exception(exc: BaseException, backend_files: set[str]) -> tuple[str
     ours = os.path.dirname(os.path.abspath(__file__))
     mine = [f for f in frames if os.path.abspath(f.filename) in backend_files]
     outside = [f for f in frames if not os.path.abspath(f.filename).startswith(ours + os.sep)]
-    frame = (mine or outside or frames or [None])[-1]
+    chosen = mine or outside or list(frames)
     text = str(exc).strip().splitlines()
     short = f"the backend raised {type(exc).__name__}" + (f": {text[0]}" if text else "")
-    if frame is not None:
+    if chosen:
+        frame = chosen[-1]
         short += f" (at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})"
     return short, full
 

@@ -458,7 +458,7 @@ def _base_facts(item: pytest.Item) -> dict[str, Any] | None:
         "operation": operation,
         "configuration": spec_configuration(spec, operation),
     }
-    params = item.callspec.params
+    params = item.callspec.params  # type: ignore[attr-defined]
     if "prop" in params:
         facts["property"] = params["prop"]
     return facts
