@@ -297,3 +297,16 @@ def test_isolation_carries_the_variants_and_the_lse(pytester):
 
     assert verdicts("a.json") == verdicts("b.json")
     assert any("sinks" in i for i, _, _ in verdicts("b.json"))
+
+
+@pytest.mark.slow
+def test_when_xdist_stops_replacing_workers_the_rest_is_not_run(pytester, bad):
+    result, report = _run(pytester, *SUBSET, f"--backend={bad}:SegfaultsOnLongDecode", "-n", "2",
+                          "--max-worker-restart=0")  # fmt: skip
+    assert result.ret != 0
+    cases = _accounted(report)
+    statuses = _by_status(cases)
+    assert statuses.get("crashed", 0) >= 1 and statuses.get("not_run", 0) >= 1
+    never = {c["reason"] for c in cases.values() if c["status"] == "not_run"}
+    assert len(never) == 1 and "pytest-xdist did not run it after" in never.pop()
+    result.stdout.fnmatch_lines([f"*not run: {statuses['not_run']} cases: never run: pytest-xdist*"])
