@@ -743,8 +743,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         return  # the controller writes the report
     book = run.book
     assert book is not None
-    book.stop(_stop_reason(session, run))
-    if any(r.status in FAILING - {Status.XPASSED} for r in book.records.values()) and session.exitstatus == 0:
+    collect_only = bool(config.getoption("collectonly", False))
+    book.stop("not run: --collect-only" if collect_only else _stop_reason(session, run))
+    failing = FAILING - {Status.XPASSED} - ({Status.NOT_RUN} if collect_only else set())
+    if any(r.status in failing for r in book.records.values()) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if run.broken and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
