@@ -20,6 +20,7 @@ import math
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -46,6 +47,10 @@ class Status(str, Enum):
     TIMED_OUT = "timed_out"
     NOT_RUN = "not_run"
 
+
+#: a finished case is written at once unless the file was written less than this ago (the
+#: next case's start writes it in any case: a started case must be on disk before it runs)
+FLUSH_S = 2.0
 
 #: statuses that make a run fail
 FAILING = frozenset({Status.FAILED, Status.CRASHED, Status.TIMED_OUT, Status.NOT_RUN, Status.XPASSED})
@@ -210,6 +215,7 @@ class RecordBook:
         self.complete = False
         #: record -> a command that reruns that case (for a crash that left no replay file)
         self.rerun: Any = None
+        self._flushed = 0.0
 
     # the key is pytest's node id as reported (an xdist group suffix included)
     def collected(self, nodeid: str, facts: dict[str, Any] | None = None) -> None:
@@ -252,7 +258,9 @@ class RecordBook:
                 rec.replay = None
         if done:
             self.running.discard(report.nodeid)
-            self.flush()
+            # the next case's start writes the file anyway; between cases, at most every FLUSH_S
+            if time.monotonic() - self._flushed > FLUSH_S:
+                self.flush()
         return rec
 
     def _decide(self, rec: CaseRecord, report: pytest.TestReport, facts: dict[str, Any]) -> bool:
@@ -280,6 +288,8 @@ class RecordBook:
         if report.failed:
             if when == "teardown" and rec.status not in (Status.CRASHED, Status.NOT_RUN):
                 rec.message = (rec.message + "\n" if rec.message else "") + f"teardown failed: {_short(report)}"
+                if rec.status in (Status.PASSED, Status.WARNED):
+                    rec.status = Status.FAILED
                 return True
             fault = facts.get("fault")
             rec.status = Status(fault) if fault in ("crashed", "timed_out") else Status.FAILED
@@ -330,6 +340,7 @@ class RecordBook:
     def flush(self) -> None:
         if self.path:
             write_atomic(self.path, self.report(), indent=1 if self.complete else None)
+            self._flushed = time.monotonic()
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
