@@ -245,3 +245,54 @@ def test_jit_runs_one_configuration_per_worker_warmed_once_and_import_once(pytes
         assert len({c["worker"] for c in report["cases"] if c["configuration"] == key}) == 1, key
     warmed = [line.split()[1] for line in warm.read_text().splitlines()]
     assert sorted(warmed) == sorted(configurations)  # each once
+
+
+def _report(nodeid, when, outcome, facts=None, longrepr=None, **extra):
+    rep = pytest.TestReport(nodeid, ("x.py", 0, nodeid), {}, outcome, longrepr, when,
+                            user_properties=[("pagedattn", facts)] if facts is not None else [])  # fmt: skip
+    for k, v in extra.items():
+        setattr(rep, k, v)
+    return rep
+
+
+def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
+    """The one owner of the records: pytest's outcome and the suite's facts decide the
+    status (a ``status`` fact is ignored); the file is valid JSON at every step."""
+    from pagedattn.record import RecordBook, base_record
+
+    path = tmp_path / "r.json"
+    book = RecordBook(str(path), header={"schema": "test"})
+    book.rerun = lambda rec: f"pytest {rec.nodeid} --isolate"
+    ids = {s: f"m.py::test_decode[decode-{s}-fp32]@fp32|kv=fp32|d64|bs16|plain|attention" for s in
+           ("pass", "warn", "skip", "fail", "hang", "crash", "xfail", "never")}  # fmt: skip
+    for nodeid in ids.values():
+        book.collected(nodeid)
+    book.flush()
+    assert {c["status"] for c in json.loads(path.read_text())["cases"]} == {"not_run"}
+    for name in ("pass", "warn", "skip", "fail", "hang", "crash", "xfail"):
+        book.start(ids[name])
+        assert json.loads(path.read_text())["cases"][list(ids).index(name)]["status"] == "crashed"  # written ahead
+    book.update(_report(ids["pass"], "call", "passed", {"status": "failed", "metrics": {"budget_used": 0.5}}))
+    book.update(_report(ids["warn"], "call", "passed", {"metrics": {"status": "warned", "budget_used": 1.5}}))
+    book.update(_report(ids["skip"], "call", "skipped", {}, ("x.py", 1, "Skipped: unsupported: dtype not claimed")))
+    book.update(_report(ids["fail"], "call", "failed", {"message": "decode-fail [attention]: bad", "replay": "r"}))
+    book.update(_report(ids["hang"], "call", "failed", {"fault": "timed_out", "message": "slow", "replay": "r"}))
+    book.update(_report(ids["crash"], "???", "failed", None, "worker 'gw0' crashed while running"))
+    book.update(_report(ids["xfail"], "call", "skipped", {}, ("x.py", 1, "xfail"), wasxfail="known"))
+    book.stop("never run: the run ended before this case")
+    book.flush()
+    got = {c["id"]: c for c in json.loads(path.read_text())["cases"]}
+    status = {i.split("-")[1]: c["status"] for i, c in got.items()}
+    assert status == {"pass": "passed", "warn": "warned", "skip": "unsupported", "fail": "failed",
+                      "hang": "timed_out", "crash": "crashed", "xfail": "xfailed", "never": "not_run"}  # fmt: skip
+    assert got["decode-skip-fp32"]["reason"] == "dtype not claimed"
+    assert got["decode-never-fp32"]["reason"] == "never run: the run ended before this case"
+    assert (
+        got["decode-crash-fp32"]["replay"].endswith("--isolate")
+        and "rerun with --isolate" in (got["decode-crash-fp32"]["message"])
+    )
+    assert got["decode-pass-fp32"]["replay"] is None  # the rerun command set at its start is dropped
+    assert got["decode-pass-fp32"]["nodeid"] == "m.py::test_decode[decode-pass-fp32]"  # no xdist group suffix
+    assert got["decode-pass-fp32"]["configuration"] == "fp32|kv=fp32|d64|bs16|plain|attention"
+    rec = base_record("::test_property[mixed-gqa2-bs16-d64-bf16-L50-B4-permuted-kve4m3-determinism]")
+    assert (rec.family, rec.dtype) == ("properties", "bf16/e4m3")
