@@ -1,8 +1,13 @@
-"""``python -m pagedattn``: what this machine has and what each backend can run here."""
+"""``python -m pagedattn``: what this machine has and what each backend can run here.
+
+``python -m pagedattn report FILE`` prints the summary table of a JSON report
+(``--report-json``), finished or not: a run that died leaves a valid report.
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import platform
 import sys
 
@@ -34,6 +39,9 @@ def report() -> list[str]:
         try:
             backend = load_backend(name)
         except BackendLoadError as exc:
+            if isinstance(exc.__cause__, ImportError):  # a contrib adapter whose package is absent
+                lines.append(f"  {name:<10} not installed: {exc.__cause__}")
+                continue
             first = str(exc).strip().splitlines()
             lines.append(f"  {name:<10} cannot load here: {first[-1] if first else exc}")
             continue
@@ -53,7 +61,38 @@ def report() -> list[str]:
     return lines
 
 
-def main() -> int:
+def print_report(path: str) -> int:
+    """The summary of the JSON report at ``path``; 0 if every case passed (or was
+    unsupported or expected to fail), 1 if not, 2 if the file is not a report."""
+    from pagedattn.record import FAILING, summary_lines
+
+    try:
+        with open(path) as f:
+            report = json.load(f)
+        cases = report["cases"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        print(f"{path}: not a pagedattn JSON report ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return 2
+    target = report.get("target") or {}
+    unfinished = "" if report.get("complete", True) else " (unfinished run)"
+    print(f"pagedattn report {path}: backend {target.get('backend')} on {target.get('runs_on')}, "
+          f"profile {target.get('profile')}{unfinished}")  # fmt: skip
+    if report.get("error"):
+        print(f"ERROR: {report['error']}")
+    print("\n".join(summary_lines(report)))
+    return 1 if any(c.get("status") in {s.value for s in FAILING} for c in cases) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] == "report":
+        if len(args) != 2:
+            print("usage: python -m pagedattn report FILE", file=sys.stderr)
+            return 2
+        return print_report(args[1])
+    if args:
+        print("usage: python -m pagedattn [report FILE]", file=sys.stderr)
+        return 2
     print("\n".join(report()))
     return 0
 

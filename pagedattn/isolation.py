@@ -1,10 +1,12 @@
 """Fault isolation: run a backend in a child process that is replaced when it dies.
 
 A backend that segfaults, hits a CUDA illegal memory access, or hangs must cost
-one failed case, not the run. ``IsolatedBackend`` loads the backend a second time
-in a spawned child process and forwards every call there, with a per-call
-timeout. A child that dies or times out is killed and replaced before the next
-case; the call raises ``BackendFault`` with what happened.
+one case, not the run. ``IsolatedBackend`` constructs the backend *only* in a
+spawned child process (a constructor that crashes cannot take the test process
+with it), asks the child for its capabilities, and forwards every call there with
+a per-call timeout (``DEFAULT_TIMEOUT_S`` unless ``--case-timeout`` says
+otherwise). A child that dies or times out is killed and replaced before the next
+case; the call raises ``BackendFault`` saying what happened.
 
 Tensors travel through a pipe on the CPU and are moved to the case's device on
 the other side. What the backend does to its inputs comes back too (copied onto
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import multiprocessing
+import os
 import signal
 import sys
 import traceback
@@ -26,12 +29,93 @@ import torch
 from pagedattn.cases.io import case_from_state, case_state
 from pagedattn.oracle import PagedCase, bits_equal
 
-#: Time allowed for a fresh child to import torch and load the backend.
+#: Time allowed for a fresh child to import torch and construct the backend.
 STARTUP_TIMEOUT_S = 180.0
+#: Per-case time limit under ``--isolate`` when ``--case-timeout`` is not given.
+DEFAULT_TIMEOUT_S = 600.0
+#: Time allowed for ``backend.warmup(case)`` (a JIT compile), outside the case's limit.
+WARMUP_TIMEOUT_S = 1800.0
+#: The invariances a backend may decline (``Capabilities.invariance_reason``).
+INVARIANCE_NAMES = ("determinism", "batch_invariance", "placement_invariance")
+OPTIONAL_METHODS = ("gather", "write_cache", "paged_attention_lse", "warmup")
 
 
 class BackendFault(Exception):
-    """The backend process crashed, hung, or could not be started."""
+    """The backend crashed, hung, raised, or could not be started.
+
+    Attributes:
+        kind: ``"crashed"`` (its process died or could not start), ``"timed_out"``,
+            or ``"raised"`` (an exception: the case fails).
+        traceback: the full traceback of a raised exception (``""`` otherwise).
+    """
+
+    def __init__(self, message: str, kind: str = "crashed", traceback: str = ""):
+        super().__init__(message)
+        self.kind = kind
+        self.traceback = traceback
+
+
+def describe_exception(exc: BaseException, backend_files: set[str]) -> tuple[str, str]:
+    """``(short, full)`` for an exception a backend raised: one line with its type, message
+    and the last frame in the backend's own file(s) (else the last frame outside
+    pagedattn), and the full traceback."""
+    full = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = os.path.dirname(os.path.abspath(__file__))
+    mine = [f for f in frames if os.path.abspath(f.filename) in backend_files]
+    outside = [f for f in frames if not os.path.abspath(f.filename).startswith(ours + os.sep)]
+    chosen = mine or outside or list(frames)
+    text = str(exc).strip().splitlines()
+    short = f"the backend raised {type(exc).__name__}" + (f": {text[0]}" if text else "")
+    if chosen:
+        frame = chosen[-1]
+        short += f" (at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})"
+    return short, full
+
+
+def backend_files(backend: Any) -> set[str]:
+    """The source file of the backend's class (where its own frames are)."""
+    try:
+        path = inspect.getsourcefile(type(backend))
+    except (TypeError, OSError):
+        path = None
+    return {os.path.abspath(path)} if path else set()
+
+
+def accepts_out(backend: Any) -> bool:
+    explicit = getattr(backend, "accepts_out", None)
+    if explicit is not None:
+        return bool(explicit)
+    try:
+        return "out" in inspect.signature(backend.paged_attention).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def backend_info(backend: Any) -> dict[str, Any]:
+    """What the suite and the report need to know of a backend, as plain data (it crosses
+    process boundaries: from the isolation child, from xdist workers)."""
+    caps = backend.capabilities
+    limit_lines = getattr(caps, "limit_lines", None)
+    invariance_reason = getattr(caps, "invariance_reason", None)
+    return {
+        "name": str(backend.name),
+        "version": str(getattr(backend, "version", "") or ""),
+        "target": getattr(backend, "target", None),
+        "capabilities": caps.describe(),
+        "limit_lines": list(limit_lines()) if callable(limit_lines) else [],
+        "invariances": {n: invariance_reason(n) if callable(invariance_reason) else None for n in INVARIANCE_NAMES},
+        "notes": dict(caps.notes),
+        "dtypes": [str(d).replace("torch.", "") for d in caps.dtypes],
+        "operations": sorted(caps.operations),
+        "variants": sorted(caps.variants),
+        "devices": sorted(caps.devices),
+        "fp32_precision": caps.fp32_precision,
+        "qk_precision": getattr(caps, "qk_precision", "fp32"),
+        "tolerance_factor": caps.tolerance_factor,
+        "methods": [m for m in OPTIONAL_METHODS if callable(getattr(backend, m, None))],
+        "accepts_out": accepts_out(backend),
+    }
 
 
 def _to(x: Any, device: str | torch.device) -> Any:
@@ -39,45 +123,66 @@ def _to(x: Any, device: str | torch.device) -> Any:
     return x.to(device) if isinstance(x, torch.Tensor) else x
 
 
+def _serve(backend: Any, method: str, device: str, payload: Any) -> Any:
+    if method in ("paged_attention", "paged_attention_lse"):
+        case = case_from_state(payload["case"], device)
+        kwargs = {}
+        if payload.get("out") is not None:
+            kwargs["out"] = payload["out"].to(device)
+        result = getattr(backend, method)(case, **kwargs)
+        if isinstance(result, tuple):
+            result = tuple(_to(r, "cpu") for r in result)
+        after = {f: t.cpu() for f, t in case.tensors().items()}
+        out = kwargs["out"].cpu() if "out" in kwargs else None
+        return _to(result, "cpu"), after, out
+    if method == "gather":
+        pool, slots = (t.to(device) for t in payload)
+        return _to(backend.gather(pool, slots), "cpu"), pool.cpu()
+    if method == "write_cache":
+        pool, slots, new = (t.to(device) for t in payload)
+        backend.write_cache(pool, slots, new)
+        return pool.cpu(), new.cpu()
+    if method == "warmup":
+        backend.warmup(case_from_state(payload, device))
+        return None
+    if method == "case_reason":
+        state, operation = payload
+        return backend.capabilities.case_reason(case_from_state(state, device), operation)
+    if method == "unsupported_reason":
+        return backend.capabilities.unsupported_reason(**payload)
+    raise ValueError(f"unknown method {method!r}")
+
+
 def _child_main(conn, spec: str, path: list[str]) -> None:
-    """The child: load the backend, then serve calls until the pipe closes."""
+    """The child: construct the backend, then serve calls until the pipe closes."""
     sys.path[:] = path
-    from pagedattn.adapters.loading import load_backend
+    import pytest
+
+    from pagedattn.adapters.loading import BackendLoadError, load_backend
 
     try:
         backend = load_backend(spec)
-    except Exception:
-        conn.send(("error", traceback.format_exc()))
+        info = backend_info(backend)
+    except BackendLoadError as exc:
+        conn.send(("load_error", str(exc), ""))
         return
-    conn.send(("ready", None))
+    except Exception:
+        conn.send(("load_error", f"--backend={spec}: describing the backend failed", traceback.format_exc()))
+        return
+    conn.send(("ready", info, ""))
+    files = backend_files(backend)
     while True:
         try:
             method, device, payload = conn.recv()
         except EOFError:
             return
         try:
-            if method in ("paged_attention", "paged_attention_lse"):
-                case = case_from_state(payload["case"], device)
-                kwargs = {}
-                if payload.get("out") is not None:
-                    kwargs["out"] = payload["out"].to(device)
-                result = getattr(backend, method)(case, **kwargs)
-                if isinstance(result, tuple):
-                    result = tuple(_to(r, "cpu") for r in result)
-                after = {f: t.cpu() for f, t in case.tensors().items()}
-                out = kwargs["out"].cpu() if "out" in kwargs else None
-                conn.send(("ok", (_to(result, "cpu"), after, out)))
-            elif method == "gather":
-                pool, slots = (t.to(device) for t in payload)
-                conn.send(("ok", (_to(backend.gather(pool, slots), "cpu"), pool.cpu())))
-            elif method == "write_cache":
-                pool, slots, new = (t.to(device) for t in payload)
-                backend.write_cache(pool, slots, new)
-                conn.send(("ok", (pool.cpu(), new.cpu())))
-            else:
-                conn.send(("error", f"unknown method {method!r}"))
-        except Exception:
-            conn.send(("raised", traceback.format_exc()))
+            conn.send(("ok", _serve(backend, method, device, payload), ""))
+        except pytest.skip.Exception as exc:  # the adapter declines this case
+            conn.send(("skipped", str(exc.msg), ""))
+        except Exception as exc:
+            short, full = describe_exception(exc, files)
+            conn.send(("raised", short, full))
 
 
 def _describe_exit(code: int | None) -> str:
@@ -85,64 +190,99 @@ def _describe_exit(code: int | None) -> str:
         return "did not exit"
     if code < 0:
         try:
-            return f"was killed by signal {signal.Signals(-code).name}"
+            return f"was killed by {signal.Signals(-code).name}"
         except ValueError:
             return f"was killed by signal {-code}"
     return f"exited with code {code}"
 
 
-class IsolatedBackend:
-    """The backend ``spec`` behind a child process; same attributes as ``local`` (the
-    backend loaded in this process, for its name, capabilities and target)."""
+class RemoteCapabilities:
+    """The capabilities of a backend that lives in the child: the plain fields from its
+    description, ``case_reason`` and ``unsupported_reason`` asked of the child (a
+    predicate or a case filter cannot cross a process boundary)."""
 
-    def __init__(self, spec: str, local: Any, device: str, timeout: float | None):
+    def __init__(self, owner: IsolatedBackend, info: dict[str, Any]):
+        self._owner = owner
+        self._info = info
+        self.dtypes = frozenset(getattr(torch, d) for d in info["dtypes"])
+        self.operations = frozenset(info["operations"])
+        self.variants = frozenset(info["variants"])
+        self.devices = frozenset(info["devices"])
+        self.fp32_precision = info["fp32_precision"]
+        self.qk_precision = info["qk_precision"]
+        self.tolerance_factor = info["tolerance_factor"]
+        self.notes = dict(info["notes"])
+
+    def case_reason(self, case: PagedCase, operation: str = "attention") -> str | None:
+        return self._owner._request("case_reason", (case_state(case), operation))
+
+    def unsupported_reason(self, **kwargs: Any) -> str | None:
+        if "device" in kwargs and kwargs["device"] is not None:
+            kwargs["device"] = str(kwargs["device"])
+        return self._owner._request("unsupported_reason", kwargs)
+
+    def invariance_reason(self, name: str) -> str | None:
+        return self._info["invariances"].get(name)
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self._info["capabilities"])
+
+    def limit_lines(self) -> list[str]:
+        return list(self._info["limit_lines"])
+
+
+class IsolatedBackend:
+    """The backend ``spec``, constructed and run in a child process. Construction starts
+    the child; a child that crashes while constructing raises ``BackendFault``, one that
+    raises ``BackendLoadError`` (as an in-process load would)."""
+
+    def __init__(self, spec: str, device: str, timeout: float | None):
         self.spec = spec
-        self.local = local
         self.device = device
         self.timeout = timeout
-        self.name = local.name
-        self.capabilities = local.capabilities
-        self.version = getattr(local, "version", None)
-        try:
-            self.accepts_out = "out" in inspect.signature(local.paged_attention).parameters
-        except (TypeError, ValueError):
-            self.accepts_out = False
         self._proc: Any = None
         self._conn: Any = None
         self.restarts = 0
-        if not hasattr(local, "gather"):
-            self.gather = None  # type: ignore[assignment]
-        if not hasattr(local, "write_cache"):
-            self.write_cache = None  # type: ignore[assignment]
-        if not hasattr(local, "paged_attention_lse"):
-            self.paged_attention_lse = None  # type: ignore[assignment]
+        self.generation = 0  # how many children were started: a warm-up is lost with its child
+        self.info: dict[str, Any] = self._start()
+        self.name = self.info["name"]
+        self.version = self.info["version"]
+        self.accepts_out = self.info["accepts_out"]
+        self.capabilities = RemoteCapabilities(self, self.info)
+        for m in OPTIONAL_METHODS:
+            if m not in self.info["methods"]:
+                setattr(self, m, None)
 
     @property
     def target(self) -> str:
-        inner = getattr(self.local, "target", None) or f"{self.name} ({self.device})"
-        limit = f", {self.timeout:g} s per case" if self.timeout else ""
+        inner = self.info.get("target") or f"{self.name} ({self.device})"
+        limit = f", {self.timeout:g} s per case" if self.timeout else ", no time limit"
         return f"{inner} [isolated in a child process{limit}]"
 
     # ------------------------------------------------------------ process
-    def _start(self) -> None:
+    def _start(self) -> dict[str, Any]:
+        from pagedattn.adapters.loading import BackendLoadError
+
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(target=_child_main, args=(child_conn, self.spec, list(sys.path)), daemon=True)
         self._proc.start()
+        self.generation += 1
         child_conn.close()
         if not self._conn.poll(STARTUP_TIMEOUT_S):
             self.close()
-            raise BackendFault(f"the backend process did not start within {STARTUP_TIMEOUT_S:g} s")
+            raise BackendFault(f"the backend was not constructed within {STARTUP_TIMEOUT_S:g} s (it hangs?)")
         try:
-            status, detail = self._conn.recv()
-        except EOFError:
+            status, detail, tb = self._conn.recv()
+        except (EOFError, ConnectionResetError):
             self._proc.join(5)
             code = self._proc.exitcode
             self.close()
-            raise BackendFault(f"the backend process {_describe_exit(code)} while loading the backend") from None
+            raise BackendFault(f"the backend crashed while being constructed: {_describe_exit(code)}") from None
         if status != "ready":
             self.close()
-            raise BackendFault(f"the backend failed to load in the child process:\n{detail}")
+            raise BackendLoadError(detail + (f"\n{tb}" if tb else ""))
+        return detail
 
     def close(self) -> None:
         if self._proc is not None:
@@ -153,22 +293,23 @@ class IsolatedBackend:
             self._conn.close()
         self._proc = self._conn = None
 
-    def _request(self, method: str, payload: Any) -> Any:
+    def _request(self, method: str, payload: Any, timeout: float | None = None) -> Any:
         if self._proc is None or not self._proc.is_alive():
-            if self._proc is not None:
-                self.restarts += 1
+            self.restarts += self._proc is not None
             self.close()
             self._start()
         assert self._conn is not None and self._proc is not None
+        limit = timeout if timeout is not None else self.timeout
         self._conn.send((method, self.device, payload))
-        if not self._conn.poll(self.timeout):
+        if not self._conn.poll(limit):
             self.close()
             raise BackendFault(
-                f"the backend did not answer within {self.timeout:g} s (--case-timeout); its process was killed "
-                "and a fresh one serves the next case"
+                f"the backend did not answer {method} within {limit:g} s (--case-timeout); its process was killed "
+                "and a fresh one serves the next case",
+                kind="timed_out",
             )
         try:
-            status, detail = self._conn.recv()
+            status, detail, tb = self._conn.recv()
         except (EOFError, ConnectionResetError):
             self._proc.join(5)
             what = _describe_exit(self._proc.exitcode)
@@ -176,15 +317,22 @@ class IsolatedBackend:
             raise BackendFault(
                 f"the backend process {what} during {method}; a fresh process serves the next case"
             ) from None
+        if status == "skipped":
+            import pytest
+
+            pytest.skip(detail)
         if status == "raised":
-            if "CUDA error" in detail or "illegal memory access" in detail:
+            if "CUDA error" in tb or "illegal memory access" in tb:
                 self.close()  # a CUDA context that faulted is poisoned for every later call
-            raise BackendFault(f"the backend raised during {method}:\n{detail}")
+            raise BackendFault(detail, kind="raised", traceback=tb)
         if status != "ok":
             raise BackendFault(f"the backend process answered {status}: {detail}")
         return detail
 
     # ------------------------------------------------------------ the contract
+    def warmup(self, case: PagedCase) -> None:  # noqa: F811
+        self._request("warmup", case_state(case), timeout=WARMUP_TIMEOUT_S)
+
     def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
         payload = {"case": case_state(case), "out": out.cpu() if out is not None else None}
         result, after, out_after = self._request("paged_attention", payload)
@@ -195,7 +343,7 @@ class IsolatedBackend:
                 return out
         return _to(result, self.device)
 
-    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: F811
         result, after, _ = self._request("paged_attention_lse", {"case": case_state(case), "out": None})
         self._mirror(case, after)
         if isinstance(result, tuple):

@@ -2,7 +2,7 @@
 
 import torch
 
-from pagedattn import Capabilities, paged_attention_reference
+from pagedattn import INVARIANCES, Capabilities, paged_attention_reference
 
 
 def _nudge(out: torch.Tensor, ulps: int) -> torch.Tensor:
@@ -92,13 +92,64 @@ class SegfaultsOnLongDecode(Correct):
         return super().paged_attention(case)
 
 
+def _hang() -> None:
+    """Sleep "forever"; but leave when orphaned (a test killed the run above this process)."""
+    import os
+    import time
+
+    parent = os.getppid()
+    for _ in range(1200):
+        time.sleep(0.1)
+        if os.getppid() != parent:
+            os._exit(1)
+
+
 class HangsOnLongDecode(Correct):
     def paged_attention(self, case):
         if case.num_seqs == 1:
-            import time
-
-            time.sleep(3600)
+            _hang()
         return super().paged_attention(case)
+
+
+class CrashesWhenConstructed(Correct):
+    """A constructor that dies (a CUDA context that faults while a kernel library loads)."""
+
+    def __init__(self):
+        import ctypes
+
+        ctypes.string_at(0)  # SIGSEGV
+
+
+class SkipsMultiSequence(Correct):
+    """Declines what it cannot run by raising ``pytest.skip`` inside the call."""
+
+    def paged_attention(self, case):
+        if case.num_seqs > 1:
+            import pytest
+
+            pytest.skip("this adapter runs one sequence per call")
+        return super().paged_attention(case)
+
+
+class WritesNaNIntoOut(Correct):
+    """Writes every element of ``out``, one of them with a NaN."""
+
+    def paged_attention(self, case, out=None):
+        result = super().paged_attention(case)
+        if out is None:
+            return result
+        out.copy_(result)
+        out[0, 0, 0] = float("nan")
+        return out
+
+
+class DeclinesBatchInvariance(BatchDependent):
+    """Batch-dependent, and says so."""
+
+    capabilities = Capabilities(
+        invariances=INVARIANCES - {"batch_invariance"},
+        notes={"batch_invariance": "decode and mixed batches take different kernels"},
+    )
 
 
 class WrongShape(Correct):
@@ -180,3 +231,16 @@ class WindowOffByOne(Correct):
     def paged_attention(self, case):
         w = case.sliding_window
         return paged_attention_reference(case.replace(sliding_window=None if w is None else w + 1)).to(case.dtype)
+
+
+class WarmsUp(Correct):
+    """A JIT-style backend: ``warmup(case)`` compiles; it logs each warm-up (process and
+    configuration) to the file named by ``PAGEDATTN_TEST_WARMLOG``."""
+
+    def warmup(self, case):
+        import os
+
+        from pagedattn.suite import case_configuration
+
+        with open(os.environ["PAGEDATTN_TEST_WARMLOG"], "a") as f:
+            f.write(f"{os.getpid()} {case_configuration(case, 'attention')}\n")

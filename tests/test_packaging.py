@@ -95,3 +95,55 @@ def test_sdist_builds(tmp_path):
     names = tarfile.open(sdist).getnames()
     assert any(n.endswith("conformance/test_decode.py") for n in names)
     assert any(n.endswith("pagedattn/py.typed") for n in names)
+
+
+class _NeedsAbsentPackage:
+    """A contrib adapter whose third-party package is absent: its constructor says so."""
+
+    def __init__(self):
+        raise ImportError("flashinfer is not installed: pip install flashinfer-python")
+
+
+class _FakeEntryPoint:
+    name = "absentpkg"
+    value = "tests.test_packaging:_NeedsAbsentPackage"
+
+    def load(self):
+        return _NeedsAbsentPackage
+
+
+def test_python_m_pagedattn_lists_an_absent_package_as_not_installed(monkeypatch):
+    from pagedattn import __main__ as main
+    from pagedattn.adapters import loading
+
+    known = dict(loading.available_backends(), absentpkg=_FakeEntryPoint())
+    monkeypatch.setattr(loading, "available_backends", lambda: known)
+    lines = main.report()
+    assert any(
+        line.split() == "absentpkg not installed: flashinfer is not installed: pip install flashinfer-python".split()
+        for line in lines
+    ), lines
+    assert any(line.split()[:3] == ["reference", "runs", "here:"] for line in lines)
+
+
+def test_python_m_pagedattn_report_prints_a_report_table(tmp_path, capsys):
+    from pagedattn import __main__ as main
+    from pagedattn.record import CaseRecord, RecordBook, Status
+
+    book = RecordBook(str(tmp_path / "r.json"), header={"target": {"backend": "x", "runs_on": "x (cpu)"}})
+    book.records["a"] = CaseRecord("a", "decode-a-fp32", "decode", "fp32", status=Status.PASSED,
+                                   metrics={"budget_used": 0.25})  # fmt: skip
+    book.records["b"] = CaseRecord("b", "decode-b-fp32", "decode", "fp32", status=Status.CRASHED,
+                                   message="decode-b-fp32 [attention]: the backend process was killed by SIGSEGV",
+                                   replay="pytest conformance --replay x.pt")  # fmt: skip
+    book.records["c"] = CaseRecord("c", "decode-c-fp32", "decode", "fp32")  # not_run
+    book.running.add("b")
+    book.flush()
+    assert main.main(["report", str(tmp_path / "r.json")]) == 1
+    out = capsys.readouterr().out.splitlines()
+    assert any(line.split() == ["decode", "fp32", "1", "0", "0", "0", "1", "1", "0.25"] for line in out), out
+    assert "3 cases: 1 crashed, 1 not_run, 1 passed" in out
+    assert any(line.startswith("the run did not finish; it died while running b") for line in out)
+    assert "  replay: pytest conformance --replay x.pt" in out
+    (tmp_path / "bad.json").write_text("{")
+    assert main.main(["report", str(tmp_path / "bad.json")]) == 2

@@ -40,7 +40,8 @@ def test_header_names_backend_and_versions(pytester):
     result = _run(pytester, DECODE, "--backend=sdpa")
     claims = "*claims: operations attention, gather, write_cache; variants alibi, fp8_e4m3, fp8_e5m2, sliding_window"
     result.stdout.fnmatch_lines(["pagedattn *: backend sdpa torch *", "*runs on: sdpa (cpu)*", "*torch *, triton *",
-                                 claims])  # fmt: skip
+                                 "*guard: none: a crash or a hang of the backend ends the run*--isolate*",
+                                 claims, "pagedattn: * cases in * configurations*"])  # fmt: skip
 
 
 def test_unknown_backend_lists_the_available_ones(pytester):
@@ -76,7 +77,8 @@ def test_missing_backend_option_is_a_usage_error(pytester):
         ("PlacementDependent", "placement_invariance", "permuting the physical blocks changed"),
         ("Mutating", "immutability", "the backend modified key_cache"),
         ("ReadsPadding", "poisoned_padding", "non-finite where the reference is finite"),
-        ("PartlyWritesOut", "out_argument", "elements of the NaN-filled `out` were never written"),
+        ("PartlyWritesOut", "out_argument", "elements of `out` were never written"),
+        ("WritesNaNIntoOut", "out_argument", "non-finite where the reference is finite"),
     ],
 )
 def test_each_property_catches_its_bug(pytester, bad, cls, prop, text):
@@ -87,11 +89,33 @@ def test_each_property_catches_its_bug(pytester, bad, cls, prop, text):
 
 
 def test_a_raising_backend_fails_its_cases_and_is_reported(pytester, bad):
-    result = _run(pytester, DECODE, f"--backend={bad}:Raises", "--report-json=r.json")
+    """In process as isolated: one short line per case (type, message, the backend's own
+    frame), a replay, and the full traceback in the JSON (and with --tb=long)."""
+    result = _run(pytester, DECODE, f"--backend={bad}:Raises", "--report-json=r.json", "--tb=long")
     result.assert_outcomes(failed=N_DECODE)
     report = json.loads((pytester.path / "r.json").read_text())
     assert {c["status"] for c in report["cases"]} == {"failed"}
-    assert "too many resources" in report["cases"][0]["message"]
+    for c in report["cases"]:
+        assert c["message"].startswith(f"{c['id']} [attention]: the backend raised RuntimeError: kernel launch "
+                                       "failed: too many resources requested (at bad_backends.py:")  # fmt: skip
+        assert "\n  replay: pytest " in c["message"] and c["replay"] in c["message"]
+        assert 'raise RuntimeError("kernel launch failed' in c["traceback"]
+    result.stdout.fnmatch_lines(["*Traceback (most recent call last)*", "*raise RuntimeError(*"])  # --tb=long
+
+
+def test_declined_invariance_is_unsupported_and_probed(pytester, bad):
+    reason = "invariance 'batch_invariance' not claimed (decode and mixed batches take different kernels)"
+    result = _run(pytester, PROPS, f"--backend={bad}:DeclinesBatchInvariance", "-k", "invariance or determinism",
+                  "--report-json=r.json", "--probe-unclaimed=1")  # fmt: skip
+    assert result.ret == 0
+    report = json.loads((pytester.path / "r.json").read_text())
+    batch = [c for c in report["cases"] if c["property"] == "batch_invariance" and "mixed" in c["id"]]
+    assert batch and {c["status"] for c in batch} == {"unsupported"} and {c["reason"] for c in batch} == {reason}
+    others = [c for c in report["cases"] if c["property"] != "batch_invariance" and "mixed" in c["id"]]
+    assert others and {c["status"] for c in others} == {"passed"}
+    probed = [c for c in batch if "probe" in c]
+    assert len(probed) == 1 and probed[0]["probe"].startswith("would not hold: batch invariance: sequence")
+    result.stdout.fnmatch_lines(["*limit: invariance 'batch_invariance' not claimed*", f"*unsupported: {reason}*"])
 
 
 def test_replay_reproduces_a_failure(pytester, bad):
@@ -105,14 +129,22 @@ def test_replay_reproduces_a_failure(pytester, bad):
 
 
 def test_json_report_schema(pytester):
-    result = _run(pytester, DECODE, "pagedattn.conformance.test_gather", "--backend=reference", "--report-json=r.json")
+    result = _run(pytester, DECODE, "pagedattn.conformance.test_gather", "--backend=reference", "--report-json=r.json",
+                  "--junitxml=j.xml")  # fmt: skip
     assert result.ret == 0
     report = json.loads((pytester.path / "r.json").read_text())
-    assert report["schema"] == "pagedattn-report/1"
+    assert report["schema"] == "pagedattn-report/2"
+    assert report["complete"] is True and report["counts"]["passed"] == len(report["cases"])
+    # JUnit carries the same records: one status property and the record per test case
+    junit = (pytester.path / "j.xml").read_text()
+    assert junit.count('name="pagedattn_status" value="passed"') == len(report["cases"])
+    assert junit.count('name="pagedattn" value=') == len(report["cases"])
     assert set(report["target"]) >= {"backend", "backend_version", "runs_on", "device", "torch", "triton", "profile"}
     assert report["target"]["backend"] == "reference"
     case = next(c for c in report["cases"] if c["family"] == "decode")
-    assert set(case) >= {"id", "family", "dtype", "status", "metrics", "nodeid"}
+    assert set(case) >= {"id", "family", "dtype", "status", "metrics", "nodeid", "configuration", "operation",
+                         "message", "replay", "traceback", "duration_s"}  # fmt: skip
+    assert case["configuration"].endswith("|plain|attention")
     assert set(case["metrics"]["worst"]) == {
         "seq",
         "token",
@@ -187,3 +219,80 @@ def test_a_claimed_variant_is_verified_and_its_failure_replays(pytester, bad):
     # the saved case keeps its window: a backend that does not claim it reports it unsupported
     fixed.assert_outcomes(skipped=1)
     fixed.stdout.fnmatch_lines(["*variant sliding_window not claimed*"])
+
+
+def test_jit_runs_one_configuration_per_worker_warmed_once_and_import_once(pytester, bad, monkeypatch):
+    """Under -n 2 --isolate: the backend file is imported only in the isolation children
+    (never in the controller or a worker), each configuration runs on one worker, and
+    ``warmup`` runs once per configuration, before its cases."""
+    log, warm = pytester.path / "imports.log", pytester.path / "warm.log"
+    monkeypatch.setenv("PAGEDATTN_TEST_WARMLOG", str(warm))
+    source = (pytester.path / "bad_backends.py").read_text()
+    (pytester.path / "bad_backends.py").write_text(
+        f"import os\nwith open({str(log)!r}, 'a') as _f:\n"
+        "    _f.write(f\"{os.getpid()} {os.environ.get('PYTEST_XDIST_WORKER')}\\n\")\n" + source
+    )
+    result = _run(pytester, DECODE, f"--backend={bad}:WarmsUp", "-n", "2", "--isolate", "--report-json=r.json")
+    result.assert_outcomes(passed=N_DECODE)
+    result.stdout.fnmatch_lines(["*--dist loadgroup (each configuration on one worker)*"])
+    imports = [line.split() for line in log.read_text().splitlines()]
+    assert len(imports) == 2 and len({pid for pid, _ in imports}) == 2, imports  # one isolation child per worker
+    assert {w for _, w in imports} == {"gw0", "gw1"}  # none in the controller or in a worker itself
+    report = json.loads((pytester.path / "r.json").read_text())
+    configurations = {c["configuration"] for c in report["cases"]}
+    assert report["configurations"] == len(configurations) > 1
+    for key in configurations:
+        assert len({c["worker"] for c in report["cases"] if c["configuration"] == key}) == 1, key
+    warmed = [line.split()[1] for line in warm.read_text().splitlines()]
+    assert sorted(warmed) == sorted(configurations)  # each once
+
+
+def _report(nodeid, when, outcome, facts=None, longrepr=None, **extra):
+    rep = pytest.TestReport(nodeid, ("x.py", 0, nodeid), {}, outcome, longrepr, when,
+                            user_properties=[("pagedattn", facts)] if facts is not None else [])  # fmt: skip
+    for k, v in extra.items():
+        setattr(rep, k, v)
+    return rep
+
+
+def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
+    """The one owner of the records: pytest's outcome and the suite's facts decide the
+    status (a ``status`` fact is ignored); the file is valid JSON at every step."""
+    from pagedattn.record import RecordBook, base_record
+
+    path = tmp_path / "r.json"
+    book = RecordBook(str(path), header={"schema": "test"})
+    book.rerun = lambda rec: f"pytest {rec.nodeid} --isolate"
+    ids = {s: f"m.py::test_decode[decode-{s}-fp32]@fp32|kv=fp32|d64|bs16|plain|attention" for s in
+           ("pass", "warn", "skip", "fail", "hang", "crash", "xfail", "never")}  # fmt: skip
+    for nodeid in ids.values():
+        book.collected(nodeid)
+    book.flush()
+    assert {c["status"] for c in json.loads(path.read_text())["cases"]} == {"not_run"}
+    for name in ("pass", "warn", "skip", "fail", "hang", "crash", "xfail"):
+        book.start(ids[name])
+        assert json.loads(path.read_text())["cases"][list(ids).index(name)]["status"] == "crashed"  # written ahead
+    book.update(_report(ids["pass"], "call", "passed", {"status": "failed", "metrics": {"budget_used": 0.5}}))
+    book.update(_report(ids["warn"], "call", "passed", {"metrics": {"status": "warned", "budget_used": 1.5}}))
+    book.update(_report(ids["skip"], "call", "skipped", {}, ("x.py", 1, "Skipped: unsupported: dtype not claimed")))
+    book.update(_report(ids["fail"], "call", "failed", {"message": "decode-fail [attention]: bad", "replay": "r"}))
+    book.update(_report(ids["hang"], "call", "failed", {"fault": "timed_out", "message": "slow", "replay": "r"}))
+    book.update(_report(ids["crash"], "???", "failed", None, "worker 'gw0' crashed while running"))
+    book.update(_report(ids["xfail"], "call", "skipped", {}, ("x.py", 1, "xfail"), wasxfail="known"))
+    book.stop("never run: the run ended before this case")
+    book.flush()
+    got = {c["id"]: c for c in json.loads(path.read_text())["cases"]}
+    status = {i.split("-")[1]: c["status"] for i, c in got.items()}
+    assert status == {"pass": "passed", "warn": "warned", "skip": "unsupported", "fail": "failed",
+                      "hang": "timed_out", "crash": "crashed", "xfail": "xfailed", "never": "not_run"}  # fmt: skip
+    assert got["decode-skip-fp32"]["reason"] == "dtype not claimed"
+    assert got["decode-never-fp32"]["reason"] == "never run: the run ended before this case"
+    assert (
+        got["decode-crash-fp32"]["replay"].endswith("--isolate")
+        and "rerun with --isolate" in (got["decode-crash-fp32"]["message"])
+    )
+    assert got["decode-pass-fp32"]["replay"] is None  # the rerun command set at its start is dropped
+    assert got["decode-pass-fp32"]["nodeid"] == "m.py::test_decode[decode-pass-fp32]"  # no xdist group suffix
+    assert got["decode-pass-fp32"]["configuration"] == "fp32|kv=fp32|d64|bs16|plain|attention"
+    rec = base_record("::test_property[mixed-gqa2-bs16-d64-bf16-L50-B4-permuted-kve4m3-determinism]")
+    assert (rec.family, rec.dtype) == ("properties", "bf16/e4m3")

@@ -33,7 +33,13 @@ def _cause(exc: BaseException) -> str:
 
 
 def _import_file(path: str):
+    """The module of ``path``, executed once per process: a second load of the same file
+    (the header, the isolation child, ``python -m pagedattn``) reuses it, because importing
+    a backend file runs its code."""
     name = "pagedattn_adapter_" + os.path.splitext(os.path.basename(path))[0]
+    loaded = sys.modules.get(name)
+    if loaded is not None and os.path.abspath(getattr(loaded, "__file__", "") or "") == os.path.abspath(path):
+        return loaded
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
         raise BackendLoadError(f"--backend: cannot import {path!r} as a Python file")
@@ -45,6 +51,9 @@ def _import_file(path: str):
     sys.path.insert(0, directory)
     try:
         spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]  # a failed import is retried, not half-reused
+        raise
     finally:
         if directory in sys.path:
             sys.path.remove(directory)
