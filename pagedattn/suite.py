@@ -126,7 +126,8 @@ class Suite:
     @property
     def policy(self) -> dict[str, Any]:
         """The backend's declared policy terms, as keyword arguments of the checks."""
-        return dict(precision=self.caps.fp32_precision, tolerance_factor=self.caps.tolerance_factor)
+        caps = self.caps
+        return dict(precision=caps.fp32_precision, qk_precision=caps.qk_precision, tolerance_factor=caps.tolerance_factor)
 
     # ------------------------------------------------------------- plumbing
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:

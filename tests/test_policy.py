@@ -332,3 +332,23 @@ def test_a_sink_that_takes_nearly_every_weight_leaves_the_keys_their_share():
     case = spec.build()
     check = check_attention(streamed_attention(case, 16), case)
     assert check.passed and not check.warning, str(check)
+
+
+def test_the_suite_judges_a_backend_by_its_declared_qk_precision():
+    """``Capabilities.qk_precision`` reaches the checks through ``Suite.policy``: the
+    input-dtype-products kernel passes when declared, and the same output fails as fp32."""
+    from pagedattn import Capabilities
+    from pagedattn.suite import Suite
+
+    class Declares:
+        name = "input-products"
+        capabilities = Capabilities(qk_precision="input")
+
+    suite = Suite(backend=Declares(), backend_spec="x", device="cpu", profile="quick", replay_dir=".")
+    assert suite.policy["qk_precision"] == "input", suite.policy
+    case = CaseSpec("gqa", ((23, 1), (30, 5)), num_heads=2, num_kv_heads=2, dtype=torch.bfloat16, tag="b").build()
+    out = input_products_kernel(case)
+    declared = check_attention(out, case, **suite.policy)
+    assert declared.passed, f"declared input-dtype products, judged by Suite.policy: {declared}"
+    Declares.capabilities = Capabilities()
+    assert suite.policy["qk_precision"] == "fp32", suite.policy
