@@ -127,7 +127,8 @@ class Suite:
     def policy(self) -> dict[str, Any]:
         """The backend's declared policy terms, as keyword arguments of the checks."""
         caps = self.caps
-        return dict(precision=caps.fp32_precision, qk_precision=caps.qk_precision, tolerance_factor=caps.tolerance_factor)
+        return {"precision": caps.fp32_precision, "qk_precision": caps.qk_precision,
+                "tolerance_factor": caps.tolerance_factor}  # fmt: skip
 
     # ------------------------------------------------------------- plumbing
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
