@@ -561,7 +561,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if facts is not None:
             note(item, **facts)
             keys[id(item)] = facts["configuration"]
-            item.add_marker(pytest.mark.xdist_group(name=facts["configuration"]))
+            if item.get_closest_marker("xdist_group") is None:  # the search's items carry their own
+                item.add_marker(pytest.mark.xdist_group(name=facts["configuration"]))
     order = {id(item): n for n, item in enumerate(items)}
     items.sort(key=lambda i: (id(i) not in keys, keys.get(id(i), ""), order[id(i)]))
 
