@@ -53,6 +53,7 @@ def _source_copy(tmp_path: Path) -> Path:
     return src
 
 
+@pytest.mark.slow  # builds a wheel and a venv: CI runs it in its second step (-m slow)
 def test_wheel_installs_and_runs_the_suite(tmp_path):
     dist = tmp_path / "dist"
     build = subprocess.run(
