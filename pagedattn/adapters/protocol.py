@@ -490,3 +490,17 @@ class Backend(Protocol):
 #   write_cache(pool, slot_mapping, new) -> None
 #       pool: [num_blocks, block_size, num_kv_heads, head_dim], written in place;
 #       slot_mapping: [n] int64, a slot < 0 means "skip this row"; new: [n, num_kv_heads, head_dim]
+#
+#   warmup(case) -> None
+#       called once per configuration (dtype, kv dtype, head dim, block size, variants,
+#       operation) before the case's timed call, so a JIT kernel compiles outside
+#       --case-timeout; its result is ignored.
+#
+#   accepts_out: bool
+#       whether paged_attention(case, out=...) writes into a given `out`; read from the
+#       signature when absent.
+#
+#   close() -> None
+#       called once when the session ends.
+#
+# A pytest.skip(reason) raised by any of these reports the case as unsupported with the reason.
