@@ -93,19 +93,26 @@ def split_count(seq_len: int) -> int:
     return max(1, min(MAX_KV_SPLITS, -(-seq_len // MIN_BLOCK_KV)))
 
 
+def _load(module: str, claims: str) -> tuple[bool, Any, str]:
+    """The checks and imports both adapters start with: the claims mode, the package (an
+    ``ImportError`` with the install hint when absent), the interpreter arranged before
+    triton loads; returns (interpreter on, the kernel module, its version)."""
+    if claims not in ("honest", "signature"):
+        raise ValueError(f"claims must be 'honest' or 'signature', got {claims!r}")
+    if importlib.util.find_spec("sglang") is None:
+        raise ImportError(INSTALL_HINT)
+    interpreter = _arrange_interpreter()
+    mod = _import(module)
+    return interpreter, mod, _version(mod)
+
+
 class SGLangDecodeBackend:
     """SGLang's ``decode_attention_fwd`` (one query token per request)."""
 
     name = "sglang_decode"
 
     def __init__(self, claims: str = "honest") -> None:
-        if claims not in ("honest", "signature"):
-            raise ValueError(f"claims must be 'honest' or 'signature', got {claims!r}")
-        if importlib.util.find_spec("sglang") is None:
-            raise ImportError(INSTALL_HINT)
-        self.interpreter = _arrange_interpreter()
-        self._mod = _import("decode_attention")
-        self.version = _version(self._mod)
+        self.interpreter, self._mod, self.version = _load("decode_attention", claims)
         self.claims = claims
         notes = {
             "decode_only": "decode_attention_fwd takes one query token per request",
@@ -176,13 +183,7 @@ class SGLangExtendBackend:
     name = "sglang_extend"
 
     def __init__(self, claims: str = "honest") -> None:
-        if claims not in ("honest", "signature"):
-            raise ValueError(f"claims must be 'honest' or 'signature', got {claims!r}")
-        if importlib.util.find_spec("sglang") is None:
-            raise ImportError(INSTALL_HINT)
-        self.interpreter = _arrange_interpreter()
-        self._mod = _import("extend_attention")
-        self.version = _version(self._mod)
+        self.interpreter, self._mod, self.version = _load("extend_attention", claims)
         self.claims = claims
         notes = {
             "variants": "extend_attention_fwd takes no ALiBi slopes and no fp8 scales",
