@@ -242,7 +242,6 @@ class IsolatedBackend:
         self.timeout = timeout
         self._proc: Any = None
         self._conn: Any = None
-        self.restarts = 0
         self.generation = 0  # how many children were started: a warm-up is lost with its child
         self.info: dict[str, Any] = self._start()
         self.name = self.info["name"]
@@ -295,7 +294,6 @@ class IsolatedBackend:
 
     def _request(self, method: str, payload: Any, timeout: float | None = None) -> Any:
         if self._proc is None or not self._proc.is_alive():
-            self.restarts += self._proc is not None
             self.close()
             self._start()
         assert self._conn is not None and self._proc is not None

@@ -424,8 +424,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     specs: list[Any]
     if replay:
         spec = _ReplaySpec(replay)
-        wanted = spec.family == family and getattr(metafunc.module, "REPLAYABLE", True)
-        specs = [spec] if wanted else []
+        specs = [spec] if spec.family == family else []
     else:
         source = getattr(metafunc.module, "SPECS", None)
         if callable(source):

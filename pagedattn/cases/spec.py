@@ -18,7 +18,6 @@ from pagedattn.oracle.case import FP8_DTYPES, PagedCase
 LAYOUTS = ("sequential", "permuted", "interleaved", "shared")
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 KV_DTYPE_NAMES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
-DTYPES_BY_NAME = {v: k for k, v in DTYPE_NAMES.items()}
 
 # Extra physical blocks filled with NaN that padding table entries point at.
 _POISON_BLOCKS = 2

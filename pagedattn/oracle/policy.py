@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -239,7 +239,6 @@ def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -
 
 def attention_error_bound(
     case: PagedCase,
-    reference: torch.Tensor | None = None,
     precision: str = "ieee",
     qk_precision: str = "fp32",
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,7 +246,6 @@ def attention_error_bound(
 
     Args:
         case: the problem.
-        reference: ``[T, Hq, D]`` float64 oracle output (computed if None).
         precision: ``"ieee"`` (default) or ``"tf32"``: how the backend's fp32 dot
             products round their operands.
         qk_precision: ``"fp32"`` (default) or ``"input"``: the backend forms q.k from
@@ -257,7 +255,7 @@ def attention_error_bound(
         ``(reference, bound)``: two ``[T, Hq, D]`` float64 tensors on the case's device.
     """
     ref, bound, _, _ = attention_lse_error_bounds(case, precision, qk_precision)
-    return (ref if reference is None else reference), bound
+    return ref, bound
 
 
 def attention_lse_error_bounds(
@@ -305,7 +303,6 @@ class AttentionCheck:
     tolerance_factor: float = 1.0
     case_summary: str = ""
     what: str = "attention"  # or "log-sum-exp" (then worst_channel is -1)
-    extra: dict = field(default_factory=dict)
 
     @property
     def status(self) -> str:
