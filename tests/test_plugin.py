@@ -18,7 +18,9 @@ def _run(pytester, *args):
 def _replay_path(result) -> str:
     """The saved case of the first replay line a failing run printed."""
     line = next(l for l in result.stdout.lines if "replay: pytest" in l)
-    return re.search(r"--replay (\S+)", line).group(1)
+    found = re.search(r"--replay (\S+)", line)
+    assert found, f"no --replay argument in the replay line: {line}"
+    return found.group(1)
 
 
 @pytest.mark.parametrize("route", ["entry", "module-class", "file-instance", "file-class", "file-factory"])
