@@ -3,18 +3,43 @@
 The public API: the canonical problem (``PagedCase``), the float64 oracle, the
 tolerance policy, and the adapter contract a backend implements to join the
 conformance suite (``pytest conformance --backend=...``).
+
+The names are served lazily (module ``__getattr__``): ``import pagedattn``, which every
+pytest session does through the plugin's entry point, imports neither torch nor triton;
+the first use of a name imports its module.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from pagedattn._version import __version__
-from pagedattn.adapters.protocol import INVARIANCES, Backend, Capabilities, Exclusion
-from pagedattn.oracle import (
-    AttentionCheck,
-    PagedCase,
-    check_attention,
-    check_bitexact,
-    paged_attention_reference,
-    paged_gather,
-)
+
+if TYPE_CHECKING:
+    from pagedattn.adapters.protocol import INVARIANCES, Backend, Capabilities, Exclusion
+    from pagedattn.oracle import (
+        AttentionCheck,
+        PagedCase,
+        check_attention,
+        check_bitexact,
+        paged_attention_reference,
+        paged_gather,
+    )
+
+#: each lazy public name and the module that defines it
+_LAZY = {
+    "INVARIANCES": "pagedattn.adapters.protocol",
+    "Backend": "pagedattn.adapters.protocol",
+    "Capabilities": "pagedattn.adapters.protocol",
+    "Exclusion": "pagedattn.adapters.protocol",
+    "AttentionCheck": "pagedattn.oracle",
+    "PagedCase": "pagedattn.oracle",
+    "check_attention": "pagedattn.oracle",
+    "check_bitexact": "pagedattn.oracle",
+    "paged_attention_reference": "pagedattn.oracle",
+    "paged_gather": "pagedattn.oracle",
+}
 
 __all__ = [
     "INVARIANCES",
@@ -29,3 +54,16 @@ __all__ = [
     "paged_attention_reference",
     "paged_gather",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'pagedattn' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -7,11 +7,9 @@ checkout without an install). It does nothing unless a test asks for the
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import importlib.util
 import json
-import math
 import os
 import platform
 import shlex
@@ -20,39 +18,23 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-import torch
 
+# torch-free on purpose: this module is imported by every pytest session where pagedattn is
+# installed; torch, the cases, the suite and the backend loaders are imported by the hooks
+# that need them, once --backend is given
 from pagedattn._version import __version__
-from pagedattn.adapters.loading import BackendLoadError, available_backends, load_backend
-from pagedattn.cases import FAMILIES, PROFILES, grid, load_case
-from pagedattn.cases.io import CaseFileError
-from pagedattn.isolation import DEFAULT_TIMEOUT_S, BackendFault, backend_info
+from pagedattn.options import DEFAULT_TIMEOUT_S, NO_LIMIT, PROFILES, case_timeout, positive_seconds
 from pagedattn.record import FAILING, CaseRecord, RecordBook, Status, format_table, note, noted, split_group
-from pagedattn.search import positive_seconds
-from pagedattn.suite import Suite, dtype_name, spec_configuration
+
+if TYPE_CHECKING:
+    from pagedattn.suite import Suite
 
 SUITE_KEY = pytest.StashKey["Suite | None"]()
 RUN_KEY = pytest.StashKey["Run"]()
 EXPECT_KEY = pytest.StashKey[list]()
-
-#: ``--case-timeout=none``: no per-case limit
-NO_LIMIT = "none"
-
-
-def case_timeout(text: str) -> float | str:
-    """``--case-timeout``: positive finite seconds, or ``none``."""
-    if text.strip().lower() == NO_LIMIT:
-        return NO_LIMIT
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected positive finite seconds or 'none', got {text!r}")
-    return value
 
 
 @dataclass
@@ -163,6 +145,8 @@ def _triton_version() -> str:
 
 
 def _device_name(device: str) -> str:
+    import torch
+
     if device.startswith("cuda") and torch.cuda.is_available():
         return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
     return device
@@ -192,6 +176,12 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("--backend")
     if not spec:
         return
+    import torch
+
+    from pagedattn.adapters.loading import BackendLoadError, load_backend
+    from pagedattn.isolation import BackendFault, backend_info
+    from pagedattn.suite import Suite
+
     run.spec = spec
     run.profile = config.getoption("--profile")
     if config.getoption("--replay"):
@@ -324,6 +314,8 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     run = config.stash.get(RUN_KEY, None)
     if run is None or not run.spec:
         return []
+    import torch
+
     env = f"  torch {torch.__version__}, triton {_triton_version()}, python {platform.python_version()}"
     if run.controller:
         return [
@@ -363,12 +355,17 @@ def pagedattn_suite(request: pytest.FixtureRequest) -> Suite:
 
 
 def _need_backend() -> str:
+    from pagedattn.adapters.loading import available_backends
+
     names = ", ".join(sorted(available_backends())) or "(none installed)"
     return f"the conformance suite needs --backend=NAME (available: {names}), package.module:attr or file.py:attr"
 
 
-#: the families a saved case may name: those of the suite's modules (``FAMILY``)
-REPLAY_FAMILIES = frozenset(FAMILIES) | {"properties", "search-replay"}
+def _replay_families() -> frozenset[str]:
+    """The families a saved case may name: those of the suite's modules (``FAMILY``)."""
+    from pagedattn.cases import FAMILIES
+
+    return frozenset(FAMILIES) | {"properties", "search-replay"}
 
 
 class _ReplaySpec:
@@ -394,14 +391,18 @@ class _ReplaySpec:
         except OSError:
             key = (os.path.abspath(path), None)  # load_case says what is wrong
         if key not in cls._loaded:
+            from pagedattn.cases import load_case
+            from pagedattn.cases.io import CaseFileError
+
             try:
                 case, meta = load_case(path)
             except CaseFileError as exc:
                 raise pytest.UsageError(f"--replay={exc}") from None
             family = meta.get("family")
-            if family not in REPLAY_FAMILIES:
+            families = _replay_families()
+            if family not in families:
                 raise pytest.UsageError(
-                    f"--replay={path}: unknown family {family!r} (known: {', '.join(sorted(REPLAY_FAMILIES))})"
+                    f"--replay={path}: unknown family {family!r} (known: {', '.join(sorted(families))})"
                 )
             cls._loaded[key] = (case, meta)
         return cls._loaded[key]
@@ -419,6 +420,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         # reported once, for the whole run, in pytest_collection_modifyitems
         metafunc.parametrize("conformance_spec", [None], ids=["no-backend"])
         return
+    from pagedattn.cases import FAMILIES, grid
+
     family = metafunc.module.FAMILY
     replay = config.getoption("--replay")
     specs: list[Any]
@@ -493,6 +496,8 @@ _OPERATIONS = {"gather": "gather", "cache_write": "write_cache", "lse": "lse"}
 def _base_facts(item: pytest.Item) -> dict[str, Any] | None:
     """What the record of a suite item says before it runs: id, family, dtype, operation
     and configuration (from the spec, without building the case)."""
+    from pagedattn.suite import dtype_name, spec_configuration
+
     module = getattr(item, "module", None)
     family = getattr(module, "FAMILY", None)
     if family is None:
@@ -521,6 +526,8 @@ def _base_facts(item: pytest.Item) -> dict[str, Any] | None:
 
 
 def _replay_dtype(spec: Any) -> str:
+    from pagedattn.suite import dtype_name
+
     case = spec.build()
     return dtype_name(case.dtype, case.kv_dtype)
 
@@ -697,6 +704,8 @@ def probe_summary(results: list[dict]) -> dict[str, dict]:
 
 def report_header(config: pytest.Config) -> dict[str, Any]:
     """The JSON report's non-case part: the schema, the execution target, expectations."""
+    import torch
+
     run: Run = config.stash[RUN_KEY]
     cases = [r.to_dict() for r in _records(config)]
     info = run.info

@@ -17,7 +17,6 @@ whatever stops the item, the smallest failing case found is on disk and in the r
 
 from __future__ import annotations
 
-import math
 import os
 import time
 import warnings
@@ -33,6 +32,7 @@ from pagedattn.cases import CaseSpec, grid, save_case
 from pagedattn.cases.grid import BLOCK_SIZES, FAMILIES, HEAD_DIMS
 from pagedattn.cases.strategies import FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS, Configuration, case_specs
 from pagedattn.isolation import BackendFault
+from pagedattn.options import positive_seconds  # noqa: F401  (its home before; tests import it here)
 from pagedattn.oracle import check_attention
 from pagedattn.oracle.policy import AttentionCheck
 from pagedattn.suite import PagedAttnWarning, Suite, record
@@ -65,17 +65,6 @@ PINNED = [
         tag="pinned2",
     ),
 ]
-
-
-def positive_seconds(text: str) -> float:
-    """``--search-budget``'s type: positive, finite seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 < value < math.inf:
-        raise ValueError(f"must be positive, finite seconds, got {text!r}")
-    return value
 
 
 def budget_seconds(option: float | None, device: str) -> float:
