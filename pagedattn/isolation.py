@@ -4,7 +4,7 @@ A backend that segfaults, hits a CUDA illegal memory access, or hangs must cost
 one case, not the run. ``IsolatedBackend`` constructs the backend *only* in a
 spawned child process (a constructor that crashes cannot take the test process
 with it), asks the child for its capabilities, and forwards every call there with
-a per-call timeout (``DEFAULT_TIMEOUT_S`` unless ``--case-timeout`` says
+a per-call timeout (``pagedattn.options.DEFAULT_TIMEOUT_S`` unless ``--case-timeout`` says
 otherwise). A child that dies or times out is killed and replaced before the next
 case; the call raises ``BackendFault`` saying what happened.
 
@@ -31,8 +31,6 @@ from pagedattn.oracle import PagedCase, bits_equal
 
 #: Time allowed for a fresh child to import torch and construct the backend.
 STARTUP_TIMEOUT_S = 180.0
-#: Per-case time limit under ``--isolate`` when ``--case-timeout`` is not given.
-DEFAULT_TIMEOUT_S = 600.0
 #: Time allowed for ``backend.warmup(case)`` (a JIT compile), outside the case's limit.
 WARMUP_TIMEOUT_S = 1800.0
 #: The invariances a backend may decline (``Capabilities.invariance_reason``).

@@ -1,9 +1,8 @@
 """The command line's vocabulary, free of torch: the plugin's ``pytest_addoption`` runs in
 every pytest session of any project where pagedattn is installed, so it may import only this.
 
-``PROFILES`` and ``DEFAULT_TIMEOUT_S`` repeat ``pagedattn.cases.grid.PROFILES`` and
-``pagedattn.isolation.DEFAULT_TIMEOUT_S`` (both modules import torch); tests/test_lazy_imports.py
-checks that they agree.
+``PROFILES`` and ``DEFAULT_TIMEOUT_S`` are stated here once; ``pagedattn.cases.grid`` and
+``pagedattn.isolation`` (both import torch) take them from this module.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from pagedattn.cases.spec import CaseSpec
+from pagedattn.options import PROFILES
 
-PROFILES = ("quick", "standard", "thorough")
 #: the core families, then one family per attention variant (capability-gated) and their
 #: combinations; ``lse`` checks the log-sum-exp output (an optional operation)
 CORE_FAMILIES = ("gather", "cache_write", "decode", "prefill", "continuation", "gqa", "layout", "mixed")
