@@ -24,7 +24,7 @@ MIN_INTERPRETER_TRITON = (3, 6)
 INSTALL_HINT = "pip install 'pagedattn-conformance[triton]'  (or: pip install triton)"
 
 
-def _arrange_interpreter() -> bool:
+def arrange_interpreter() -> bool:
     """Decide GPU or interpreter before triton is imported; returns True for the interpreter."""
     if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         return False
@@ -45,7 +45,7 @@ class TritonBackend:
     def __init__(self) -> None:
         if importlib.util.find_spec("triton") is None:
             raise ImportError(f"the triton backend needs Triton, which is not installed: {INSTALL_HINT}")
-        self.interpreter = _arrange_interpreter()
+        self.interpreter = arrange_interpreter()
         import triton
 
         from pagedattn.kernels import triton_paged_attention as kernel

@@ -34,10 +34,10 @@ from typing import Any
 
 import torch
 
+from pagedattn.adapters.contrib._triton import arrange_interpreter, runtime_claims
 from pagedattn.adapters.conventions import window_to_flashinfer
 from pagedattn.adapters.layouts import new_tokens_kv, token_kv_indices
 from pagedattn.adapters.protocol import Capabilities
-from pagedattn.adapters.triton import _arrange_interpreter
 from pagedattn.oracle import PagedCase
 
 INSTALL_HINT = "sglang is not installed: pip install sglang"
@@ -46,9 +46,6 @@ OPS = "sglang.srt.layers.attention.triton_ops"
 MAX_KV_SPLITS = 8
 #: Keys per split that the first stage rounds to (``_MIN_BLOCK_KV`` in decode_attention.py).
 MIN_BLOCK_KV = 32
-INTERPRETER_BF16 = (
-    "the Triton interpreter computes these kernels' bf16 tiles wrongly (numpy has no bf16); bf16 runs on the GPU"
-)
 FP8_DECODE = (
     "with an fp8 cache the first stage forms P.V as tl.dot(p.to(v.dtype), v) (GQA path): the probabilities are "
     "rounded to fp8"
@@ -72,15 +69,6 @@ def _version(module) -> str:
     return f"sglang {getattr(sglang, '__version__', '?')} ({module.__name__}), triton {triton.__version__}"
 
 
-def _runtime_claims(interpreter: bool, notes: dict[str, str]) -> dict[str, Any]:
-    if interpreter:
-        notes["dtypes"] = INTERPRETER_BF16
-        notes["devices"] = "Triton interpreter: tensors on the CPU"
-        return {"devices": frozenset({"cpu"}), "dtypes": frozenset({torch.float32, torch.float16})}
-    notes["devices"] = "compiled Triton: CUDA tensors only"
-    return {"devices": frozenset({"cuda"})}
-
-
 def _token_pool(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
     """``k_buffer``, ``v_buffer`` ``[N * bs, Hkv, D]``: views of the canonical pool."""
     N, bs, H, D = case.key_cache.shape
@@ -101,7 +89,7 @@ def _load(module: str, claims: str) -> tuple[bool, Any, str]:
         raise ValueError(f"claims must be 'honest' or 'signature', got {claims!r}")
     if importlib.util.find_spec("sglang") is None:
         raise ImportError(INSTALL_HINT)
-    interpreter = _arrange_interpreter()
+    interpreter = arrange_interpreter()
     mod = _import(module)
     return interpreter, mod, _version(mod)
 
@@ -130,7 +118,7 @@ class SGLangDecodeBackend:
             qk_precision="input",
             fp32_precision="tf32",
             notes=notes,
-            **_runtime_claims(self.interpreter, notes),
+            **runtime_claims(self.interpreter, notes),
         )
 
     @property
@@ -194,7 +182,7 @@ class SGLangExtendBackend:
             fp32_precision="tf32",
             case_filter=_window_one if claims == "honest" else None,
             notes=notes,
-            **_runtime_claims(self.interpreter, notes),
+            **runtime_claims(self.interpreter, notes),
         )
 
     @property

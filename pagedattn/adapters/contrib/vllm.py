@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
+from pagedattn.adapters.contrib._triton import arrange_interpreter, runtime_claims
 from pagedattn.adapters.conventions import window_to_flash_attn
 from pagedattn.adapters.protocol import Capabilities, Exclusion
-from pagedattn.adapters.triton import _arrange_interpreter
 from pagedattn.oracle import VARIANTS, PagedCase
 
 #: Where vLLM keeps ``unified_attention``, newest first.
@@ -60,9 +60,6 @@ ALIBI_SINKS = Exclusion(
     "docs/results/conformance-matrix-triton.md)",
     variants=frozenset({"alibi", "sinks"}),
     multi_token=True,
-)
-INTERPRETER_BF16 = (
-    "the Triton interpreter computes these kernels' bf16 tiles wrongly (numpy has no bf16); bf16 runs on the GPU"
 )
 
 
@@ -95,7 +92,7 @@ class VllmUnifiedBackend:
             raise ValueError(f"claims must be 'honest' or 'signature', got {claims!r}")
         if importlib.util.find_spec("vllm") is None:
             raise ImportError(INSTALL_HINT)
-        self.interpreter = _arrange_interpreter()
+        self.interpreter = arrange_interpreter()
         import triton
 
         self._mod = import_kernel_module()
@@ -112,22 +109,13 @@ class VllmUnifiedBackend:
             "batch_invariance": BATCH_NOTE,
             "fp32_precision": "tl.dot on fp32 tiles uses TF32 on NVIDIA GPUs (Triton's default)",
         }
-        extra: dict[str, Any] = {}
-        if self.interpreter:
-            extra["devices"] = frozenset({"cpu"})
-            extra["dtypes"] = frozenset({torch.float32, torch.float16})
-            notes["dtypes"] = INTERPRETER_BF16
-            notes["devices"] = "Triton interpreter: tensors on the CPU"
-        else:
-            extra["devices"] = frozenset({"cuda"})
-            notes["devices"] = "compiled Triton: CUDA tensors only"
         self.capabilities = Capabilities(
             variants=frozenset(VARIANTS),
             fp32_precision="tf32",
             invariances=frozenset({"determinism", "placement_invariance"}),
             exclusions=(ALIBI_SINKS,) if claims == "honest" else (),
             notes=notes,
-            **extra,
+            **runtime_claims(self.interpreter, notes),
         )
 
     @property
