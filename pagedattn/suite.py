@@ -31,7 +31,7 @@ from pagedattn.oracle import (
     paged_gather,
 )
 from pagedattn.oracle.case import FP8_DTYPES
-from pagedattn.oracle.policy import AttentionCheck, BitCheck
+from pagedattn.oracle.policy import AttentionCheck, BitCheck, bits_dtype, bits_view
 from pagedattn.oracle.reference import index_rows
 from pagedattn.record import FACTS_KEY, note, noted
 
@@ -434,19 +434,13 @@ class Suite:
         self._judge(node, spec, case.clone(), out)
 
 
-def _bits_dtype(dtype: torch.dtype) -> torch.dtype:
-    return {2: torch.int16, 4: torch.int32}[torch.empty((), dtype=dtype).element_size()]
-
-
 def _sentinel_filled(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
     """A tensor of ``shape`` whose every element is ``OUT_SENTINEL``'s NaN."""
-    bits = torch.full(shape, OUT_SENTINEL[dtype], dtype=torch.int64).to(_bits_dtype(dtype))
-    return bits.view(dtype).to(device)
+    return torch.full(shape, OUT_SENTINEL[dtype], dtype=bits_dtype(dtype), device=device).view(dtype)
 
 
 def _is_sentinel(t: torch.Tensor) -> torch.Tensor:
-    return t.view(_bits_dtype(t.dtype)).to(torch.int64) == torch.tensor(OUT_SENTINEL[t.dtype]).to(
-        _bits_dtype(t.dtype)).to(torch.int64).to(t.device)  # fmt: skip
+    return bits_view(t) == OUT_SENTINEL[t.dtype]
 
 
 def _with_nan_payloads(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
@@ -454,7 +448,7 @@ def _with_nan_payloads(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
     a gather that goes through float arithmetic (and canonicalizes NaNs) shows."""
     pool = pool.clone()
     flat = pool.view(pool.shape[0] * pool.shape[1], -1)
-    bits = flat.view({2: torch.int16, 4: torch.int32}[pool.element_size()])
+    bits = bits_view(flat)
     nan = {2: 0x7E01, 4: 0x7FC00101}[pool.element_size()] if pool.dtype != torch.bfloat16 else 0x7FC1
     for i, s in enumerate(slots[:: max(1, len(slots) // 3)][:3].tolist()):
         bits[s, i % bits.shape[1]] = nan + i

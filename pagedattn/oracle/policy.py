@@ -514,16 +514,22 @@ class _Verdict:
 
 
 # --------------------------------------------------------------- bit-exact checks
-_BITS = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
+_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(_BITS[t.element_size() * 8])
+def bits_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The integer dtype of ``dtype``'s width, to read or write its bit patterns."""
+    return _BITS[torch.empty((), dtype=dtype).element_size()]
+
+
+def bits_view(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s bit patterns (a view when ``t`` is contiguous, so writes go through)."""
+    return t.contiguous().view(bits_dtype(t.dtype))
 
 
 def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Same shape, dtype and bit pattern (NaN payloads and signed zeros included)."""
-    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(_bits(a), _bits(b.to(a.device))))
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits_view(a), bits_view(b.to(a.device))))
 
 
 @dataclass
@@ -566,7 +572,7 @@ class BitCheck:
 
 def _fmt(t: torch.Tensor) -> str:
     width = t.element_size()
-    bits = int(_bits(t.reshape(1))[0]) & ((1 << (8 * width)) - 1)
+    bits = int(bits_view(t.reshape(1))[0]) & ((1 << (8 * width)) - 1)
     return f"{float(t)!r} (bits 0x{bits:0{2 * width}x})"
 
 
@@ -582,7 +588,7 @@ def check_bitexact(output: torch.Tensor, expected: torch.Tensor, what: str = "ga
         return BitCheck(False, what, problem=f"dtype {output.dtype}, expected {expected.dtype}")
     if output.device != expected.device:
         return BitCheck(False, what, problem=f"device {output.device}, expected {expected.device}")
-    diff = _bits(output) != _bits(expected)
+    diff = bits_view(output) != bits_view(expected)
     n = int(diff.sum())
     if n == 0:
         return BitCheck(True, what)
