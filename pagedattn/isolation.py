@@ -81,6 +81,8 @@ def backend_files(backend: Any) -> set[str]:
 
 
 def accepts_out(backend: Any) -> bool:
+    """Whether ``backend.paged_attention`` takes ``out=``: its ``accepts_out`` attribute, else
+    its signature."""
     explicit = getattr(backend, "accepts_out", None)
     if explicit is not None:
         return bool(explicit)

@@ -8,7 +8,6 @@ so they travel with pytest's reports, also from pytest-xdist workers.
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 import re
 import shlex
@@ -21,7 +20,7 @@ import torch
 
 from pagedattn.cases import save_case
 from pagedattn.cases.spec import DTYPE_NAMES, KV_DTYPE_NAMES
-from pagedattn.isolation import BackendFault, backend_files, describe_exception
+from pagedattn.isolation import BackendFault, accepts_out, backend_files, describe_exception
 from pagedattn.oracle import (
     PagedCase,
     bits_equal,
@@ -412,13 +411,7 @@ class Suite:
         as a NaN of a payload no arithmetic produces: an element still holding it was never
         written; a NaN written there is a non-finite output, judged as such."""
         case = self._property(node, spec, "out_argument")
-        takes_out = getattr(self.backend, "accepts_out", None)
-        if takes_out is None:
-            try:
-                takes_out = "out" in inspect.signature(self.backend.paged_attention).parameters
-            except (TypeError, ValueError):
-                takes_out = False
-        if not takes_out:
+        if not accepts_out(self.backend):
             note(node, reason="paged_attention takes no out= argument")
             pytest.skip("unsupported: paged_attention takes no out= argument")
         out = _sentinel_filled((case.num_tokens, case.num_heads, case.head_dim), case.dtype, case.device)
