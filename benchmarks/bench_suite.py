@@ -35,14 +35,17 @@ CODE = [REPO]
 #: (profile, case id): a quick window case, the standard profile's long cases (the 8000-token
 #: combined one dominated its run), and the thorough 32k history under a 4096-key window
 CASES = [
-    ("quick", "window-gqa4-bs16-d64-fp32-L1100-B2-win700"),
+    ("quick", "sliding_window-gqa4-bs16-d64-fp32-L1100-B2-win700"),
     ("standard", "lse-gqa4-bs16-d128-fp32-L4000-B2"),
-    ("standard", "window-gqa4-bs16-d128-fp32-L4000-B3-permuted-win1024"),
+    ("standard", "sliding_window-gqa4-bs16-d128-fp32-L4000-B3-permuted-win1024"),
     ("standard", "combined-gqa8-bs16-d64-fp32-L8000-B3-permuted-win128-sinks"),
     ("standard", "combined-gqa8-bs16-d64-bf16-L8000-B3-permuted-win128-sinks"),
-    ("thorough", "window-mqa8-bs16-d128-fp32-L32768-B2-win4096"),
+    ("thorough", "sliding_window-mqa8-bs16-d128-fp32-L32768-B2-win4096"),
 ]
-SMOKE_CASES = [("quick", "window-gqa2-bs4-d64-fp32-L50-B2-win8"), ("quick", "sinks-gqa4-bs16-d64-bf16-L40-B3-sinks")]
+SMOKE_CASES = [
+    ("quick", "sliding_window-gqa2-bs4-d64-fp32-L50-B2-win8"),
+    ("quick", "sinks-gqa4-bs16-d64-bf16-L40-B3-sinks"),
+]
 
 
 def machine(device: str) -> dict:

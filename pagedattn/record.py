@@ -194,7 +194,7 @@ def base_record(nodeid: str) -> CaseRecord:
     case_id = m.group(1) if m else family
     tokens = case_id.split("-")
     dtype = next((t for t in tokens if t in _DTYPES), "-")
-    kv = next((t[2:] for t in tokens if t in ("kve4m3", "kve5m2")), None)
+    kv = next((t for t in tokens if t in ("fp8_e4m3", "fp8_e5m2")), None)
     if kv:
         dtype += "/" + kv
     return CaseRecord(nodeid=plain, id=case_id, family=family, dtype=dtype, configuration=group)

@@ -106,9 +106,8 @@ def free_axes(caps: Any) -> tuple[dict[str, list[int]], str | None]:
 def spec_size(spec: CaseSpec) -> tuple:
     """How large a case is, for "the smallest failing case so far": history and query
     tokens first, then sequences, heads, head_dim, variants, block size."""
-    variants = (spec.sliding_window, spec.soft_cap, spec.kv_dtype)
     return (sum(s for s, _ in spec.seqs), sum(q for _, q in spec.seqs), len(spec.seqs), spec.num_heads,
-            spec.head_dim, sum(v is not None for v in variants) + spec.alibi + spec.sinks, spec.block_size)  # fmt: skip
+            spec.head_dim, len(spec.variants), spec.block_size)  # fmt: skip
 
 
 def spec_work(spec: CaseSpec) -> int:

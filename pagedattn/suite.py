@@ -29,7 +29,6 @@ from pagedattn.oracle import (
     check_bitexact,
     paged_gather,
 )
-from pagedattn.oracle.case import FP8_DTYPES
 from pagedattn.oracle.policy import AttentionCheck, BitCheck, bits_dtype, bits_view
 from pagedattn.oracle.reference import index_rows
 from pagedattn.record import FACTS_KEY, note, noted
@@ -94,12 +93,7 @@ def spec_configuration(spec, operation: str) -> str:
     """``configuration`` of a grid spec without building it (a saved case is built)."""
     if not hasattr(spec, "head_dim"):
         return case_configuration(spec.build(), operation)
-    variants = {v for v, on in (("sliding_window", spec.sliding_window is not None),
-                                ("logits_soft_cap", spec.soft_cap is not None),
-                                ("alibi", spec.alibi), ("sinks", spec.sinks)) if on}  # fmt: skip
-    if spec.kv_dtype is not None:
-        variants.add(FP8_DTYPES[spec.kv_dtype])
-    return configuration(spec.dtype, spec.kv_dtype, spec.head_dim, spec.block_size, variants, operation)
+    return configuration(spec.dtype, spec.kv_dtype, spec.head_dim, spec.block_size, spec.variants, operation)
 
 
 @dataclass

@@ -61,8 +61,10 @@ def test_bundled_backend_passes_the_quick_profile(pytester, backend):
         assert {"decode", "prefill", "continuation", "gqa", "layout", "mixed", "properties"} <= families
         # every variant family a backend claims runs and passes (the rest said why above)
         claimed = set(report["target"]["capabilities"]["variants"])
-        if {"sliding_window", "logits_soft_cap", "alibi", "sinks", "fp8_e4m3", "fp8_e5m2"} <= claimed:
-            assert {"window", "softcap", "alibi", "sinks", "fp8", "combined"} <= families, families
+        if {"sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "fp8_e4m3", "fp8_e5m2"} <= claimed:
+            assert {"sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "fp8", "combined"} <= families, (
+                families
+            )
         if "lse" in report["target"]["capabilities"]["operations"]:
             assert "lse" in families
         assert "passed" in {c["status"] for c in report["cases"]}
@@ -76,7 +78,7 @@ def test_bundled_backend_passes_the_quick_profile(pytester, backend):
 # 527 tokens, 16 heads: slopes up to 2 ** -0.5), on which sdpa used 15.9x the bound while
 # claiming ALiBi. It is not a grid case, so it is spelled out here.
 _SDPA_ALIBI = CaseSpec("search", ((527, 100), (300, 1)), num_heads=16, num_kv_heads=2, head_dim=64,
-                       dtype=torch.float16, scale=1.0, alibi=True, query_gain=4.0)  # fmt: skip
+                       dtype=torch.float16, scale=1.0, alibi_slopes=True, query_gain=4.0)  # fmt: skip
 
 
 def _sdpa_with_a_half_precision_bias(case):

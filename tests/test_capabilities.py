@@ -30,13 +30,13 @@ _SPECS = [
     CaseSpec("p", ((5, 2),), scale=0.5, block_size=1),
     CaseSpec("p", ((5, 1),), head_dim=16, scale=1 / math.sqrt(16), tag="explicit"),
     CaseSpec("p", ((8, 1),), sliding_window=3),
-    CaseSpec("p", ((8, 8),), soft_cap=5.0, dtype=torch.bfloat16),
-    CaseSpec("p", ((8, 1),), alibi=True, sliding_window=4),
-    CaseSpec("p", ((8, 2),), alibi=True, sinks=True, dtype=torch.float16),
-    CaseSpec("p", ((8, 1),), sinks=True, soft_cap=5.0),
+    CaseSpec("p", ((8, 8),), logits_soft_cap=5.0, dtype=torch.bfloat16),
+    CaseSpec("p", ((8, 1),), alibi_slopes=True, sliding_window=4),
+    CaseSpec("p", ((8, 2),), alibi_slopes=True, sinks=True, dtype=torch.float16),
+    CaseSpec("p", ((8, 1),), sinks=True, logits_soft_cap=5.0),
     CaseSpec("p", ((8, 1),), sinks=True, sliding_window=2, block_size=4),
     CaseSpec("p", ((8, 1),), kv_dtype=E4M3, dtype=torch.bfloat16, k_scale=0.5),
-    CaseSpec("p", ((8, 4),), kv_dtype=E5M2, dtype=torch.float16, alibi=True),
+    CaseSpec("p", ((8, 4),), kv_dtype=E5M2, dtype=torch.float16, alibi_slopes=True),
     CaseSpec("p", ((8, 1),), kv_dtype=E4M3, sliding_window=3, num_heads=4, num_kv_heads=4),
 ]
 POOL: dict[str, PagedCase] = {s.id: s.build() for s in _SPECS}
@@ -58,7 +58,7 @@ def test_pool_spans_the_axes():
         "multi-token": lambda c: max(c.query_lens) > 1,
         "non-default scale": lambda c: abs(c.scale * math.sqrt(c.head_dim) - 1) > 1e-9,
         "fp8": lambda c: c.kv_dtype != c.dtype,
-        "alibi+window": lambda c: {"alibi", "sliding_window"} <= c.variants,
+        "alibi+window": lambda c: {"alibi_slopes", "sliding_window"} <= c.variants,
         "gqa 8": lambda c: c.gqa_ratio == 8,
     }.items():
         hit = ids_where(pred)
@@ -96,8 +96,8 @@ def test_default_scale_only_makes_exactly_the_other_scales_unsupported():
 # ------------------------------------------------------------------------ exclusions
 EXCLUSION_CASES = {
     "variant pair": (
-        Exclusion("ALiBi path has no window", variants=frozenset({"alibi", "sliding_window"})),
-        lambda c: {"alibi", "sliding_window"} <= c.variants,
+        Exclusion("ALiBi path has no window", variants=frozenset({"alibi_slopes", "sliding_window"})),
+        lambda c: {"alibi_slopes", "sliding_window"} <= c.variants,
     ),
     "one variant": (Exclusion("no sinks", variants=frozenset({"sinks"})), lambda c: "sinks" in c.variants),
     "dtype": (Exclusion("no fp16", dtypes=frozenset({torch.float16})), lambda c: c.dtype == torch.float16),
@@ -144,8 +144,8 @@ def test_an_exclusion_matches_its_operations_only():
 
 
 def test_exclusions_apply_after_the_per_field_claims_and_the_first_match_wins():
-    first = Exclusion("first", variants=frozenset({"alibi"}))
-    second = Exclusion("second", variants=frozenset({"alibi", "sliding_window"}))
+    first = Exclusion("first", variants=frozenset({"alibi_slopes"}))
+    second = Exclusion("second", variants=frozenset({"alibi_slopes", "sliding_window"}))
     caps = Capabilities(variants=ALL - {"sinks"}, exclusions=(first, second))
     got = unsupported(caps)
     for i, reason in got.items():
@@ -269,8 +269,8 @@ def test_a_range_is_a_spec_and_is_not_walked():
 
 
 def test_an_exclusion_freezes_its_sets():
-    ex = Exclusion("x", variants=["sinks", "alibi"], dtypes={torch.float16})
-    assert ex.variants == frozenset({"sinks", "alibi"}) and isinstance(ex.dtypes, frozenset)
+    ex = Exclusion("x", variants=["sinks", "alibi_slopes"], dtypes={torch.float16})
+    assert ex.variants == frozenset({"sinks", "alibi_slopes"}) and isinstance(ex.dtypes, frozenset)
 
 
 # ---------------------------------------------------------------------------- report

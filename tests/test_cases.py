@@ -85,8 +85,8 @@ def test_family_claims_hold():
 
 
 #: the variants as kernels combine them: either fp8 format is "fp8"
-_KINDS = {"sliding_window": "window", "logits_soft_cap": "softcap", "alibi": "alibi", "sinks": "sinks",
-          **{name: "fp8" for name in FP8_DTYPES.values()}}  # fmt: skip
+_KINDS = {"sliding_window": "sliding_window", "logits_soft_cap": "logits_soft_cap", "alibi_slopes": "alibi_slopes",
+          "sinks": "sinks", **{name: "fp8" for name in FP8_DTYPES.values()}}  # fmt: skip
 
 
 def test_quick_covers_every_pair_of_variants_alone():
@@ -117,7 +117,7 @@ def test_alibi_with_a_window_catches_a_kernel_that_drops_the_window_under_alibi(
             passed.append(spec.id)
         else:
             failed[spec.id] = check.budget_used
-    want = {s.id for s in grid("quick", "combined") if s.alibi and s.sliding_window is not None}
+    want = {s.id for s in grid("quick", "combined") if s.alibi_slopes and s.sliding_window is not None}
     assert want and set(failed) == want, f"failed {failed}, expected exactly {sorted(want)}; passed {passed}"
     # far beyond the warning band: no tolerance change could hide it
     assert min(failed.values()) > 100, failed

@@ -241,9 +241,15 @@ def test_flashinfer_passes_what_it_claims_on_the_standin(pytester, monkeypatch):
 def test_flash_attn_passes_what_it_claims_on_the_standin(pytester, monkeypatch):
     # bf16 only here (fp16 maps identically); the whole profile runs in the slow test below
     report = _suite(
-        pytester, monkeypatch, "flash_attn_cpu", "test_decode", "test_mixed", "test_window", extra=("-k", "bf16")
+        pytester,
+        monkeypatch,
+        "flash_attn_cpu",
+        "test_decode",
+        "test_mixed",
+        "test_sliding_window",
+        extra=("-k", "bf16"),
     )
-    _assert_claims_pass(report, {"decode", "mixed", "window"})
+    _assert_claims_pass(report, {"decode", "mixed", "sliding_window"})
 
 
 def _family_verdicts(family: str, operation: str) -> list[bool]:
@@ -265,11 +271,11 @@ def _family_verdicts(family: str, operation: str) -> list[bool]:
 
 
 def test_the_window_family_passes_and_catches_window_left_w_instead_of_w_minus_1(standins, monkeypatch):
-    assert all(_family_verdicts("window", "attention")), "the adapter as shipped fails a window case"
+    assert all(_family_verdicts("sliding_window", "attention")), "the adapter as shipped fails a window case"
     import pagedattn.adapters.contrib.flashinfer as adapter
 
     monkeypatch.setattr(adapter, "window_to_flashinfer", lambda w: -1 if w is None else w)  # the planted bug
-    assert not all(_family_verdicts("window", "attention")), "window_left = W passed every window case"
+    assert not all(_family_verdicts("sliding_window", "attention")), "window_left = W passed every window case"
 
 
 def test_the_lse_family_passes_and_catches_a_base2_lse_handed_back_as_natural(standins, monkeypatch):
@@ -284,4 +290,6 @@ def test_the_lse_family_passes_and_catches_a_base2_lse_handed_back_as_natural(st
 @pytest.mark.parametrize("factory", ["flashinfer_cpu", "flash_attn_cpu"])
 def test_adapter_passes_its_whole_quick_profile_on_the_standin(pytester, monkeypatch, factory):
     report = _suite(pytester, monkeypatch, factory)
-    _assert_claims_pass(report, {"decode", "prefill", "continuation", "gqa", "layout", "mixed", "window", "lse"})
+    _assert_claims_pass(
+        report, {"decode", "prefill", "continuation", "gqa", "layout", "mixed", "sliding_window", "lse"}
+    )

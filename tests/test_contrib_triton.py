@@ -85,7 +85,7 @@ def test_declared_limits(standins):
     with pytest.raises(ValueError, match="query_lens"):
         decode.paged_attention(prefill)  # a direct caller gets a clear error, not a wrong answer
     extend = _backend("sglang_extend")
-    assert {"alibi", "fp8_e4m3"}.isdisjoint(extend.capabilities.variants)
+    assert {"alibi_slopes", "fp8_e4m3"}.isdisjoint(extend.capabilities.variants)
     with pytest.raises(ValueError, match="claims"):
         _backend("sglang_extend", claims="everything")
 

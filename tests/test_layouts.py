@@ -134,7 +134,7 @@ def test_token_kv_indices_and_req_to_token_refuse_bad_arguments():
         layouts.req_to_token(case, width=case.max_seq_len - 1)
 
 
-VARIANTS = [{}, {"sliding_window": 5, "sinks": True, "alibi": True}]
+VARIANTS = [{}, {"sliding_window": 5, "sinks": True, "alibi_slopes": True}]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["plain", "variants"])

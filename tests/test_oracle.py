@@ -197,7 +197,7 @@ VARIANT_SPECS = [s for s in grid("quick") if s.family in VARIANT_FAMILIES and _c
 
 def test_variant_specs_cover_every_variant():
     seen = set().union(*(s.build().variants for s in VARIANT_SPECS))
-    assert seen == {"sliding_window", "logits_soft_cap", "alibi", "sinks", "fp8_e4m3", "fp8_e5m2"}
+    assert seen == {"sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "fp8_e4m3", "fp8_e5m2"}
 
 
 @pytest.mark.parametrize("spec", VARIANT_SPECS, ids=lambda s: s.id)

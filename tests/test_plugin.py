@@ -178,7 +178,7 @@ def test_xdist_gives_the_serial_outcome(pytester):
 
 
 LSE = "pagedattn.conformance.test_lse"
-WINDOW = "pagedattn.conformance.test_window"
+WINDOW = "pagedattn.conformance.test_sliding_window"
 
 
 @pytest.mark.parametrize(
@@ -296,5 +296,5 @@ def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
     assert got["decode-pass-fp32"]["replay"] is None  # the rerun command set at its start is dropped
     assert got["decode-pass-fp32"]["nodeid"] == "m.py::test_decode[decode-pass-fp32]"  # no xdist group suffix
     assert got["decode-pass-fp32"]["configuration"] == "fp32|kv=fp32|d64|bs16|plain|attention"
-    rec = base_record("::test_property[mixed-gqa2-bs16-d64-bf16-L50-B4-permuted-kve4m3-determinism]")
-    assert (rec.family, rec.dtype) == ("properties", "bf16/e4m3")
+    rec = base_record("::test_property[mixed-gqa2-bs16-d64-bf16-L50-B4-permuted-fp8_e4m3-determinism]")
+    assert (rec.family, rec.dtype) == ("properties", "bf16/fp8_e4m3")

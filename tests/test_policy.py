@@ -139,7 +139,7 @@ def test_the_old_tf32_model_missed_the_value_operand(monkeypatch):
     """The model before: operands rounded to nearest (2**-11) and only the weights of P.V
     rounded. A truncating TF32 kernel exceeded it (as the H200 kernels did); the new
     model holds the same outputs well inside."""
-    case = next(s for s in FP32_QUICK if s.id == "window-gqa2-bs3-d64-fp32-L20-B2-win1-self").build()
+    case = next(s for s in FP32_QUICK if s.id == "sliding_window-gqa2-bs3-d64-fp32-L20-B2-win1-self").build()
     out = tf32_flash(case, "rz")
     new = check_attention(out, case, precision="tf32")
     monkeypatch.setattr(policy, "U_TF32_OPERAND", policy.U_TF32)

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from pagedattn.cases import CaseSpec
-from pagedattn.kernels import paged_attention as kernels
 from pagedattn.kernels import tlsim as tl
+from pagedattn.kernels import tlsim_programs as kernels
 from pagedattn.oracle import check_attention, check_bitexact, paged_gather
 
 
@@ -63,11 +63,11 @@ SCATTERED = CaseSpec("t", ((45, 1), (29, 29), (33, 7)), head_dim=24, block_size=
 
 
 @pytest.mark.parametrize("tile", [1, 2, 3, 4, 8, 13, 20])
-def test_paged_gather_is_byte_equal_to_pool_indexing(tile):
+def test_gather_sequence_is_byte_equal_to_pool_indexing(tile):
     case = SCATTERED.build()
     for b in range(case.num_seqs):
         for pool in (case.key_cache, case.value_cache):
-            got = kernels.paged_gather(pool, case.block_tables[b], case.seq_lens_list[b], tile=tile)
+            got = kernels.gather_sequence(pool, case.block_tables[b], case.seq_lens_list[b], tile=tile)
             check = check_bitexact(got, paged_gather(pool, case.slot_mapping(b)), f"tile {tile} seq {b}")
             assert check.passed, str(check)
 

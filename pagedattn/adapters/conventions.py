@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from pagedattn.oracle.case import sliding_window_problem
+from pagedattn.problem import sliding_window_problem
 
 LN2 = math.log(2.0)
 

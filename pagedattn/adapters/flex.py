@@ -33,9 +33,8 @@ from typing import Any
 import torch
 
 from pagedattn.adapters.protocol import Capabilities
-from pagedattn.kernels.paged_attention import token_to_seq
+from pagedattn.indexing import index_rows, token_to_seq
 from pagedattn.oracle import VARIANTS, PagedCase
-from pagedattn.oracle.reference import index_rows
 
 #: Before this torch release, FlexAttention's eager path keeps fp16/bf16 intermediates in
 #: the input dtype: the suite measured 7x the policy's bound on torch 2.9.1 (CPU), and a

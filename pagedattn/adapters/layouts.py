@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from pagedattn.indexing import index_rows
 from pagedattn.oracle import PagedCase
-from pagedattn.oracle.reference import index_rows
 
 
 def _loc(lens: list[int], device) -> torch.Tensor:

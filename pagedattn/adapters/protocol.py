@@ -208,7 +208,7 @@ class Capabilities:
         devices: device types (``"cpu"``, ``"cuda"``).
         operations: subset of ``{"attention", "gather", "write_cache", "lse"}``.
         variants: claimed attention variants, from ``pagedattn.oracle.VARIANTS``:
-            ``sliding_window``, ``logits_soft_cap``, ``alibi``, ``sinks``, ``fp8_e4m3``,
+            ``sliding_window``, ``logits_soft_cap``, ``alibi_slopes``, ``sinks``, ``fp8_e4m3``,
             ``fp8_e5m2`` (an fp8 cache of that format with a query of a claimed dtype).
             A case runs only when the backend claims every variant it uses.
         fp32_precision: ``"ieee"`` or ``"tf32"``: how its fp32 dot products round

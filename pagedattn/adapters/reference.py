@@ -6,18 +6,7 @@ import torch
 
 from pagedattn._version import __version__
 from pagedattn.adapters.protocol import Capabilities
-from pagedattn.oracle import VARIANTS, PagedCase, paged_attention_reference_lse, paged_gather
-
-
-def write_cache_by_indexing(pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor) -> None:
-    """``pool.view(-1, ...)[slot] = new[i]`` for every ``slot >= 0``, in place.
-
-    pool: ``[num_blocks, block_size, num_kv_heads, head_dim]``; slot_mapping: ``[n]``
-    integer; new: ``[n, num_kv_heads, head_dim]``, same dtype as ``pool``.
-    """
-    keep = slot_mapping >= 0
-    flat = pool.view(pool.shape[0] * pool.shape[1], *pool.shape[2:])
-    flat[slot_mapping[keep].to(torch.int64)] = new[keep]
+from pagedattn.oracle import VARIANTS, PagedCase, paged_attention_reference_lse, paged_gather, write_cache_by_indexing
 
 
 class ReferenceBackend:

@@ -7,8 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedattn.adapters.protocol import Capabilities
-from pagedattn.adapters.reference import write_cache_by_indexing
-from pagedattn.oracle import PagedCase, gather_history, paged_gather
+from pagedattn.oracle import PagedCase, gather_history, paged_gather, write_cache_by_indexing
 from pagedattn.oracle.reference import causal_mask
 
 
@@ -26,7 +25,7 @@ class SDPABackend:
     name = "sdpa"
     capabilities = Capabilities(
         operations=frozenset({"attention", "gather", "write_cache"}),
-        variants=frozenset({"sliding_window", "alibi", "fp8_e4m3", "fp8_e5m2"}),
+        variants=frozenset({"sliding_window", "alibi_slopes", "fp8_e4m3", "fp8_e5m2"}),
         notes={"variants": "SDPA has no hook for a logits soft-cap or attention sinks"},
     )
 

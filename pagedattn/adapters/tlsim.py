@@ -6,7 +6,7 @@ import torch
 
 from pagedattn._version import __version__
 from pagedattn.adapters.protocol import Capabilities
-from pagedattn.kernels import paged_attention as kernels
+from pagedattn.kernels import tlsim_programs as programs
 from pagedattn.oracle import VARIANTS, PagedCase
 
 
@@ -30,13 +30,13 @@ class TLSimBackend:
         return f"tlsim (torch {torch.__version__}, Python-level SPMD loop)"
 
     def paged_attention(self, case: PagedCase) -> torch.Tensor:
-        return kernels.paged_attention(case, tile=self.tile)
+        return programs.paged_attention(case, tile=self.tile)
 
     def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
-        return kernels.paged_attention(case, tile=self.tile, return_lse=True)
+        return programs.paged_attention(case, tile=self.tile, return_lse=True)
 
     def gather(self, pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
-        return kernels.gather_slots(pool, slot_mapping, tile=self.tile)
+        return programs.gather_slots(pool, slot_mapping, tile=self.tile)
 
     def write_cache(self, pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor) -> None:
-        kernels.write_slots(pool, slot_mapping, new, tile=self.tile)
+        programs.write_slots(pool, slot_mapping, new, tile=self.tile)

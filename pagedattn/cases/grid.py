@@ -18,7 +18,7 @@ from pagedattn.options import PROFILES
 #: the core families, then one family per attention variant (capability-gated) and their
 #: combinations; ``lse`` checks the log-sum-exp output (an optional operation)
 CORE_FAMILIES = ("gather", "cache_write", "decode", "prefill", "continuation", "gqa", "layout", "mixed")
-VARIANT_FAMILIES = ("window", "softcap", "alibi", "sinks", "fp8", "lse", "combined")
+VARIANT_FAMILIES = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "fp8", "lse", "combined")
 FAMILIES = CORE_FAMILIES + VARIANT_FAMILIES
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (48, 64, 80, 96, 112, 128, 256)
@@ -156,57 +156,59 @@ E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 SPLIT = ((1100, 1), (600, 1))  # decode histories over the Triton kernel's 512-key split
 
 
-def _window(profile: str) -> list[CaseSpec]:
+def _sliding_window(profile: str) -> list[CaseSpec]:
     out = []
     for dt in DTYPES:
         # prefill and a continuation: every row's window starts somewhere else
-        out.append(CaseSpec("window", ((40, 40), (50, 9)), block_size=4, sliding_window=8, dtype=dt))
+        out.append(CaseSpec("sliding_window", ((40, 40), (50, 9)), block_size=4, sliding_window=8, dtype=dt))
         # decode: W = 1 (only itself), W on a block edge, W longer than the history
-        out.append(CaseSpec("window", ((33, 1), (40, 1), (5, 1)), block_size=16, sliding_window=16, dtype=dt))
-    out.append(CaseSpec("window", ((20, 1), (9, 3)), block_size=3, sliding_window=1, dtype=F32, tag="self"))
-    out.append(CaseSpec("window", ((20, 1), (9, 9)), sliding_window=64, dtype=F16, tag="wide"))
+        out.append(CaseSpec("sliding_window", ((33, 1), (40, 1), (5, 1)), block_size=16, sliding_window=16, dtype=dt))
+    out.append(CaseSpec("sliding_window", ((20, 1), (9, 3)), block_size=3, sliding_window=1, dtype=F32, tag="self"))
+    out.append(CaseSpec("sliding_window", ((20, 1), (9, 9)), sliding_window=64, dtype=F16, tag="wide"))
     for dt in (F32, BF16):  # a window ending inside a split, and one starting several splits in
-        out.append(CaseSpec("window", SPLIT, num_heads=8, sliding_window=700, dtype=dt))
-        out.append(CaseSpec("window", SPLIT, num_heads=8, sliding_window=77, dtype=dt))
-    out.append(CaseSpec("window", ((70, 13),), num_heads=8, num_kv_heads=1, head_dim=80, block_size=13,
+        out.append(CaseSpec("sliding_window", SPLIT, num_heads=8, sliding_window=700, dtype=dt))
+        out.append(CaseSpec("sliding_window", SPLIT, num_heads=8, sliding_window=77, dtype=dt))
+    out.append(CaseSpec("sliding_window", ((70, 13),), num_heads=8, num_kv_heads=1, head_dim=80, block_size=13,
                         layout="permuted", sliding_window=30, dtype=BF16))  # fmt: skip
     if profile != "quick":
         for dt in DTYPES:
-            out.append(CaseSpec("window", ((4000, 1), (3000, 300), (600, 600)), num_heads=16, num_kv_heads=4,
+            out.append(CaseSpec("sliding_window", ((4000, 1), (3000, 300), (600, 600)), num_heads=16, num_kv_heads=4,
                                 head_dim=128, layout="permuted", sliding_window=1024, dtype=dt))  # fmt: skip
     if profile == "thorough":
         for dt in DTYPES:
-            out.append(CaseSpec("window", ((32768, 1), (8192, 8192)), num_heads=8, num_kv_heads=1, head_dim=128,
+            out.append(CaseSpec("sliding_window", ((32768, 1), (8192, 8192)), num_heads=8, num_kv_heads=1, head_dim=128,
                                 sliding_window=4096, dtype=dt))  # fmt: skip
     return out
 
 
-def _softcap(profile: str) -> list[CaseSpec]:
+def _logits_soft_cap(profile: str) -> list[CaseSpec]:
     out = []
     for dt in DTYPES:
         # a realistic cap (Gemma 2 uses 50) on a prefill, and a small one the scores saturate
-        out.append(CaseSpec("softcap", ((33, 33), (40, 7)), soft_cap=50.0, query_gain=8.0, dtype=dt))
-        out.append(CaseSpec("softcap", ((24, 24), (45, 1)), block_size=8, soft_cap=2.5, query_gain=4.0, dtype=dt))
+        out.append(CaseSpec("logits_soft_cap", ((33, 33), (40, 7)), logits_soft_cap=50.0, query_gain=8.0, dtype=dt))
+        out.append(CaseSpec("logits_soft_cap", ((24, 24), (45, 1)), block_size=8, logits_soft_cap=2.5, query_gain=4.0,
+                            dtype=dt))  # fmt: skip
     for dt in (F32, BF16):
-        out.append(CaseSpec("softcap", SPLIT, num_heads=8, soft_cap=5.0, query_gain=4.0, dtype=dt))
+        out.append(CaseSpec("logits_soft_cap", SPLIT, num_heads=8, logits_soft_cap=5.0, query_gain=4.0, dtype=dt))
     if profile != "quick":
         for dt in DTYPES:
-            out.append(CaseSpec("softcap", ((2000, 1), (700, 700)), num_heads=16, num_kv_heads=8, head_dim=128,
-                                soft_cap=30.0, query_gain=8.0, dtype=dt))  # fmt: skip
+            out.append(CaseSpec("logits_soft_cap", ((2000, 1), (700, 700)), num_heads=16, num_kv_heads=8, head_dim=128,
+                                logits_soft_cap=30.0, query_gain=8.0, dtype=dt))  # fmt: skip
     return out
 
 
-def _alibi(profile: str) -> list[CaseSpec]:
+def _alibi_slopes(profile: str) -> list[CaseSpec]:
     out = []
     for dt in DTYPES:
-        out.append(CaseSpec("alibi", ((33, 33), (40, 7), (17, 1)), num_heads=8, alibi=True, dtype=dt))
+        out.append(CaseSpec("alibi_slopes", ((33, 33), (40, 7), (17, 1)), num_heads=8, alibi_slopes=True, dtype=dt))
     for dt in (F32, BF16):
-        out.append(CaseSpec("alibi", SPLIT, num_heads=8, alibi=True, dtype=dt))
-    out.append(CaseSpec("alibi", ((30, 4),), num_heads=8, num_kv_heads=1, block_size=3, alibi=True, dtype=F32))
+        out.append(CaseSpec("alibi_slopes", SPLIT, num_heads=8, alibi_slopes=True, dtype=dt))
+    out.append(CaseSpec("alibi_slopes", ((30, 4),), num_heads=8, num_kv_heads=1, block_size=3, alibi_slopes=True,
+                        dtype=F32))  # fmt: skip
     if profile != "quick":
         for dt in DTYPES:
-            out.append(CaseSpec("alibi", ((3000, 1), (900, 900)), num_heads=16, num_kv_heads=16, head_dim=128,
-                                alibi=True, dtype=dt))  # fmt: skip
+            out.append(CaseSpec("alibi_slopes", ((3000, 1), (900, 900)), num_heads=16, num_kv_heads=16, head_dim=128,
+                                alibi_slopes=True, dtype=dt))  # fmt: skip
     return out
 
 
@@ -252,8 +254,8 @@ def _lse(profile: str) -> list[CaseSpec]:
     # variants change the lse: the sink joins it; ALiBi's (j - p) shifts it (the output cannot see
     # a bias measured from the wrong origin, the lse can)
     out.append(CaseSpec("lse", ((40, 7), (1100, 1)), num_heads=8, sinks=True, dtype=F32))
-    out.append(CaseSpec("lse", ((40, 7), (1100, 1)), num_heads=8, alibi=True, dtype=F32))
-    out.append(CaseSpec("lse", ((40, 40), (1100, 1)), sliding_window=20, soft_cap=5.0, dtype=BF16))
+    out.append(CaseSpec("lse", ((40, 7), (1100, 1)), num_heads=8, alibi_slopes=True, dtype=F32))
+    out.append(CaseSpec("lse", ((40, 40), (1100, 1)), sliding_window=20, logits_soft_cap=5.0, dtype=BF16))
     if profile != "quick":
         for dt in DTYPES:
             out.append(CaseSpec("lse", ((4000, 1), (700, 700)), num_heads=16, num_kv_heads=4, head_dim=128, dtype=dt))
@@ -265,13 +267,13 @@ def _lse(profile: str) -> list[CaseSpec]:
 #: when the other is on fails its case (vLLM's prefix_prefill ignores the window under ALiBi;
 #: its unified attention measures ALiBi from the chunk start, which only sinks expose)
 PAIRS: tuple[dict[str, Any], ...] = (
-    dict(dtype=F32, alibi=True, sliding_window=20),
-    dict(dtype=BF16, alibi=True, sinks=True),  # bf16: the properties run it (ALiBi nowhere else there)
-    dict(dtype=F16, alibi=True, soft_cap=5.0, query_gain=4.0),
-    dict(dtype=F32, soft_cap=5.0, sinks=True, query_gain=4.0),
+    dict(dtype=F32, alibi_slopes=True, sliding_window=20),
+    dict(dtype=BF16, alibi_slopes=True, sinks=True),  # bf16: the properties run it (ALiBi nowhere else there)
+    dict(dtype=F16, alibi_slopes=True, logits_soft_cap=5.0, query_gain=4.0),
+    dict(dtype=F32, logits_soft_cap=5.0, sinks=True, query_gain=4.0),
     dict(dtype=F16, kv_dtype=E4M3, sliding_window=24, k_scale=0.37, v_scale=1.9),
-    dict(dtype=F16, kv_dtype=E4M3, soft_cap=5.0, query_gain=4.0, k_scale=0.37, v_scale=1.9),
-    dict(dtype=F32, kv_dtype=E5M2, alibi=True, k_scale=3.0, v_scale=0.25),
+    dict(dtype=F16, kv_dtype=E4M3, logits_soft_cap=5.0, query_gain=4.0, k_scale=0.37, v_scale=1.9),
+    dict(dtype=F32, kv_dtype=E5M2, alibi_slopes=True, k_scale=3.0, v_scale=0.25),
     dict(dtype=F16, kv_dtype=E4M3, sinks=True, k_scale=0.37, v_scale=1.9),
 )
 
@@ -285,7 +287,7 @@ def _combined(profile: str) -> list[CaseSpec]:
                             block_size=16, layout="permuted", sliding_window=128, sinks=True, dtype=dt))  # fmt: skip
         # Gemma 2: soft-capped scores in a sliding window
         out.append(CaseSpec("combined", ((100, 1), (60, 60), (90, 11)), num_heads=8, num_kv_heads=4, head_dim=128,
-                            sliding_window=32, soft_cap=50.0, query_gain=8.0, dtype=dt))  # fmt: skip
+                            sliding_window=32, logits_soft_cap=50.0, query_gain=8.0, dtype=dt))  # fmt: skip
     for dt in (F16, BF16):  # a quantized cache under a window with sinks
         out.append(CaseSpec("combined", SPLIT, num_heads=8, sliding_window=600, sinks=True, kv_dtype=E4M3,
                             k_scale=0.37, v_scale=1.9, dtype=dt))  # fmt: skip
@@ -310,9 +312,9 @@ _BUILDERS = {
     "mixed": _mixed,
     "gather": lambda p: _data_movement("gather", p),
     "cache_write": lambda p: _data_movement("cache_write", p),
-    "window": _window,
-    "softcap": _softcap,
-    "alibi": _alibi,
+    "sliding_window": _sliding_window,
+    "logits_soft_cap": _logits_soft_cap,
+    "alibi_slopes": _alibi_slopes,
     "sinks": _sinks,
     "fp8": _fp8,
     "lse": _lse,

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from pagedattn.oracle.case import _SCALAR_FIELDS, _TENSOR_FIELDS, OPTIONAL_TENSOR_FIELDS, PagedCase
+from pagedattn.oracle.case import PagedCase
+from pagedattn.problem import OPTIONAL_TENSOR_FIELDS, SCALAR_FIELDS, TENSOR_FIELDS
 
 FORMAT = "pagedattn-case/1"
 
@@ -75,14 +76,14 @@ def _structure_problem(payload: dict) -> str:
     tensors, options, meta = payload.get("tensors"), payload.get("options"), payload.get("meta", {})
     if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
         return "'tensors' must be a dict of tensors"
-    missing = [f for f in _TENSOR_FIELDS if f not in tensors]
-    unknown = sorted(set(tensors) - set(_TENSOR_FIELDS) - set(OPTIONAL_TENSOR_FIELDS))
+    missing = [f for f in TENSOR_FIELDS if f not in tensors]
+    unknown = sorted(set(tensors) - set(TENSOR_FIELDS) - set(OPTIONAL_TENSOR_FIELDS))
     if missing:
         return f"'tensors' lacks {', '.join(missing)}"
     if unknown:
         return f"'tensors' has unknown fields {', '.join(unknown)}"
-    if not isinstance(options, dict) or set(options) - set(_SCALAR_FIELDS):
-        return f"'options' must be a dict with keys among {list(_SCALAR_FIELDS)}"
+    if not isinstance(options, dict) or set(options) - set(SCALAR_FIELDS):
+        return f"'options' must be a dict with keys among {list(SCALAR_FIELDS)}"
     if not isinstance(meta, dict):
         return "'meta' must be a dict"
     payload.setdefault("meta", meta)

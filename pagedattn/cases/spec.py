@@ -13,11 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedattn.oracle.case import FP8_DTYPES, PagedCase
+from pagedattn.oracle.case import PagedCase
+from pagedattn.problem import FP8_DTYPES
 
 LAYOUTS = ("sequential", "permuted", "interleaved", "shared")
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
-KV_DTYPE_NAMES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
+#: fp8 cache dtypes by their one name (``fp8_e4m3``, ``fp8_e5m2``): ids, reports, variants
+KV_DTYPE_NAMES = FP8_DTYPES
 
 # Extra physical blocks filled with NaN that padding table entries point at.
 _POISON_BLOCKS = 2
@@ -41,8 +43,8 @@ class CaseSpec:
         query_gain: standard deviation of the queries: > 1 sharpens the softmax.
         tag: a suffix that keeps ids unique when two specs differ elsewhere.
         sliding_window: ``PagedCase.sliding_window`` (``None``: off).
-        soft_cap: ``PagedCase.logits_soft_cap`` (``None``: off).
-        alibi: per-head ALiBi slopes ``2 ** (-8 (h + 1) / num_heads)`` (the ALiBi paper's).
+        logits_soft_cap: ``PagedCase.logits_soft_cap`` (``None``: off).
+        alibi_slopes: whether the case has per-head ALiBi slopes ``2 ** (-8 (h + 1) / num_heads)`` (the ALiBi paper's).
         sinks: per-head sink logits drawn in ``[-1, 6)``, where they take a visible share
             of the softmax from scores of this generator's size.
         kv_dtype: an fp8 cache dtype (``None``: the query dtype). The cache holds
@@ -65,8 +67,8 @@ class CaseSpec:
     query_gain: float = 2.0
     tag: str = ""
     sliding_window: int | None = None
-    soft_cap: float | None = None
-    alibi: bool = False
+    logits_soft_cap: float | None = None
+    alibi_slopes: bool = False
     sinks: bool = False
     kv_dtype: torch.dtype | None = None
     k_scale: float = 1.0
@@ -85,6 +87,18 @@ class CaseSpec:
                 raise ValueError(
                     f"CaseSpec.shared_blocks={self.shared_blocks} exceeds the {full} full blocks both sequences have"
                 )
+
+    @property
+    def variants(self) -> frozenset[str]:
+        """The variants the built case uses (``PagedCase.variants``), without building it."""
+        on = {
+            "sliding_window": self.sliding_window is not None,
+            "logits_soft_cap": self.logits_soft_cap is not None,
+            "alibi_slopes": self.alibi_slopes,
+            "sinks": self.sinks,
+        }
+        fp8 = {FP8_DTYPES[self.kv_dtype]} if self.kv_dtype is not None else set()
+        return frozenset({name for name, used in on.items() if used} | fp8)
 
     @property
     def gqa_ratio(self) -> int:
@@ -112,14 +126,14 @@ class CaseSpec:
             parts.append(f"scale{self.scale:g}")
         if self.sliding_window is not None:
             parts.append(f"win{self.sliding_window}")
-        if self.soft_cap is not None:
-            parts.append(f"cap{self.soft_cap:g}")
-        if self.alibi:
+        if self.logits_soft_cap is not None:
+            parts.append(f"cap{self.logits_soft_cap:g}")
+        if self.alibi_slopes:
             parts.append("alibi")
         if self.sinks:
             parts.append("sinks")
         if self.kv_dtype is not None:
-            parts.append(f"kv{KV_DTYPE_NAMES[self.kv_dtype]}")
+            parts.append(FP8_DTYPES[self.kv_dtype])
         if self.tag:
             parts.append(self.tag)
         return "-".join(parts)
@@ -182,7 +196,7 @@ class CaseSpec:
         else:
             k, v = k.to(self.dtype), v.to(self.dtype)
         H = self.num_heads
-        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)]) if self.alibi else None
+        slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)]) if self.alibi_slopes else None
         return PagedCase(
             query=q.to(self.dtype),
             key_cache=k,
@@ -192,7 +206,7 @@ class CaseSpec:
             query_start_loc=loc,
             scale=self.scale,  # type: ignore[arg-type]  # None: the default scale
             sliding_window=self.sliding_window,
-            logits_soft_cap=self.soft_cap,
+            logits_soft_cap=self.logits_soft_cap,
             alibi_slopes=slopes,
             sinks=sinks,
             k_scale=self.k_scale,

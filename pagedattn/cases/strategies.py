@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pagedattn.cases.grid import DTYPES, HEAD_DIMS
 from pagedattn.cases.spec import CaseSpec
+from pagedattn.problem import FP8_DTYPES
 
 #: (max history, max sequences, max query heads) per profile
 BOUNDS = {"quick": (96, 3, 8), "standard": (1024, 6, 16), "thorough": (8192, 8, 32)}
@@ -23,10 +24,10 @@ FREE_BLOCK_SIZES = (1, 2, 3, 4, 8, 13, 16, 32)
 FREE_GQA_RATIOS = (1, 2, 4, 8)
 
 
-_FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-_FP8_NAMES = {v: k for k, v in _FP8.items()}
+_FP8_NAMES = FP8_DTYPES
+_FP8 = {v: k for k, v in FP8_DTYPES.items()}
 #: the variants a configuration switches on by name (an fp8 cache is its ``kv_dtype``)
-_SWITCHED = ("sliding_window", "logits_soft_cap", "alibi", "sinks")
+_SWITCHED = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
 
 
 class Configuration(NamedTuple):
@@ -34,7 +35,7 @@ class Configuration(NamedTuple):
     heads, and which variants are on. Lengths, layouts, scales and the variants'
     parameters are runtime values and vary freely within one configuration.
 
-    ``variants``: names among ``sliding_window``, ``logits_soft_cap``, ``alibi``, ``sinks``
+    ``variants``: names among ``sliding_window``, ``logits_soft_cap``, ``alibi_slopes``, ``sinks``
     (an fp8 cache is ``kv_dtype``)."""
 
     dtype: torch.dtype
@@ -47,10 +48,9 @@ class Configuration(NamedTuple):
 
     @classmethod
     def of(cls, spec: CaseSpec) -> Configuration:
-        on = {"sliding_window": spec.sliding_window is not None, "logits_soft_cap": spec.soft_cap is not None,
-              "alibi": spec.alibi, "sinks": spec.sinks}  # fmt: skip
+        switched = spec.variants - set(FP8_DTYPES.values())  # an fp8 cache is kv_dtype
         return cls(spec.dtype, spec.head_dim, spec.block_size, spec.num_heads, spec.num_kv_heads, spec.kv_dtype,
-                   frozenset(k for k, v in on.items() if v))  # fmt: skip
+                   switched)  # fmt: skip
 
     @property
     def all_variants(self) -> frozenset[str]:
@@ -124,8 +124,8 @@ def case_specs(
     if "sliding_window" in on:
         extra["sliding_window"] = draw(st.integers(1, max(s for s, _ in seqs) + 1), label="sliding_window")
     if "logits_soft_cap" in on:
-        extra["soft_cap"] = draw(st.sampled_from([50.0, 5.0, 1.0]), label="soft_cap")
-    extra["alibi"] = "alibi" in on
+        extra["logits_soft_cap"] = draw(st.sampled_from([50.0, 5.0, 1.0]), label="logits_soft_cap")
+    extra["alibi_slopes"] = "alibi_slopes" in on
     extra["sinks"] = "sinks" in on
     if fp8:
         extra["kv_dtype"] = _FP8[fp8[0]]

@@ -9,23 +9,27 @@ from typing import Any
 
 import torch
 
-from pagedattn.kernels.tlsim import next_power_of_2
-from pagedattn.oracle.case import FP8_DTYPES, positive_float_problem, sliding_window_problem
+from pagedattn.indexing import next_power_of_2
+from pagedattn.problem import ProblemError, check_options, check_per_head, check_tensors, positive_float_problem
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: the owner the kernel's errors name: ``paged_attention.seq_lens: must ...``
+OWNER = "paged_attention"
+#: query dtypes the kernel computes in
+QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: the kernel receives its scales as fp32 arguments: outside fp32's normal range a scale
 #: would become inf or flush to 0 (every score 0) on the way in
 FP32_MAX = float(torch.finfo(torch.float32).max)
 FP32_TINY = float(torch.finfo(torch.float32).tiny)
-_DIMS = {"query": ("num_tokens", "num_heads", "head_dim"),
-         "key_cache": ("num_blocks", "block_size", "num_kv_heads", "head_dim")}  # fmt: skip
+#: what the kernel indexes with int32 (everything but the cache's block offsets)
+INT32_MAX = 2**31 - 1
 
 
 def fp32_scale_problem(x: float) -> str:
     """``""`` when the real number ``x > 0`` survives the conversion to an fp32 argument
     (inside ``[FP32_TINY, FP32_MAX]``); else what is wrong."""
     if not FP32_TINY <= x <= FP32_MAX:
-        return f"= {x:g} is outside fp32's normal range [{FP32_TINY:.3g}, {FP32_MAX:.4g}] (the kernel's fp32 argument)"
+        normal = f"[{FP32_TINY:.3g}, {FP32_MAX:.4g}]"
+        return f"must be inside fp32's normal range {normal} (the kernel's fp32 argument), got {x:g}"
     return ""
 
 
@@ -42,9 +46,12 @@ def check_paged_inputs(
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
 ) -> tuple[list[int], list[int]]:
-    """Every check the kernel needs before a launch; raises ``ValueError`` naming the
-    field and the bound. Returns ``(seq_lens, query_start_loc)`` as lists: the values
-    reach the host once, in one transfer, and serve the launch plan too.
+    """Every check of the tensors the kernel needs before a launch: the problem's rules
+    (``pagedattn.problem.check_tensors``, as ``PagedCase`` applies them) and the kernel's
+    own (a contiguous last dimension, int32 offsets, fp32 scales, ``out``). Raises
+    ``ProblemError`` (a ``ValueError``) naming the field and the bound. Returns
+    ``(seq_lens, query_start_loc)`` as lists: the values reach the host once, in one
+    transfer, and serve the launch plan too.
 
     Args:
         query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
@@ -54,116 +61,60 @@ def check_paged_inputs(
             query_start_loc: ``[num_seqs + 1]`` int32.
         scale: a real number > 0 inside fp32's normal range, or ``None`` (the default).
         out: optional ``[num_tokens, num_heads, head_dim]`` in the query dtype.
-        alibi_slopes, sinks: optional ``[num_heads]`` float32, checked for NaN and
-            infinity here, in the same transfer, because a separate check would cost the
-            launch a second device synchronization. Their types, shapes and devices are
-            ``check_variants``' (one that is malformed is left to it). ``PagedCase``
-            checks the same at construction, so the suite never hands a kernel a
-            non-finite slope or sink.
+        alibi_slopes, sinks: optional ``[num_heads]`` float32, finite: checked here
+            because their finiteness rides on the same transfer (a separate check would
+            cost the launch a second device synchronization).
     """
-
-    def fail(field: str, msg: str) -> ValueError:
-        return ValueError(f"paged_attention: {field}: {msg}")
-
-    named = dict(query=query, key_cache=key_cache, value_cache=value_cache, block_tables=block_tables,
-                 seq_lens=seq_lens, query_start_loc=query_start_loc)  # fmt: skip
+    lens_loc = check_tensors(
+        OWNER,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        query_dtypes=QUERY_DTYPES,
+    )
+    assert lens_loc is not None  # sync=True reads the values
+    named = dict(query=query, key_cache=key_cache, value_cache=value_cache)
     for name, t in named.items():
-        if not isinstance(t, torch.Tensor):
-            raise fail(name, f"must be a torch.Tensor, got {type(t).__name__}")
-    for name, t, rank in (("query", query, 3), ("key_cache", key_cache, 4), ("value_cache", value_cache, 4),
-                          ("block_tables", block_tables, 2), ("seq_lens", seq_lens, 1),
-                          ("query_start_loc", query_start_loc, 1)):  # fmt: skip
-        if t.dim() != rank:
-            raise fail(name, f"must have rank {rank}, got shape {tuple(t.shape)}")
-    if query.dtype not in _FLOAT_DTYPES:
-        raise fail("query", f"dtype must be float32, float16 or bfloat16, got {query.dtype}")
-    for name, t in (("key_cache", key_cache), ("value_cache", value_cache)):
-        if t.dtype != query.dtype and t.dtype not in FP8_DTYPES:
-            raise fail(name, f"dtype must be the query dtype {query.dtype} or float8_e4m3fn/float8_e5m2, got {t.dtype}")
-    if key_cache.dtype != value_cache.dtype:
-        raise fail("value_cache", f"dtype {value_cache.dtype} must equal key_cache dtype {key_cache.dtype}")
-    for name in ("block_tables", "seq_lens", "query_start_loc"):
-        if named[name].dtype != torch.int32:
-            raise fail(name, f"must be int32, got {named[name].dtype}")
-    dev = query.device
-    for name, t in named.items():
-        if t.device != dev:
-            raise fail(name, f"is on {t.device}, query is on {dev}: one device for all")
-    if dev.type == "meta":
-        raise fail("query", "is on the meta device, which holds no values: nothing to compute")
-    if key_cache.shape != value_cache.shape:
-        raise fail("value_cache", f"shape {tuple(value_cache.shape)} != key_cache {tuple(key_cache.shape)}")
-    T, Hq, D = query.shape
-    N, bs, Hkv, Dk = key_cache.shape
-    if Dk != D:
-        raise fail("key_cache", f"head_dim {Dk} must equal query head_dim {D}")
-    for name, t in (("query", query), ("key_cache", key_cache)):
-        for i, axis in enumerate(_DIMS[name]):
-            if t.shape[i] < 1:
-                raise fail(name, f"{axis} (dimension {i}) must be >= 1, got shape {tuple(t.shape)}")
-    if Hq % Hkv:
-        raise fail("query", f"num_heads {Hq} must be a multiple of num_kv_heads {Hkv}")
-    for name in ("query", "key_cache", "value_cache"):
-        if named[name].stride(-1) != 1:
-            raise fail(name, f"the last (head_dim) dimension must be contiguous (stride 1), got strides "
-                             f"{named[name].stride()}")  # fmt: skip
-    for name, dim in (("block_tables", 1), ("seq_lens", 0), ("query_start_loc", 0)):
-        if named[name].stride(dim) != 1:
-            raise fail(name, f"dimension {dim} must be contiguous (stride 1), got strides {named[name].stride()}")
+        if t.stride(-1) != 1:
+            raise ProblemError(
+                OWNER, name, f"must have a contiguous last (head_dim) dimension (stride 1), got strides {t.stride()}"
+            )
+    for name, t, dim in (
+        ("block_tables", block_tables, 1),
+        ("seq_lens", seq_lens, 0),
+        ("query_start_loc", query_start_loc, 0),
+    ):
+        if t.stride(dim) != 1:
+            raise ProblemError(
+                OWNER, name, f"must be contiguous in dimension {dim} (stride 1), got strides {t.stride()}"
+            )
     # The kernel addresses the cache with int64 block offsets but int32 everything else.
-    if key_cache.stride(1) * bs > 2**31 - 1 or query.numel() > 2**31 - 1:
-        raise fail("key_cache", "a block or the query exceeds 2**31 elements; int32 offsets would overflow")
-    B = seq_lens.shape[0]
-    if B < 1:
-        raise fail("seq_lens", "must hold at least one sequence")
-    if block_tables.shape[0] != B:
-        raise fail("block_tables", f"has {block_tables.shape[0]} rows, seq_lens has {B}")
-    if query_start_loc.shape[0] != B + 1:
-        raise fail("query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {query_start_loc.shape[0]}")
+    if key_cache.stride(1) * key_cache.shape[1] > INT32_MAX or query.numel() > INT32_MAX:
+        raise ProblemError(
+            OWNER,
+            "key_cache",
+            "must keep a block and the query under 2**31 elements (int32 offsets), "
+            f"got a block of {key_cache.stride(1) * key_cache.shape[1]} and a query "
+            f"of {query.numel()}",
+        )
     if scale is not None:
-        problem = positive_float_problem(scale) or fp32_scale_problem(float(scale))
+        problem = positive_float_problem(scale) or fp32_scale_problem(float(scale))  # type: ignore[arg-type]
         if problem:
-            raise fail("scale", problem)
-    # Every value check in one device-to-host transfer: the lengths, the offsets, per
-    # sequence whether a block id it uses is out of range (computed where the table lives),
-    # and whether the per-head variant tensors are finite.
-    M = block_tables.shape[1]
-    need = (seq_lens.long() + bs - 1) // bs  # [B]
-    used = torch.arange(M, device=dev)[None, :] < need[:, None]  # [B, M]
-    bad = (used & ((block_tables < 0) | (block_tables >= N))).any(dim=1)  # [B]
-    heads = {name: t for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)) if _per_head(t, Hq, dev)}
-    finite = [torch.isfinite(t).all().long().reshape(1) for t in heads.values() if t is not None]
-    values = torch.cat([seq_lens.long(), query_start_loc.long(), bad.long(), *finite]).tolist()
-    lens, loc, bad_rows = values[:B], values[B : 2 * B + 1], values[2 * B + 1 : 3 * B + 1]
-    for name, ok in zip(heads, values[3 * B + 1 :]):
-        if not ok:
-            raise fail(name, "must be finite (it holds NaN or infinity)")
-    if loc[0] != 0 or loc[-1] != T:
-        raise fail("query_start_loc", f"must start at 0 and end at num_tokens = {T}, got {loc[0]} .. {loc[-1]}")
-    for b in range(B):
-        q_b = loc[b + 1] - loc[b]
-        if q_b < 1:
-            raise fail("query_start_loc", f"sequence {b} has {q_b} new tokens; every sequence needs >= 1")
-        if not q_b <= lens[b]:
-            raise fail("seq_lens", f"seq_lens[{b}]={lens[b]} is below its query length {q_b}")
-        need = -(-lens[b] // bs)
-        if need > M:
-            raise fail("seq_lens", f"seq_lens[{b}]={lens[b]} needs {need} blocks, block_tables has {M} columns")
-        if bad_rows[b]:
-            raise fail("block_tables", f"row {b} holds a block id outside [0, num_blocks={N})")
+            raise ProblemError(OWNER, "scale", problem)
     if out is not None:
         if not isinstance(out, torch.Tensor) or out.shape != query.shape or out.dtype != query.dtype:
-            raise fail("out", f"must be a {query.dtype} tensor of shape {tuple(query.shape)}")
-        if out.device != dev:
-            raise fail("out", f"is on {out.device}, query is on {dev}")
+            got = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ProblemError(OWNER, "out", f"must be a {query.dtype} tensor of shape {tuple(query.shape)}, got {got}")
+        if out.device != query.device:
+            raise ProblemError(OWNER, "out", f"must be on the query's device {query.device}, got {out.device}")
         if out.stride(-1) != 1:
-            raise fail("out", "the last dimension must be contiguous")
-    return lens, loc
-
-
-def _per_head(t: object, num_heads: int, dev: torch.device) -> bool:
-    """Whether ``t`` is a well-formed per-head variant tensor (``[num_heads]`` float32 on ``dev``)."""
-    return isinstance(t, torch.Tensor) and t.shape == (num_heads,) and t.dtype == torch.float32 and t.device == dev
+            raise ProblemError(OWNER, "out", f"must have a contiguous last dimension, got strides {out.stride()}")
+    return lens_loc
 
 
 @dataclass(frozen=True)
@@ -192,55 +143,41 @@ def check_variants(
     return_lse: bool = False,
     scale: float | None = None,
 ) -> Variants:
-    """The variants' arguments, checked on the host (no device transfer): ``ValueError``
-    naming the field and the bound.
+    """The variants' arguments, checked on the host (no device transfer): the problem's
+    rules (``pagedattn.problem.check_options``/``check_per_head``) and the kernel's own
+    (an int32 window, fp32 scales, contiguous per-head tensors). Raises
+    ``ProblemError`` (a ``ValueError``) naming the field and the bound.
 
     ``scale`` is the softmax scale as given to ``check_paged_inputs`` (``None``: the
     default ``head_dim ** -0.5``): the kernel receives ``scale * k_scale`` as one fp32
     argument, so that product must stay inside fp32's normal range. Whether
     ``alibi_slopes`` and ``sinks`` are finite is checked by ``check_paged_inputs``, in
     its one device transfer."""
-
-    def fail(field: str, msg: str) -> ValueError:
-        return ValueError(f"paged_attention: {field}: {msg}")
-
-    w = sliding_window
-    problem = sliding_window_problem(w)
-    if problem:
-        raise fail("sliding_window", problem)
-    if w is not None and w > 2**31 - 1:
-        raise fail("sliding_window", f"must be <= 2**31 - 1 (an int32 in the kernel), got {w}")
-    scalars = {"logits_soft_cap": logits_soft_cap, "k_scale": k_scale, "v_scale": v_scale}
-    for name, x in scalars.items():
-        problem = positive_float_problem(x) if x is not None or name != "logits_soft_cap" else ""
-        if problem:
-            raise fail(name, problem)
-    if (k_scale != 1.0 or v_scale != 1.0) and key_cache.dtype not in FP8_DTYPES:
-        raise fail("k_scale", f"k_scale/v_scale apply to fp8 caches only; the cache is {key_cache.dtype}")
-    if scale is not None:
-        problem = positive_float_problem(scale)
-        if problem:
-            raise fail("scale", problem)
+    check_options(
+        OWNER,
+        key_cache.dtype,
+        scale=scale,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    if sliding_window is not None and sliding_window > INT32_MAX:
+        raise ProblemError(
+            OWNER, "sliding_window", f"must be <= 2**31 - 1 (an int32 in the kernel), got {sliding_window}"
+        )
     softmax_scale = float(query.shape[2]) ** -0.5 if scale is None else float(scale)
     for name, x in (("k_scale", softmax_scale * float(k_scale)), ("v_scale", float(v_scale))):
         problem = fp32_scale_problem(x)
         if problem:
             what = "scale * k_scale" if name == "k_scale" else "v_scale"
-            raise fail(name, f"{what} {problem}")
-    num_heads = query.shape[1]
+            raise ProblemError(OWNER, name, f"{what} {problem}")
     for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise fail(name, f"must be a torch.Tensor or None, got {type(t).__name__}")
-        if tuple(t.shape) != (num_heads,) or t.dtype != torch.float32:
-            raise fail(name, f"must be float32 of shape [num_heads] = ({num_heads},), got {t.dtype} {tuple(t.shape)}")
-        if t.device != query.device:
-            raise fail(name, f"is on {t.device}, query is on {query.device}: one device for all")
-        if t.stride(0) != 1:
-            raise fail(name, "must be contiguous")
+        check_per_head(OWNER, name, t, query.shape[1], query.device)
+        if t is not None and t.stride(0) != 1:
+            raise ProblemError(OWNER, name, f"must be contiguous, got stride {t.stride(0)}")
     return Variants(
-        sliding_window=w,
+        sliding_window=sliding_window,
         logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
         alibi_slopes=alibi_slopes,
         sinks=sinks,

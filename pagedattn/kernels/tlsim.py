@@ -16,6 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedattn.indexing import cdiv, is_byte_float, next_power_of_2
+
+__all__ = ["Program", "arange", "cdiv", "launch", "load", "next_power_of_2", "store"]
+
 
 @dataclass(frozen=True)
 class Program:
@@ -46,14 +50,6 @@ def launch(grid: int | tuple[int, ...], kernel: Callable, *args, **meta) -> None
         kernel(Program((x, y, z), g), *args, **meta)
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def next_power_of_2(n: int) -> int:
-    return 1 if n <= 1 else 1 << (int(n) - 1).bit_length()
-
-
 def arange(start: int, end: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """``[end - start]`` int64."""
     return torch.arange(start, end, dtype=torch.int64, device=device)
@@ -74,7 +70,7 @@ def load(
     broadcast with ``mask``). Masked lanes read element 0 instead of their offset and
     the value is then replaced, so an out-of-bounds masked offset never faults."""
     _check_flat(buffer)
-    if buffer.element_size() == 1 and buffer.is_floating_point():
+    if is_byte_float(buffer):
         # fp8: through its bytes (older torch cannot index fp8 on the CPU); `other` as fp8 bits
         fill = torch.tensor([other], dtype=torch.float32).to(buffer.dtype).view(torch.uint8)
         return load(buffer.view(torch.uint8), offsets, mask, int(fill)).view(buffer.dtype)

@@ -1,6 +1,6 @@
 """The canonical case, the float64 oracle and the tolerance policy."""
 
-from pagedattn.oracle.case import FP8_DTYPES, VARIANTS, PagedCase
+from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.policy import (
     DTYPE_TABLE,
     PRECISIONS,
@@ -20,7 +20,9 @@ from pagedattn.oracle.reference import (
     paged_attention_reference,
     paged_attention_reference_lse,
     paged_gather,
+    write_cache_by_indexing,
 )
+from pagedattn.problem import FP8_DTYPES, VARIANTS, ProblemError
 
 __all__ = [
     "DTYPE_TABLE",
@@ -31,6 +33,7 @@ __all__ = [
     "BitCheck",
     "FP8_DTYPES",
     "PagedCase",
+    "ProblemError",
     "VARIANTS",
     "attention_error_bound",
     "bits_equal",
@@ -42,4 +45,5 @@ __all__ = [
     "paged_attention_reference",
     "paged_attention_reference_lse",
     "paged_gather",
+    "write_cache_by_indexing",
 ]

@@ -2,26 +2,27 @@
 
 A ``PagedCase`` is what every backend receives and what the oracle reads. Its
 invariants are checked once, here, so that neither the oracle nor an adapter
-has to second-guess its input: a case that exists is a valid case.
+has to second-guess its input: a case that exists is a valid case. The rules
+themselves live in ``pagedattn.problem``, which the Triton kernel's host checks share.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import numbers
 from dataclasses import dataclass
 
 import torch
 
-_FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-#: fp8 cache dtypes and the variant name each one claims
-FP8_DTYPES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
-#: every attention variant a case can carry (``PagedCase.variants``)
-VARIANTS = ("sliding_window", "logits_soft_cap", "alibi", "sinks", "fp8_e4m3", "fp8_e5m2")
-
-
-def _fail(field: str, message: str) -> ValueError:
-    return ValueError(f"PagedCase.{field}: {message}")
+from pagedattn.problem import (  # noqa: F401  (re-exported: the problem's vocabulary, where it was)
+    FP8_DTYPES,
+    OPTIONAL_TENSOR_FIELDS,
+    SCALAR_FIELDS,
+    TENSOR_FIELDS,
+    VARIANTS,
+    check_problem,
+    positive_float_problem,
+    sliding_window_problem,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,7 +103,22 @@ class PagedCase:
     def __post_init__(self) -> None:
         # validation reads the lengths on the host once; keep them, so that the many
         # per-sequence lookups of the oracle and the suite never synchronize a device again
-        loc, seq_lens = _validate(self)
+        seq_lens, loc = check_problem(
+            "PagedCase",
+            self.query,
+            self.key_cache,
+            self.value_cache,
+            self.block_tables,
+            self.seq_lens,
+            self.query_start_loc,
+            self.scale,
+            sliding_window=self.sliding_window,
+            logits_soft_cap=self.logits_soft_cap,
+            alibi_slopes=self.alibi_slopes,
+            sinks=self.sinks,
+            k_scale=self.k_scale,
+            v_scale=self.v_scale,
+        )
         object.__setattr__(self, "_loc", tuple(loc))
         object.__setattr__(self, "_seq_lens", tuple(seq_lens))
         if self.scale is None:
@@ -166,7 +182,7 @@ class PagedCase:
         if self.logits_soft_cap is not None:
             out.add("logits_soft_cap")
         if self.alibi_slopes is not None:
-            out.add("alibi")
+            out.add("alibi_slopes")
         if self.sinks is not None:
             out.add("sinks")
         if self.kv_dtype in FP8_DTYPES:
@@ -216,25 +232,34 @@ class PagedCase:
 
     def tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor field that is set, by name (the optional ones only when present)."""
-        out = {f: getattr(self, f) for f in _TENSOR_FIELDS}
+        out = {f: getattr(self, f) for f in TENSOR_FIELDS}
         out.update({f: getattr(self, f) for f in OPTIONAL_TENSOR_FIELDS if getattr(self, f) is not None})
         return out
 
     def options(self) -> dict:
         """The non-tensor fields (scale and the variants' parameters), by name."""
-        return {f: getattr(self, f) for f in _SCALAR_FIELDS}
+        return {f: getattr(self, f) for f in SCALAR_FIELDS}
 
     def to(self, device: torch.device | str) -> PagedCase:
-        """The same case with every tensor on ``device`` (a new, validated case)."""
-        return self.replace(**{f: t.to(device) for f, t in self.tensors().items()})
+        """The same case with every tensor on ``device`` (a copy of a valid case: not
+        validated again, and the device is not read)."""
+        return self._with_tensors({f: t.to(device) for f, t in self.tensors().items()})
 
     def replace(self, **changes) -> PagedCase:
         """A new case with ``changes`` applied (and validated)."""
         return dataclasses.replace(self, **changes)
 
     def clone(self) -> PagedCase:
-        """A deep copy: every tensor cloned."""
-        return self.replace(**{f: t.clone() for f, t in self.tensors().items()})
+        """A deep copy: every tensor cloned (a copy of a valid case: not validated again)."""
+        return self._with_tensors({f: t.clone() for f, t in self.tensors().items()})
+
+    def _with_tensors(self, tensors: dict[str, torch.Tensor]) -> PagedCase:
+        """This case with the same-valued ``tensors`` in place of its own, bypassing
+        ``__post_init__``: the values (and their host copies) are this case's."""
+        new = object.__new__(PagedCase)
+        for f in dataclasses.fields(self):
+            object.__setattr__(new, f.name, tensors.get(f.name, getattr(self, f.name)))
+        return new
 
     def __repr__(self) -> str:
         return (
@@ -258,164 +283,3 @@ class PagedCase:
         if self.kv_dtype != self.dtype:
             parts.append(f"kv_dtype={self.kv_dtype}, k_scale={self.k_scale:g}, v_scale={self.v_scale:g}")
         return "".join(", " + p for p in parts)
-
-
-_TENSOR_FIELDS = (
-    "query",
-    "key_cache",
-    "value_cache",
-    "block_tables",
-    "seq_lens",
-    "query_start_loc",
-)
-#: per-head variant tensors, ``None`` when the variant is off
-OPTIONAL_TENSOR_FIELDS = ("alibi_slopes", "sinks")
-_SCALAR_FIELDS = ("scale", "sliding_window", "logits_soft_cap", "k_scale", "v_scale")
-
-
-def _validate(case: PagedCase) -> tuple[list[int], list[int]]:
-    """Every invariant of the canonical problem; raises ``ValueError`` naming the field."""
-    q, k, v = case.query, case.key_cache, case.value_cache
-    for name in _TENSOR_FIELDS:
-        if not isinstance(getattr(case, name), torch.Tensor):
-            raise _fail(name, f"must be a torch.Tensor, got {type(getattr(case, name)).__name__}")
-
-    # ranks and dtypes
-    for name, t, rank in (("query", q, 3), ("key_cache", k, 4), ("value_cache", v, 4)):
-        if t.dim() != rank:
-            raise _fail(name, f"must have rank {rank}, got shape {tuple(t.shape)}")
-        if t.dtype not in _FLOAT_DTYPES and not (name != "query" and t.dtype in FP8_DTYPES):
-            allowed = "floating (float32/float16/bfloat16" + (
-                ")" if name == "query" else ", or float8_e4m3fn/float8_e5m2)"
-            )
-            raise _fail(name, f"must be {allowed}, got {t.dtype}")
-    for name, rank in (("block_tables", 2), ("seq_lens", 1), ("query_start_loc", 1)):
-        t = getattr(case, name)
-        if t.dim() != rank:
-            raise _fail(name, f"must have rank {rank}, got shape {tuple(t.shape)}")
-        if t.dtype != torch.int32:
-            raise _fail(name, f"must be int32, got {t.dtype}")
-
-    # one device for all
-    dev = q.device
-    for name in _TENSOR_FIELDS:
-        if getattr(case, name).device != dev:
-            raise _fail(name, f"is on {getattr(case, name).device}, query is on {dev}: one device for all")
-    if dev.type == "meta":
-        # validation reads the lengths and tables, and the oracle reads everything
-        raise _fail("query", "is on the meta device, which holds no values: build the case on cpu or cuda")
-
-    # shapes
-    if k.shape != v.shape:
-        raise _fail("value_cache", f"shape {tuple(v.shape)} must equal key_cache shape {tuple(k.shape)}")
-    if k.dtype != v.dtype:
-        raise _fail("value_cache", f"dtype {v.dtype} must equal key_cache dtype {k.dtype}")
-    if k.dtype != q.dtype and k.dtype not in FP8_DTYPES:
-        raise _fail("key_cache", f"dtype {k.dtype} must equal the query dtype {q.dtype} (or be an fp8 dtype)")
-    T, Hq, D = q.shape
-    N, bs, Hkv, Dk = k.shape
-    if Dk != D:
-        raise _fail("key_cache", f"head_dim {Dk} must equal query head_dim {D}")
-    for name, t, dims in (("query", q, ("num_tokens", "num_heads", "head_dim")),
-                          ("key_cache", k, ("num_blocks", "block_size", "num_kv_heads", "head_dim"))):  # fmt: skip
-        for i, dim in enumerate(dims):
-            if t.shape[i] < 1:
-                raise _fail(name, f"{dim} (dimension {i}) must be >= 1, got shape {tuple(t.shape)}")
-    if Hq % Hkv != 0:
-        raise _fail("query", f"num_heads {Hq} must be a multiple of num_kv_heads {Hkv}")
-    B = case.seq_lens.shape[0]
-    if B < 1:
-        raise _fail("seq_lens", "must hold at least one sequence")
-    if case.block_tables.shape[0] != B:
-        raise _fail("block_tables", f"has {case.block_tables.shape[0]} rows, seq_lens has {B} sequences")
-    if case.query_start_loc.shape[0] != B + 1:
-        raise _fail("query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {case.query_start_loc.shape[0]}")
-    if case.scale is not None:
-        problem = positive_float_problem(case.scale)
-        if problem:
-            raise _fail("scale", problem)
-
-    _validate_variants(case, Hq, dev)
-
-    # values (on the host: validation reads a few small int tensors)
-    loc = case.query_start_loc.tolist()
-    if loc[0] != 0:
-        raise _fail("query_start_loc", f"must start at 0, got {loc[0]}")
-    if loc[-1] != T:
-        raise _fail("query_start_loc", f"must end at num_tokens = {T}, got {loc[-1]}")
-    seq_lens = case.seq_lens.tolist()
-    M = case.block_tables.shape[1]
-    tables = case.block_tables.cpu()
-    for b in range(B):
-        if loc[b + 1] < loc[b]:
-            raise _fail("query_start_loc", f"must never decrease, but [{b}]={loc[b]} > [{b + 1}]={loc[b + 1]}")
-        q_b, s_b = loc[b + 1] - loc[b], seq_lens[b]
-        if q_b < 1:
-            raise _fail("query_start_loc", f"sequence {b} has {q_b} new tokens; every sequence needs >= 1")
-        if s_b < q_b:
-            raise _fail("seq_lens", f"seq_lens[{b}]={s_b} is below its query length {q_b} (bound: q_b <= seq_len)")
-        need = -(-s_b // bs)
-        if need > M:
-            raise _fail(
-                "block_tables",
-                f"sequence {b} needs {need} blocks for seq_len {s_b} at block_size {bs}, but the table has {M} columns",
-            )
-        used = tables[b, :need]
-        bad = (used < 0) | (used >= N)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            raise _fail(
-                "block_tables",
-                f"[{b}, {i}] = {int(used[i])} is outside [0, num_blocks={N})",
-            )
-    return loc, seq_lens
-
-
-def sliding_window_problem(w: object) -> str:
-    """``""`` when ``w`` is a sliding window (an int >= 1) or ``None``; else what is wrong.
-    The one statement of the rule: ``PagedCase``, the Triton kernel's host checks and the
-    convention converters all raise with it."""
-    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
-        return f"must be an int >= 1 (keys seen, the query's own included) or None, got {w!r}"
-    return ""
-
-
-def positive_float_problem(x: object) -> str:
-    """``""`` when ``x`` is a real number (a Python or NumPy int or float, not a bool, a
-    string, a complex or a tensor) that is finite and > 0; else what is wrong."""
-    if isinstance(x, bool) or not isinstance(x, numbers.Real):
-        return f"must be a finite float > 0, got {x!r} of type {type(x).__name__}"
-    if not 0.0 < float(x) < float("inf"):
-        return f"must be a finite float > 0, got {x!r}"
-    return ""
-
-
-def _validate_variants(case: PagedCase, num_heads: int, dev: torch.device) -> None:
-    """The variants' fields: types, bounds, per-head shapes, one device."""
-    problem = sliding_window_problem(case.sliding_window)
-    if problem:
-        raise _fail("sliding_window", problem)
-    scalars = {"logits_soft_cap": case.logits_soft_cap, "k_scale": case.k_scale, "v_scale": case.v_scale}
-    for name, x in scalars.items():
-        problem = positive_float_problem(x) if x is not None or name != "logits_soft_cap" else ""
-        if problem:
-            raise _fail(name, problem)
-    for name in OPTIONAL_TENSOR_FIELDS:
-        t = getattr(case, name)
-        if t is None:
-            continue
-        if not isinstance(t, torch.Tensor):
-            raise _fail(name, f"must be a torch.Tensor or None, got {type(t).__name__}")
-        if tuple(t.shape) != (num_heads,):
-            raise _fail(name, f"must have shape [num_heads] = ({num_heads},), got {tuple(t.shape)}")
-        if t.dtype != torch.float32:
-            raise _fail(name, f"must be float32, got {t.dtype}")
-        if t.device != dev:
-            raise _fail(name, f"is on {t.device}, query is on {dev}: one device for all")
-        if not bool(torch.isfinite(t).all()):
-            raise _fail(name, "must be finite")
-    fp8 = case.key_cache.dtype in FP8_DTYPES
-    for name in ("k_scale", "v_scale"):
-        x = getattr(case, name)
-        if x != 1.0 and not fp8:
-            raise _fail(name, f"= {x:g} applies to fp8 caches only; the cache is {case.key_cache.dtype}")

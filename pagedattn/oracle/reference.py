@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import torch
 
+from pagedattn.indexing import index_rows
 from pagedattn.oracle.case import PagedCase
 
 #: Working memory of one block of rows (its float64 score-sized tensors), unless
@@ -48,14 +49,6 @@ def max_bytes() -> int:
     return value
 
 
-def index_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``t[index]`` (along dim 0), bit for bit, for any dtype: one-byte floats (fp8) are
-    indexed through their bytes, since torch before 2.10 cannot index fp8 on the CPU."""
-    if t.element_size() == 1 and t.is_floating_point():
-        return t.view(torch.uint8)[index].view(t.dtype)
-    return t[index]
-
-
 def paged_gather(pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
     """``pool[slot_mapping]`` over the flattened slots of a paged pool.
 
@@ -68,6 +61,18 @@ def paged_gather(pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor
     """
     flat = pool.reshape(pool.shape[0] * pool.shape[1], *pool.shape[2:])
     return index_rows(flat, slot_mapping.to(torch.int64))
+
+
+def write_cache_by_indexing(pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor) -> None:
+    """``pool.view(-1, ...)[slot] = new[i]`` for every ``slot >= 0``, in place: the
+    reference of the cache write.
+
+    pool: ``[num_blocks, block_size, num_kv_heads, head_dim]``; slot_mapping: ``[n]``
+    integer; new: ``[n, num_kv_heads, head_dim]``, same dtype as ``pool``.
+    """
+    keep = slot_mapping >= 0
+    flat = pool.view(pool.shape[0] * pool.shape[1], *pool.shape[2:])
+    flat[slot_mapping[keep].to(torch.int64)] = new[keep]
 
 
 def gather_history(case: PagedCase, seq: int) -> tuple[torch.Tensor, torch.Tensor]:

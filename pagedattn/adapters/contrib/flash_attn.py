@@ -54,7 +54,7 @@ def capabilities() -> Capabilities:
         block_sizes=page_block_size_ok,
         devices=frozenset({"cuda"}),
         operations=frozenset({"attention", "lse"}),
-        variants=frozenset({"sliding_window", "logits_soft_cap", "alibi"}),
+        variants=frozenset({"sliding_window", "logits_soft_cap", "alibi_slopes"}),
         invariances=INVARIANCES - {"batch_invariance"},
         notes={
             "dtypes": "flash-attn 2 takes fp16/bf16",

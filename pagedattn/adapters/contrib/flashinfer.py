@@ -64,12 +64,12 @@ EXCLUSIONS = (
     ),
     Exclusion(
         "BatchAttentionWithAttentionSinkWrapper (the only wrapper that honours sinks) has no ALiBi",
-        variants=frozenset({"sinks", "alibi"}),
+        variants=frozenset({"sinks", "alibi_slopes"}),
     ),
     Exclusion(
         "FlashInfer adds the ALiBi bias before the soft-cap and scales the biased score again inside it; "
         "PagedCase caps the scaled score first",
-        variants=frozenset({"alibi", "logits_soft_cap"}),
+        variants=frozenset({"alibi_slopes", "logits_soft_cap"}),
     ),
 )
 

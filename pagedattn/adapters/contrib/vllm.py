@@ -58,7 +58,7 @@ ALIBI_SINKS = Exclusion(
     "vLLM's unified_attention measures the ALiBi distance from the chunk start (key - context_len), not from the "
     "query position; softmax hides the per-row shift until a sink joins the denominator (real deviation, "
     "docs/results/conformance-matrix-triton.md)",
-    variants=frozenset({"alibi", "sinks"}),
+    variants=frozenset({"alibi_slopes", "sinks"}),
     multi_token=True,
 )
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from pagedattn.indexing import token_to_seq
 from pagedattn.kernels import tlsim as tl
 from pagedattn.oracle import PagedCase
 
@@ -40,8 +41,9 @@ def _gather_kernel(
     tl.store(out, pos[:, None] * ROW + cols[None, :], vals, mask[:, None])
 
 
-def paged_gather(pool: torch.Tensor, block_table: torch.Tensor, seq_len: int, tile: int = 16) -> torch.Tensor:
-    """One sequence's history read through its block table.
+def gather_sequence(pool: torch.Tensor, block_table: torch.Tensor, seq_len: int, tile: int = 16) -> torch.Tensor:
+    """One sequence's history read through its block table (the oracle's
+    ``gather_history`` as a tlsim program).
 
     Args:
         pool: ``[num_blocks, block_size, num_kv_heads, head_dim]`` any dtype.
@@ -128,8 +130,8 @@ def _attention_kernel(
     scale: float,
     k_scale: float,
     v_scale: float,
-    window: int,
-    soft_cap: float,
+    sliding_window: int,
+    logits_soft_cap: float,
     # strides (elements)
     stride_qt: int,
     stride_qh: int,
@@ -159,7 +161,7 @@ def _attention_kernel(
     q_start, q_len = int(bounds[0]), int(bounds[1] - bounds[0])
     pos = seq_len - q_len + (t - q_start)  # absolute position: sees keys 0..pos
     n_keys = pos + 1
-    first = max(0, pos - window + 1) if USE_WINDOW else 0  # the window's first key
+    first = max(0, pos - sliding_window + 1) if USE_WINDOW else 0  # the window's first key
     # start on a tile edge below it: tiles stay aligned, the mask drops the keys before it
     lo = first - first % TILE
 
@@ -185,7 +187,7 @@ def _attention_kernel(
         v = tl.load(v_cache, base[:, None] + d[None, :], both).float()
         s = (q_tile @ k.T) * (scale * k_scale)  # [G, TILE]
         if USE_SOFTCAP:
-            s = soft_cap * torch.tanh(s / soft_cap)
+            s = logits_soft_cap * torch.tanh(s / logits_soft_cap)
         if USE_ALIBI:
             s = s + slopes[:, None] * (j - pos).float()[None, :]
         # a masked load gave zero keys, and a zero key still scores: force them out (after the cap)
@@ -200,12 +202,6 @@ def _attention_kernel(
     tl.store(out, t * stride_ot + heads[:, None] * stride_oh + d[None, :], result, dmask[None, :])
     if WRITE_LSE:
         tl.store(lse, t * (GROUP * prog.num_programs(1)) + heads, m + torch.log(l_sum))
-
-
-def token_to_seq(query_start_loc: torch.Tensor, num_tokens: int) -> torch.Tensor:
-    """``[num_tokens]`` int64: the sequence each packed query row belongs to."""
-    lens = query_start_loc[1:] - query_start_loc[:-1]
-    return torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens.long(), output_size=num_tokens)
 
 
 def paged_attention(case: PagedCase, tile: int = 16, return_lse: bool = False):

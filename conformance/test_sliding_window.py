@@ -1,10 +1,10 @@
-"""Logits soft-cap: every scaled score ``s`` becomes ``c * tanh(s / c)`` before masking (``PagedCase.logits_soft_cap``).
+"""Sliding window: the query at position ``p`` sees keys ``p - W + 1 .. p`` only (``PagedCase.sliding_window``).
 
 Runs only where the backend claims the variant (``Capabilities.variants``); elsewhere each
 case is reported as unsupported, with the reason."""
 
-FAMILY = "softcap"
+FAMILY = "sliding_window"
 
 
-def test_softcap(pagedattn_suite, conformance_spec, request):
+def test_sliding_window(pagedattn_suite, conformance_spec, request):
     pagedattn_suite.attention(request.node, conformance_spec)

@@ -3,8 +3,8 @@
 Runs only where the backend claims the variant (``Capabilities.variants``); elsewhere each
 case is reported as unsupported, with the reason."""
 
-FAMILY = "alibi"
+FAMILY = "alibi_slopes"
 
 
-def test_alibi(pagedattn_suite, conformance_spec, request):
+def test_alibi_slopes(pagedattn_suite, conformance_spec, request):
     pagedattn_suite.attention(request.node, conformance_spec)

@@ -1,0 +1,321 @@
+"""The canonical problem's rules and vocabulary, stated once.
+
+``PagedCase`` (at construction) and the Triton kernel's host checks (before a launch)
+both call these functions, so a violation gets the same message and is blamed on the
+same field whoever finds it: ``ProblemError("PagedCase", "seq_lens", "must ...")``
+reads ``PagedCase.seq_lens: must ..., got ...``. Torch only; nothing else of ours.
+
+The value checks (lengths, offsets, block ids in range, finite per-head tensors) read
+the device once, in one transfer (``check_tensors``): a kernel's host checks may
+afford one synchronization per batch, not one per rule. ``sync=False`` skips them.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Collection
+
+import torch
+
+#: query dtypes a ``PagedCase`` accepts (float64 for the oracle's own tests)
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+#: fp8 cache dtypes and the one name each goes by (variant, case id, report)
+FP8_DTYPES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+#: every attention variant a case can carry (``PagedCase.variants``): its field names
+VARIANTS = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "fp8_e4m3", "fp8_e5m2")
+#: the problem's tensors, always present
+TENSOR_FIELDS = ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "query_start_loc")
+#: per-head variant tensors, ``None`` when the variant is off
+OPTIONAL_TENSOR_FIELDS = ("alibi_slopes", "sinks")
+#: the non-tensor fields
+SCALAR_FIELDS = ("scale", "sliding_window", "logits_soft_cap", "k_scale", "v_scale")
+_DIMS = {
+    "query": ("num_tokens", "num_heads", "head_dim"),
+    "key_cache": ("num_blocks", "block_size", "num_kv_heads", "head_dim"),
+}
+
+
+class ProblemError(ValueError):
+    """An input outside the canonical problem: ``{owner}.{field}: {problem}``. ``field``
+    names the argument at fault (the same one whichever caller found it)."""
+
+    def __init__(self, owner: str, field: str, problem: str):
+        super().__init__(f"{owner}.{field}: {problem}")
+        self.owner = owner
+        self.field = field
+        self.problem = problem
+
+
+def dtype_text(dtypes: Collection[torch.dtype]) -> str:
+    """``float32/float16/bfloat16``."""
+    return "/".join(str(d).removeprefix("torch.") for d in dtypes)
+
+
+def sliding_window_problem(w: object) -> str:
+    """``""`` when ``w`` is a sliding window (an int >= 1) or ``None``; else what is wrong."""
+    if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w < 1):
+        return f"must be an int >= 1 (keys seen, the query's own included) or None, got {w!r}"
+    return ""
+
+
+def positive_float_problem(x: object) -> str:
+    """``""`` when ``x`` is a real number (a Python or NumPy int or float, not a bool, a
+    string, a complex or a tensor) that is finite and > 0; else what is wrong."""
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        return f"must be a finite float > 0, got {x!r} of type {type(x).__name__}"
+    if not 0.0 < float(x) < float("inf"):
+        return f"must be a finite float > 0, got {x!r}"
+    return ""
+
+
+def check_options(
+    owner: str,
+    kv_dtype: torch.dtype,
+    *,
+    scale: object = None,
+    sliding_window: object = None,
+    logits_soft_cap: object = None,
+    k_scale: object = 1.0,
+    v_scale: object = 1.0,
+) -> None:
+    """The non-tensor fields (no device read): ``scale`` (``None``: the default) and the
+    variants' scalars. ``kv_dtype`` is the cache dtype (only fp8 takes scales)."""
+    problem = sliding_window_problem(sliding_window)
+    if problem:
+        raise ProblemError(owner, "sliding_window", problem)
+    optional = {"scale": scale, "logits_soft_cap": logits_soft_cap}
+    for name, x in {**optional, "k_scale": k_scale, "v_scale": v_scale}.items():
+        problem = "" if x is None and name in optional else positive_float_problem(x)
+        if problem:
+            raise ProblemError(owner, name, problem)
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if x != 1.0 and kv_dtype not in FP8_DTYPES:
+            raise ProblemError(
+                owner,
+                name,
+                f"must be 1.0 unless the cache is fp8 (scales apply to fp8 caches only), "
+                f"got {x:g} with a {kv_dtype} cache",
+            )
+
+
+def check_per_head(owner: str, name: str, t: object, num_heads: int, device: torch.device) -> None:
+    """A per-head variant tensor (``alibi_slopes``, ``sinks``): ``None`` or ``[num_heads]``
+    float32 on ``device``. Whether it is finite is a value, read by ``check_tensors``."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise ProblemError(owner, name, f"must be a torch.Tensor or None, got {type(t).__name__}")
+    if tuple(t.shape) != (num_heads,):
+        raise ProblemError(owner, name, f"must have shape [num_heads] = ({num_heads},), got {tuple(t.shape)}")
+    if t.dtype != torch.float32:
+        raise ProblemError(owner, name, f"must be float32, got {t.dtype}")
+    if t.device != device:
+        raise ProblemError(owner, name, f"must be on the query's device {device} (one device for all), got {t.device}")
+
+
+def check_tensors(
+    owner: str,
+    query: object,
+    key_cache: object,
+    value_cache: object,
+    block_tables: object,
+    seq_lens: object,
+    query_start_loc: object,
+    *,
+    alibi_slopes: object = None,
+    sinks: object = None,
+    query_dtypes: Collection[torch.dtype] = FLOAT_DTYPES,
+    sync: bool = True,
+) -> tuple[list[int], list[int]] | None:
+    """Every rule of the problem's tensors; raises ``ProblemError``.
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]``, one of ``query_dtypes``.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the
+            query dtype or an fp8 dtype (both the same).
+        block_tables: ``[num_seqs, max_blocks]`` int32; entries a sequence uses lie in
+            ``[0, num_blocks)``, the others are padding (never read, never checked).
+        seq_lens: ``[num_seqs]`` int32; query_start_loc: ``[num_seqs + 1]`` int32 from 0
+            to ``num_tokens``, every sequence with ``1 <= q_b <= seq_lens[b]``.
+        alibi_slopes, sinks: ``None`` or ``[num_heads]`` float32, finite.
+        sync: read the values (one device-to-host transfer); ``False`` checks shapes,
+            dtypes and devices only and returns ``None``.
+
+    Returns:
+        ``(seq_lens, query_start_loc)`` as lists (read in the one transfer), or ``None``
+        without ``sync``.
+    """
+    named = dict(
+        query=query,
+        key_cache=key_cache,
+        value_cache=value_cache,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        query_start_loc=query_start_loc,
+    )
+    t: dict[str, torch.Tensor] = {}
+    for name, x in named.items():
+        if not isinstance(x, torch.Tensor):
+            raise ProblemError(owner, name, f"must be a torch.Tensor, got {type(x).__name__}")
+        t[name] = x
+    q, k, v = t["query"], t["key_cache"], t["value_cache"]
+    for name, rank in zip(TENSOR_FIELDS, (3, 4, 4, 2, 1, 1)):
+        if t[name].dim() != rank:
+            raise ProblemError(owner, name, f"must have rank {rank}, got shape {tuple(t[name].shape)}")
+    if q.dtype not in query_dtypes:
+        raise ProblemError(owner, "query", f"must be {dtype_text(query_dtypes)}, got {q.dtype}")
+    if k.dtype != q.dtype and k.dtype not in FP8_DTYPES:
+        raise ProblemError(
+            owner, "key_cache", f"must be the query dtype {q.dtype} or {dtype_text(FP8_DTYPES)}, got {k.dtype}"
+        )
+    if v.dtype != k.dtype:
+        raise ProblemError(owner, "value_cache", f"must have the key_cache dtype {k.dtype}, got {v.dtype}")
+    for name in ("block_tables", "seq_lens", "query_start_loc"):
+        if t[name].dtype != torch.int32:
+            raise ProblemError(owner, name, f"must be int32, got {t[name].dtype}")
+    dev = q.device
+    for name, x in t.items():
+        if x.device != dev:
+            raise ProblemError(owner, name, f"must be on the query's device {dev} (one device for all), got {x.device}")
+    if dev.type == "meta":
+        # the checks below read the lengths and tables, and the oracle reads everything
+        raise ProblemError(owner, "query", "must hold values: the meta device holds none (use cpu or cuda)")
+
+    # shapes
+    if k.shape != v.shape:
+        raise ProblemError(
+            owner, "value_cache", f"must have the key_cache shape {tuple(k.shape)}, got {tuple(v.shape)}"
+        )
+    T, Hq, D = q.shape
+    N, bs, Hkv, Dk = k.shape
+    if Dk != D:
+        raise ProblemError(owner, "key_cache", f"must have the query head_dim {D}, got head_dim {Dk}")
+    for name, dims in _DIMS.items():
+        for i, dim in enumerate(dims):
+            if t[name].shape[i] < 1:
+                raise ProblemError(owner, name, f"{dim} (dimension {i}) must be >= 1, got shape {tuple(t[name].shape)}")
+    if Hq % Hkv != 0:
+        raise ProblemError(owner, "query", f"num_heads must be a multiple of num_kv_heads {Hkv}, got {Hq}")
+    B = t["seq_lens"].shape[0]
+    if B < 1:
+        raise ProblemError(owner, "seq_lens", "must hold at least one sequence, got none")
+    if t["block_tables"].shape[0] != B:
+        raise ProblemError(
+            owner,
+            "block_tables",
+            f"must have a row per sequence ({B} in seq_lens), got {t['block_tables'].shape[0]} rows",
+        )
+    if t["query_start_loc"].shape[0] != B + 1:
+        raise ProblemError(
+            owner, "query_start_loc", f"must have num_seqs + 1 = {B + 1} entries, got {t['query_start_loc'].shape[0]}"
+        )
+    heads = {"alibi_slopes": alibi_slopes, "sinks": sinks}
+    for name, x in heads.items():
+        check_per_head(owner, name, x, Hq, dev)
+    if not sync:
+        return None
+    return _check_values(owner, t, N, bs, {n: x for n, x in heads.items() if isinstance(x, torch.Tensor)})
+
+
+def _check_values(
+    owner: str, t: dict[str, torch.Tensor], num_blocks: int, block_size: int, heads: dict[str, torch.Tensor]
+) -> tuple[list[int], list[int]]:
+    """The value rules, from one device-to-host transfer: the lengths, the offsets, per
+    sequence whether a block id it uses is out of range (computed where the table lives),
+    and whether each per-head tensor is finite."""
+    tables, seq_lens, loc_t = t["block_tables"], t["seq_lens"], t["query_start_loc"]
+    B, M = tables.shape
+    T = t["query"].shape[0]
+    need_t = (seq_lens.long() + block_size - 1) // block_size  # [B]
+    used = torch.arange(M, device=tables.device)[None, :] < need_t[:, None]  # [B, M]
+    bad = used & ((tables < 0) | (tables >= num_blocks))  # [B, M]
+    finite = [torch.isfinite(x).all().long().reshape(1) for x in heads.values()]
+    values = torch.cat([seq_lens.long(), loc_t.long(), bad.any(dim=1).long(), *finite]).tolist()
+    lens, loc, bad_rows = values[:B], values[B : 2 * B + 1], values[2 * B + 1 : 3 * B + 1]
+    for name, ok in zip(heads, values[3 * B + 1 :]):
+        if not ok:
+            raise ProblemError(owner, name, "must be finite, got NaN or infinity")
+    if loc[0] != 0:
+        raise ProblemError(owner, "query_start_loc", f"must start at 0, got {loc[0]}")
+    if loc[-1] != T:
+        raise ProblemError(owner, "query_start_loc", f"must end at num_tokens = {T}, got {loc[-1]}")
+    for b in range(B):
+        q_b, s_b = loc[b + 1] - loc[b], lens[b]
+        if q_b < 0:
+            raise ProblemError(
+                owner, "query_start_loc", f"must never decrease, got [{b}]={loc[b]} > [{b + 1}]={loc[b + 1]}"
+            )
+        if q_b < 1:
+            raise ProblemError(
+                owner, "query_start_loc", f"must give every sequence >= 1 new token, got {q_b} for sequence {b}"
+            )
+        if s_b < q_b:
+            raise ProblemError(
+                owner,
+                "seq_lens",
+                f"must be >= the query length (q_b <= seq_len), got seq_lens[{b}]={s_b} below its query length {q_b}",
+            )
+        need = -(-s_b // block_size)
+        if need > M:
+            raise ProblemError(
+                owner,
+                "block_tables",
+                f"must have a column per block used: sequence {b} needs "
+                f"{need} blocks for seq_len {s_b} at block_size {block_size}, got {M} columns",
+            )
+        if bad_rows[b]:
+            # the error path may read the device again: the exact entry, for the message
+            i = int(bad[b].nonzero()[0, 0])
+            raise ProblemError(
+                owner,
+                "block_tables",
+                f"must hold block ids in [0, num_blocks={num_blocks}) where "
+                f"used, got [{b}, {i}] = {int(tables[b, i])} outside [0, num_blocks={num_blocks})",
+            )
+    return lens, loc
+
+
+def check_problem(
+    owner: str,
+    query: object,
+    key_cache: object,
+    value_cache: object,
+    block_tables: object,
+    seq_lens: object,
+    query_start_loc: object,
+    scale: object = None,
+    *,
+    sliding_window: object = None,
+    logits_soft_cap: object = None,
+    alibi_slopes: object = None,
+    sinks: object = None,
+    k_scale: object = 1.0,
+    v_scale: object = 1.0,
+    query_dtypes: Collection[torch.dtype] = FLOAT_DTYPES,
+) -> tuple[list[int], list[int]]:
+    """The whole problem: ``check_tensors`` then ``check_options`` (fields as in
+    ``PagedCase``). Returns ``(seq_lens, query_start_loc)`` as lists."""
+    read = check_tensors(
+        owner,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        query_dtypes=query_dtypes,
+    )
+    assert read is not None  # sync=True reads the values
+    assert isinstance(key_cache, torch.Tensor)  # checked above
+    check_options(
+        owner,
+        key_cache.dtype,
+        scale=scale,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    return read
