@@ -8,12 +8,11 @@ triton is first imported) and says so in the report header.
 from __future__ import annotations
 
 import importlib.util
-import os
-import sys
 
 import torch
 
 from pagedattn._version import __version__
+from pagedattn.adapters.interpreter import arrange_interpreter
 from pagedattn.adapters.protocol import Capabilities
 from pagedattn.oracle import VARIANTS, PagedCase
 
@@ -22,19 +21,6 @@ from pagedattn.oracle import VARIANTS, PagedCase
 MIN_INTERPRETER_TRITON = (3, 6)
 
 INSTALL_HINT = "pip install 'pagedattn-conformance[triton]'  (or: pip install triton)"
-
-
-def arrange_interpreter() -> bool:
-    """Decide GPU or interpreter before triton is imported; returns True for the interpreter."""
-    if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        return False
-    if "triton" in sys.modules and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-        raise RuntimeError(
-            "the triton backend needs the Triton interpreter on this machine (no CUDA device), but triton was "
-            "imported before TRITON_INTERPRET=1 could be set; set TRITON_INTERPRET=1 in the environment"
-        )
-    os.environ["TRITON_INTERPRET"] = "1"
-    return True
 
 
 class TritonBackend:

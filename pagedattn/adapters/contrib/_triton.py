@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from pagedattn.adapters.triton import arrange_interpreter
+from pagedattn.adapters.interpreter import arrange_interpreter
 
 __all__ = ["INTERPRETER_BF16", "arrange_interpreter", "runtime_claims"]
 
