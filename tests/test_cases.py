@@ -162,3 +162,22 @@ def test_strategy_draws_valid_cases(spec):
     case = spec.build()
     assert case.num_seqs == len(spec.seqs)
     assert torch.isfinite(paged_attention_reference(case)).all()
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, text",
+    [
+        (dict(kv_dtype=torch.float16), "kv_dtype", "must be an fp8 dtype or None, got torch.float16"),
+        (dict(layout="zigzag"), "layout", "must be one of"),
+        (dict(layout="shared"), "shared_blocks", "must be >= 1 with two sequences"),
+        (dict(seqs=((20, 1), (9, 1)), block_size=4, layout="shared", shared_blocks=3), "shared_blocks",
+         "must be <= the 2 full blocks both sequences have, got 3"),
+    ],
+)  # fmt: skip
+def test_a_bad_spec_names_field_and_bound(kwargs, field, text):
+    """The same template as the problem's rules: ``CaseSpec.field: must ..., got ...``."""
+    kwargs = {"family": "t", "seqs": ((8, 1),), **kwargs}
+    with pytest.raises(ValueError) as info:
+        CaseSpec(**kwargs)
+    msg = str(info.value)
+    assert msg.startswith(f"CaseSpec.{field}: ") and text in msg, msg

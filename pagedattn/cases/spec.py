@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.oracle.case import PagedCase
-from pagedattn.problem import FP8_DTYPES
+from pagedattn.problem import FP8_DTYPES, ProblemError
 
 LAYOUTS = ("sequential", "permuted", "interleaved", "shared")
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -76,17 +76,17 @@ class CaseSpec:
 
     def __post_init__(self) -> None:
         if self.kv_dtype is not None and self.kv_dtype not in FP8_DTYPES:
-            raise ValueError(f"CaseSpec.kv_dtype must be an fp8 dtype or None, got {self.kv_dtype}")
+            raise ProblemError("CaseSpec", "kv_dtype", f"must be an fp8 dtype or None, got {self.kv_dtype}")
         if self.layout not in LAYOUTS:
-            raise ValueError(f"CaseSpec.layout must be one of {LAYOUTS}, got {self.layout!r}")
+            raise ProblemError("CaseSpec", "layout", f"must be one of {LAYOUTS}, got {self.layout!r}")
         if self.layout == "shared":
             if len(self.seqs) < 2 or self.shared_blocks < 1:
-                raise ValueError("CaseSpec: layout 'shared' needs two sequences and shared_blocks >= 1")
+                raise ProblemError("CaseSpec", "shared_blocks", "must be >= 1 with two sequences or more under "
+                                   f"layout 'shared', got {self.shared_blocks} with {len(self.seqs)}")  # fmt: skip
             full = min(s for s, _ in self.seqs[:2]) // self.block_size
             if self.shared_blocks > full:
-                raise ValueError(
-                    f"CaseSpec.shared_blocks={self.shared_blocks} exceeds the {full} full blocks both sequences have"
-                )
+                raise ProblemError("CaseSpec", "shared_blocks", f"must be <= the {full} full blocks both sequences "
+                                   f"have, got {self.shared_blocks}")  # fmt: skip
 
     @property
     def variants(self) -> frozenset[str]:
