@@ -275,6 +275,53 @@ def _check_values(
     return lens, loc
 
 
+def check_slot_mapping(
+    owner: str, pool: torch.Tensor, slot_mapping: object, new: object = None, *, sync: bool = True
+) -> None:
+    """The operations besides attention: a gather (``new`` is ``None``) reads
+    ``pool.view(-1, ...)[slot_mapping]``, a cache write stores ``new[i]`` at every
+    ``slot_mapping[i] >= 0`` (a slot < 0 is skipped). Raises ``ProblemError``.
+
+    Args:
+        pool: ``[num_blocks, block_size, num_kv_heads, head_dim]`` (the caller's own tensor).
+        slot_mapping: ``[n]`` int32/int64 on the pool's device; every slot is
+            ``< num_blocks * block_size``, and ``>= 0`` for a gather.
+        new: ``[n, num_kv_heads, head_dim]`` in the pool's dtype and device (a write).
+        sync: read the slots' bounds (one device-to-host transfer); ``False`` checks
+            shapes, dtypes and devices only.
+    """
+    if not isinstance(slot_mapping, torch.Tensor):
+        raise ProblemError(owner, "slot_mapping", f"must be a torch.Tensor, got {type(slot_mapping).__name__}")
+    if slot_mapping.dim() != 1 or slot_mapping.dtype not in (torch.int32, torch.int64):
+        raise ProblemError(
+            owner,
+            "slot_mapping",
+            f"must be [n] int32 or int64, got {slot_mapping.dtype} of shape {tuple(slot_mapping.shape)}",
+        )
+    if slot_mapping.device != pool.device:
+        raise ProblemError(
+            owner, "slot_mapping", f"must be on the pool's device {pool.device}, got {slot_mapping.device}"
+        )
+    if new is not None:
+        want = (slot_mapping.shape[0], *pool.shape[2:])
+        if not isinstance(new, torch.Tensor):
+            raise ProblemError(owner, "new", f"must be a torch.Tensor, got {type(new).__name__}")
+        if tuple(new.shape) != want or new.dtype != pool.dtype or new.device != pool.device:
+            raise ProblemError(
+                owner,
+                "new",
+                f"must be {pool.dtype} of shape {want} on {pool.device}, "
+                f"got {new.dtype} {tuple(new.shape)} on {new.device}",
+            )
+    if not sync or slot_mapping.numel() == 0:
+        return
+    n_slots = pool.shape[0] * pool.shape[1]
+    lo, hi = torch.stack([slot_mapping.min(), slot_mapping.max()]).tolist()
+    if hi >= n_slots or (new is None and lo < 0):
+        bound = f"[0, num_blocks * block_size = {n_slots})" if new is None else f"< num_blocks * block_size = {n_slots}"
+        raise ProblemError(owner, "slot_mapping", f"must hold slots {bound}, got slots from {lo} to {hi}")
+
+
 def check_problem(
     owner: str,
     query: object,

@@ -118,6 +118,13 @@ def test_a_bad_case_file_is_one_error_naming_file_and_problem(name, tmp_path):
     assert str(info.value).startswith(str(path)) and text in str(info.value), f"{name}: {info.value}"
 
 
+@pytest.mark.parametrize("old, new", [("window", "sliding_window"), ("softcap", "logits_soft_cap"),
+                                      ("alibi", "alibi_slopes"), ("decode", "decode")])  # fmt: skip
+def test_a_file_saved_under_an_old_family_name_loads_under_the_new_one(tmp_path, old, new):
+    save_case(CaseSpec("t", ((5, 2),)).build(), tmp_path / "c.pt", family=old, id="x")
+    assert load_case(tmp_path / "c.pt")[1]["family"] == new
+
+
 def test_replay_of_a_bad_file_is_one_usage_error(pytester, tmp_path):
     case = CaseSpec("t", ((5, 2),)).build()
     unknown = tmp_path / "unknown.pt"

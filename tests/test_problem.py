@@ -8,7 +8,7 @@ import torch
 
 from pagedattn import PagedCase
 from pagedattn.cases import CaseSpec
-from pagedattn.kernels import host
+from pagedattn.kernels import host, tlsim_programs
 from pagedattn.oracle import case as case_module
 from pagedattn.problem import ProblemError, check_tensors
 
@@ -214,3 +214,48 @@ def test_clone_and_to_copy_a_valid_case_without_validating_it(monkeypatch):
         assert copy.query_lens == case.query_lens and copy.seq_lens_list == case.seq_lens_list
         assert torch.equal(copy.query, case.query) and copy.scale == case.scale
     assert case.clone().query.data_ptr() != case.query.data_ptr()
+
+
+# ---------------------------------------------------------------- the slot operations
+def _slots_args() -> dict:
+    pool = BASE.build().key_cache.clone()  # [7, 4, 2, 16]: 28 slots
+    return dict(pool=pool, slot_mapping=torch.tensor([0, 27, 5]), new=torch.zeros(3, 2, 16))
+
+
+BOTH_OPS, WRITE = ("gather_slots", "write_slots"), ("write_slots",)
+# name: (operations that must refuse it, field, text of the bound, change)
+BAD_SLOTS = {
+    "slot-past-the-pool": (BOTH_OPS, "slot_mapping", "got slots from 0 to 28",
+                           _set(slot_mapping=torch.tensor([0, 28, 5]))),
+    "slots-list": (BOTH_OPS, "slot_mapping", "torch.Tensor", _set(slot_mapping=[0, 1, 2])),
+    "slots-float": (BOTH_OPS, "slot_mapping", "int32 or int64", _set(slot_mapping=torch.tensor([0.0, 1.0, 2.0]))),
+    "slots-2d": (BOTH_OPS, "slot_mapping", "[n] int32 or int64", _set(slot_mapping=torch.tensor([[0, 1, 2]]))),
+    "slots-device": (BOTH_OPS, "slot_mapping", "pool's device",
+                     _set(slot_mapping=torch.tensor([0, 1, 2], device="meta"))),
+    "new-rows": (WRITE, "new", "of shape (3, 2, 16)", _set(new=torch.zeros(2, 2, 16))),
+    "new-dtype": (WRITE, "new", "torch.float32", _set(new=torch.zeros(3, 2, 16, dtype=torch.float16))),
+    "pool-strided": (WRITE, "pool", "contiguous", lambda a: a.update(pool=_strided(a["pool"]))),
+}  # fmt: skip
+SLOT_OPS = {
+    "gather_slots": lambda a: tlsim_programs.gather_slots(a["pool"], a["slot_mapping"]),
+    "write_slots": lambda a: tlsim_programs.write_slots(a["pool"], a["slot_mapping"], a["new"]),
+}
+
+
+@pytest.mark.parametrize("name, op", [(n, op) for n in sorted(BAD_SLOTS) for op in BAD_SLOTS[n][0]])
+def test_bad_slot_operation_names_field_and_bound(name, op):
+    _, field, text, change = BAD_SLOTS[name]
+    args = _slots_args()
+    change(args)
+    with pytest.raises(ProblemError) as info:
+        SLOT_OPS[op](args)
+    msg = str(info.value)
+    assert info.value.field == field and msg.startswith(f"{op}.{field}: ") and text in msg, f"{name}: {msg!r}"
+
+
+def test_a_negative_slot_is_skipped_by_a_write_and_refused_by_a_gather():
+    args = _slots_args()
+    args["slot_mapping"] = torch.tensor([0, -1, 5])
+    SLOT_OPS["write_slots"](args)  # slot < 0: skip the row
+    with pytest.raises(ProblemError, match=r"gather_slots.slot_mapping: must hold slots \[0, num_blocks \* block_size"):
+        SLOT_OPS["gather_slots"](args)

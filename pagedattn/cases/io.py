@@ -12,6 +12,8 @@ from pagedattn.oracle.case import PagedCase
 from pagedattn.problem import OPTIONAL_TENSOR_FIELDS, SCALAR_FIELDS, TENSOR_FIELDS
 
 FORMAT = "pagedattn-case/1"
+#: family names before they took the ``PagedCase`` field names (0.x files still replay)
+RENAMED_FAMILIES = {"window": "sliding_window", "softcap": "logits_soft_cap", "alibi": "alibi_slopes"}
 
 
 class CaseFileError(ValueError):
@@ -68,7 +70,10 @@ def load_case(path: str | os.PathLike, device: str | torch.device = "cpu") -> tu
         case = case_from_state(payload, device)
     except ValueError as exc:
         raise CaseFileError(f"{path}: holds an invalid case: {exc}") from None
-    return case, payload["meta"]
+    meta = payload["meta"]
+    if meta.get("family") in RENAMED_FAMILIES:
+        meta["family"] = RENAMED_FAMILIES[meta["family"]]
+    return case, meta
 
 
 def _structure_problem(payload: dict) -> str:

@@ -13,6 +13,7 @@ import torch
 from pagedattn.indexing import token_to_seq
 from pagedattn.kernels import tlsim as tl
 from pagedattn.oracle import PagedCase
+from pagedattn.problem import ProblemError, check_slot_mapping
 
 
 # --------------------------------------------------------------------- gather
@@ -90,7 +91,9 @@ def _slots_kernel(prog: tl.Program, pool, slots, rows, n: int, ROW: int, TILE: i
 
 def gather_slots(pool: torch.Tensor, slot_mapping: torch.Tensor, tile: int = 16) -> torch.Tensor:
     """``pool.view(-1, ...)[slot_mapping]``: ``[n, num_kv_heads, head_dim]`` from a
-    ``[num_blocks, block_size, num_kv_heads, head_dim]`` pool."""
+    ``[num_blocks, block_size, num_kv_heads, head_dim]`` pool; every slot in
+    ``[0, num_blocks * block_size)`` (``pagedattn.problem.check_slot_mapping``)."""
+    check_slot_mapping("gather_slots", pool, slot_mapping)
     pool = pool.contiguous()
     row = pool[0, 0].numel()
     n = slot_mapping.shape[0]
@@ -102,9 +105,15 @@ def gather_slots(pool: torch.Tensor, slot_mapping: torch.Tensor, tile: int = 16)
 
 def write_slots(pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor, tile: int = 16) -> None:
     """``pool.view(-1, ...)[slot] = new[i]`` for every ``slot >= 0``, in place.
-    pool must be contiguous (it is written through a flat view)."""
+    pool must be contiguous (it is written through a flat view); slots and ``new`` as
+    ``pagedattn.problem.check_slot_mapping`` states."""
+    check_slot_mapping("write_slots", pool, slot_mapping, new)
     if not pool.is_contiguous():
-        raise ValueError("write_slots: pool must be contiguous (it is written in place through a flat view)")
+        raise ProblemError(
+            "write_slots",
+            "pool",
+            f"must be contiguous (it is written in place through a flat view), got strides {pool.stride()}",
+        )
     row = pool[0, 0].numel()
     n = slot_mapping.shape[0]
     tl.launch(tl.cdiv(n, tile), _slots_kernel, pool.view(-1), slot_mapping.to(torch.int64),
