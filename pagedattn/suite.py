@@ -20,6 +20,7 @@ import torch
 
 from pagedattn.cases import save_case
 from pagedattn.cases.spec import DTYPE_NAMES, KV_DTYPE_NAMES
+from pagedattn.indexing import index_rows
 from pagedattn.isolation import BackendFault, accepts_out, backend_files, describe_exception
 from pagedattn.oracle import (
     PagedCase,
@@ -30,7 +31,6 @@ from pagedattn.oracle import (
     paged_gather,
 )
 from pagedattn.oracle.policy import AttentionCheck, BitCheck, bits_dtype, bits_view
-from pagedattn.oracle.reference import index_rows
 from pagedattn.record import FACTS_KEY, note, noted
 
 RECORD_KEY = FACTS_KEY

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from pagedattn.problem import sliding_window_problem
+from pagedattn.problem import ProblemError, sliding_window_problem
 
 LN2 = math.log(2.0)
 
@@ -25,7 +25,7 @@ def window_to_flash_attn(sliding_window: int | None) -> tuple[int, int]:
     ``(-1, -1)`` (no window) for ``None``. vLLM's FlashAttention backend passes exactly this."""
     if sliding_window is None:
         return (-1, -1)
-    _check_window(sliding_window)
+    _check_window("window_to_flash_attn", sliding_window)
     return (sliding_window - 1, 0)
 
 
@@ -35,11 +35,17 @@ def window_from_flash_attn(window_size: tuple[int, int]) -> int | None:
     the right); a window that sees the future is outside the canonical problem."""
     left, right = window_size
     if right not in (0, -1):
-        raise ValueError(f"window_size: right={right} sees future keys; paged causal attention needs 0 or -1")
+        raise ProblemError(
+            "window_from_flash_attn",
+            "window_size",
+            f"must have right 0 or -1 (causal attention sees no keys to the right), got right={right}",
+        )
     if left == -1:
         return None
     if left < 0:
-        raise ValueError(f"window_size: left={left} must be >= 0 or -1 (no window)")
+        raise ProblemError(
+            "window_from_flash_attn", "window_size", f"must have left >= 0 or -1 (no window), got left={left}"
+        )
     return left + 1
 
 
@@ -48,7 +54,7 @@ def window_to_flashinfer(sliding_window: int | None) -> int:
     window. SGLang passes FlashInfer's value (its ``sliding_window_size``)."""
     if sliding_window is None:
         return -1
-    _check_window(sliding_window)
+    _check_window("window_to_flashinfer", sliding_window)
     return sliding_window - 1
 
 
@@ -57,14 +63,16 @@ def window_from_flashinfer(window_left: int) -> int | None:
     if window_left == -1:
         return None
     if window_left < 0:
-        raise ValueError(f"window_left={window_left} must be >= 0 or -1 (no window)")
+        raise ProblemError(
+            "window_from_flashinfer", "window_left", f"must be >= 0 or -1 (no window), got window_left={window_left}"
+        )
     return window_left + 1
 
 
-def _check_window(w: int) -> None:
+def _check_window(owner: str, w: int) -> None:
     problem = sliding_window_problem(w)
     if problem:
-        raise ValueError(f"sliding_window {problem}")
+        raise ProblemError(owner, "sliding_window", problem)
 
 
 # ----------------------------------------------------------------------- lse
@@ -95,7 +103,12 @@ def scales_from_descale(descale_k: torch.Tensor | float, descale_v: torch.Tensor
         if isinstance(x, torch.Tensor):
             flat = x.detach().float().reshape(-1).cpu()
             if flat.numel() == 0 or not bool((flat == flat[0]).all()):
-                raise ValueError(f"{name}: per-sequence or per-head scales differ; PagedCase holds one scale per cache")
+                raise ProblemError(
+                    "scales_from_descale",
+                    name,
+                    "must hold one value (PagedCase holds one scale per "
+                    "cache), got per-sequence or per-head scales that differ",
+                )
             x = float(flat[0])
         out.append(float(x))
     return out[0], out[1]
