@@ -40,8 +40,8 @@ def test_python_m_pagedattn_lists_what_runs_here():
         assert f"  {name} " in out, out
     assert "runs here" in out
     # what each backend claims of the variants, on its own line
-    assert "variants alibi, fp8_e4m3, fp8_e5m2, logits_soft_cap, sinks, sliding_window" in out
-    assert "variants alibi, fp8_e4m3, fp8_e5m2, sliding_window" in out  # sdpa
+    assert "variants alibi_slopes, fp8_e4m3, fp8_e5m2, logits_soft_cap, sinks, sliding_window" in out
+    assert "variants alibi_slopes, fp8_e4m3, fp8_e5m2, sliding_window" in out  # sdpa
 
 
 def _source_copy(tmp_path: Path) -> Path:

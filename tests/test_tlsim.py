@@ -55,7 +55,7 @@ def test_masked_store_writes_nothing_masked():
     tile = torch.arange(2)[:, None] * 3 + torch.arange(3)[None, :]  # 2-D tile by broadcasting
     tl.store(buf, tile, 5.0, tile < 4)
     assert buf.tolist() == [5.0, 5.0, 5.0, 5.0, 0.0, 0.0]
-    with pytest.raises(ValueError, match="flat 1-D"):
+    with pytest.raises(ValueError, match="must be flat 1-D memory"):
         tl.load(torch.zeros(2, 2), torch.tensor([0]))
 
 

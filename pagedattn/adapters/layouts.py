@@ -27,6 +27,7 @@ import torch
 
 from pagedattn.indexing import index_rows
 from pagedattn.oracle import PagedCase
+from pagedattn.problem import ProblemError
 
 
 def _loc(lens: list[int], device) -> torch.Tensor:
@@ -58,7 +59,7 @@ def token_kv_indices(case: PagedCase, part: str = "all") -> tuple[torch.Tensor, 
         ``[N * bs, Hkv, D]``, request after request, in position order.
     """
     if part not in ("all", "prefix"):
-        raise ValueError(f"token_kv_indices: part must be 'all' or 'prefix', got {part!r}")
+        raise ProblemError("token_kv_indices", "part", f"must be 'all' or 'prefix', got {part!r}")
     slots = [case.slot_mapping(b) for b in range(case.num_seqs)]
     if part == "prefix":
         slots = [s[:c] for s, c in zip(slots, case.context_lens)]
@@ -72,7 +73,7 @@ def req_to_token(case: PagedCase, width: int | None = None) -> torch.Tensor:
     to the longest history."""
     width = case.max_seq_len if width is None else width
     if width < case.max_seq_len:
-        raise ValueError(f"req_to_token: width {width} is shorter than the longest history {case.max_seq_len}")
+        raise ProblemError("req_to_token", "width", f"must be >= the longest history {case.max_seq_len}, got {width}")
     table = torch.zeros(case.num_seqs, width, dtype=torch.int32, device=case.device)
     for b in range(case.num_seqs):
         table[b, : case.seq_lens_list[b]] = case.slot_mapping(b).to(torch.int32)
@@ -133,7 +134,7 @@ def to_vllm_split(key_cache: torch.Tensor, value_cache: torch.Tensor, x: int | N
     N, bs, H, D = key_cache.shape
     x = x or 16 // key_cache.element_size()
     if D % x:
-        raise ValueError(f"to_vllm_split: head_dim {D} must be a multiple of x={x}")
+        raise ProblemError("to_vllm_split", "x", f"must divide head_dim {D} (head_dim a multiple of x), got x={x}")
     k = key_cache.view(N, bs, H, D // x, x).permute(0, 2, 3, 1, 4).contiguous()
     v = value_cache.permute(0, 2, 3, 1).contiguous()
     return k, v
@@ -157,7 +158,7 @@ def to_flashinfer(case: PagedCase, layout: str = "NHD") -> dict:
     ``page_size``, ``sm_scale``, ``causal=True``.
     """
     if layout not in ("NHD", "HND"):
-        raise ValueError(f"to_flashinfer: layout must be 'NHD' or 'HND', got {layout!r}")
+        raise ProblemError("to_flashinfer", "layout", f"must be 'NHD' or 'HND', got {layout!r}")
     kv = torch.stack([case.key_cache, case.value_cache], dim=1)  # [N, 2, bs, Hkv, D]
     if layout == "HND":
         kv = kv.transpose(2, 3).contiguous()

@@ -14,6 +14,7 @@ import torch
 
 from pagedattn.cases.spec import CaseSpec
 from pagedattn.options import PROFILES
+from pagedattn.problem import ProblemError
 
 #: the core families, then one family per attention variant (capability-gated) and their
 #: combinations; ``lse`` checks the log-sum-exp output (an optional operation)
@@ -326,7 +327,7 @@ def grid(profile: str = "quick", family: str | None = None) -> list[CaseSpec]:
     """The named cases of ``profile`` (each profile includes the smaller ones),
     optionally of one ``family``. Ids are unique and stable."""
     if profile not in PROFILES:
-        raise ValueError(f"profile must be one of {PROFILES}, got {profile!r}")
+        raise ProblemError("grid", "profile", f"must be one of {PROFILES}, got {profile!r}")
     families = FAMILIES if family is None else (family,)
     specs = [s for f in families for s in _BUILDERS[f](profile)]
     ids = [s.id for s in specs]

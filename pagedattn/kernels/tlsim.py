@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.indexing import cdiv, is_byte_float, next_power_of_2
+from pagedattn.problem import ProblemError
 
 __all__ = ["Program", "arange", "cdiv", "launch", "load", "next_power_of_2", "store"]
 
@@ -38,7 +39,7 @@ class Program:
 def _grid3(grid: int | tuple[int, ...]) -> tuple[int, int, int]:
     g = (grid,) if isinstance(grid, int) else tuple(grid)
     if not 1 <= len(g) <= 3 or any((not isinstance(x, int)) or x < 0 for x in g):
-        raise ValueError(f"grid must be 1 to 3 non-negative ints, got {grid!r}")
+        raise ProblemError("launch", "grid", f"must be 1 to 3 non-negative ints, got {grid!r}")
     return (g + (1, 1))[:3]  # type: ignore[return-value]
 
 
@@ -57,7 +58,7 @@ def arange(start: int, end: int, device: torch.device | str = "cpu") -> torch.Te
 
 def _check_flat(buffer: torch.Tensor) -> None:
     if buffer.dim() != 1:
-        raise ValueError(f"tlsim memory is a flat 1-D buffer, got shape {tuple(buffer.shape)}")
+        raise ProblemError("tlsim", "buffer", f"must be flat 1-D memory, got shape {tuple(buffer.shape)}")
 
 
 def load(

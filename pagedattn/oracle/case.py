@@ -79,7 +79,8 @@ class PagedCase:
     included), so ``o`` and ``lse`` merge with other partial results exactly.
 
     Raises:
-        ValueError: naming the field and the bound it breaks.
+        ProblemError: (a ``ValueError``) ``PagedCase.<field>: must ..., got ...``, naming
+            the field and the bound it breaks (``pagedattn.problem`` states the rules).
     """
 
     query: torch.Tensor
@@ -246,7 +247,7 @@ class PagedCase:
         return self._with_tensors({f: t.to(device) for f, t in self.tensors().items()})
 
     def replace(self, **changes) -> PagedCase:
-        """A new case with ``changes`` applied (and validated)."""
+        """A new case with ``changes`` applied (validated: the changes may break a rule)."""
         return dataclasses.replace(self, **changes)
 
     def clone(self) -> PagedCase:
