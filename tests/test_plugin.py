@@ -40,7 +40,9 @@ def test_every_loading_route_runs_the_suite(pytester, bad, route):
 
 def test_header_names_backend_and_versions(pytester):
     result = _run(pytester, DECODE, "--backend=sdpa")
-    claims = "*claims: operations attention, gather, write_cache; variants alibi_slopes, fp8_e4m3, fp8_e5m2, sliding_window"
+    claims = (
+        "*claims: operations attention, gather, write_cache; variants alibi_slopes, fp8_e4m3, fp8_e5m2, sliding_window"
+    )
     result.stdout.fnmatch_lines(["pagedattn *: backend sdpa torch *", "*runs on: sdpa (cpu)*", "*torch *, triton *",
                                  "*guard: none: a crash or a hang of the backend ends the run*--isolate*",
                                  claims, "pagedattn: * cases in * configurations*"])  # fmt: skip
