@@ -59,6 +59,7 @@ BAD = {
                     lambda a: a.update(value_cache=a["value_cache"].half())),
     "fp8-k-only": (BOTH, "value_cache", "must have the key_cache dtype",
                    lambda a: a.update(key_cache=a["key_cache"].to(E4M3))),
+    "dtype-mix": (BOTH, "key_cache", "must be the query dtype", lambda a: a.update(key_cache=a["key_cache"].half())),
     "kv-other-dtype": (BOTH, "key_cache", "must be the query dtype",
                        lambda a: a.update(key_cache=a["key_cache"].half(), value_cache=a["value_cache"].half())),
     "head-dim": (BOTH, "key_cache", "must have the query head_dim 8, got head_dim 16",
@@ -150,6 +151,38 @@ def _kernel(a: dict) -> None:
 
 
 CALLERS = {"PagedCase": _case, "paged_attention": _kernel}
+
+
+#: what ``check_variants`` alone sees: the options and the per-head tensors' structure
+#: (their finiteness is a value, read by ``check_paged_inputs``' one transfer)
+_OPTION_FIELDS = {"scale", "sliding_window", "logits_soft_cap", "k_scale", "v_scale", "alibi_slopes", "sinks"}
+
+
+#: values read on the device (the per-head tensors' finiteness): check_paged_inputs' job
+_VALUE_READS = {"alibi-nan", "sinks-nan", "sinks-inf"}
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in BAD.items() if e[1] in _OPTION_FIELDS and n not in _VALUE_READS))
+def test_check_variants_alone_names_field_and_bound(name):
+    """The kernel's variant checks, called alone (as ``prepare`` calls them after the
+    tensor checks), blame the same field: everything but a value read on the device."""
+    _, field, text, change = BAD[name]
+    args = _args()
+    change(args)
+    options = {k: v for k, v in args.items() if k not in _TENSORS}
+    with pytest.raises(ProblemError) as info:
+        host.check_variants(args["query"], args["key_cache"], **options)
+    msg = str(info.value)
+    assert info.value.field == field and msg.startswith(f"paged_attention.{field}: ") and text in msg, f"{name}: {msg}"
+
+
+def test_check_variants_returns_the_checked_variants():
+    args = _args()
+    var = host.check_variants(args["query"], args["key_cache"].to(E4M3), scale=0.3, k_scale=1e30, v_scale=2.0,
+                              sliding_window=7, logits_soft_cap=5, return_lse=1)  # fmt: skip
+    assert (var.k_scale, var.v_scale, var.sliding_window, var.logits_soft_cap, var.return_lse) == (
+        1e30, 2.0, 7, 5.0, True)  # fmt: skip
+    assert isinstance(var.logits_soft_cap, float)
 
 
 @pytest.mark.parametrize("caller", sorted(CALLERS))

@@ -103,7 +103,7 @@ def check_paged_inputs(
             f"of {query.numel()}",
         )
     if scale is not None:
-        problem = positive_float_problem(scale) or fp32_scale_problem(float(scale))  # type: ignore[arg-type]
+        problem = positive_float_problem(scale) or fp32_scale_problem(float(scale))
         if problem:
             raise ProblemError(OWNER, "scale", problem)
     if out is not None:
@@ -166,6 +166,9 @@ def check_variants(
         raise ProblemError(
             OWNER, "sliding_window", f"must be <= 2**31 - 1 (an int32 in the kernel), got {sliding_window}"
         )
+    problem = fp32_scale_problem(float(scale)) if scale is not None else ""
+    if problem:
+        raise ProblemError(OWNER, "scale", problem)
     softmax_scale = float(query.shape[2]) ** -0.5 if scale is None else float(scale)
     for name, x in (("k_scale", softmax_scale * float(k_scale)), ("v_scale", float(v_scale))):
         problem = fp32_scale_problem(x)
