@@ -34,7 +34,7 @@ from pagedattn.cases.strategies import FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_H
 from pagedattn.isolation import BackendFault
 from pagedattn.options import positive_seconds  # noqa: F401  (its home before; tests import it here)
 from pagedattn.oracle import check_attention
-from pagedattn.oracle.policy import AttentionCheck
+from pagedattn.oracle.verdict import AttentionCheck
 from pagedattn.suite import PagedAttnWarning, Suite, record
 
 FAMILY = "search"

@@ -29,9 +29,10 @@ from pagedattn.oracle import (
     check_bitexact,
     paged_gather,
 )
+from pagedattn.oracle.bitexact import BitCheck, bits_dtype, bits_view
 from pagedattn.oracle.case import FP8_DTYPES
-from pagedattn.oracle.policy import AttentionCheck, BitCheck, bits_dtype, bits_view
 from pagedattn.oracle.reference import index_rows
+from pagedattn.oracle.verdict import AttentionCheck
 from pagedattn.record import FACTS_KEY, note, noted
 
 RECORD_KEY = FACTS_KEY
