@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,12 +29,14 @@ import torch
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, reject, seed, settings, target
 from hypothesis.errors import Unsatisfiable
 
+from pagedattn.adapters.protocol import Claims, SupportsWarmup
 from pagedattn.cases import CaseSpec, grid, save_case
+from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.grid import BLOCK_SIZES, FAMILIES, HEAD_DIMS
-from pagedattn.cases.strategies import FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS, Configuration, case_specs
-from pagedattn.isolation import BackendFault
+from pagedattn.cases.strategies import FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS, case_specs
+from pagedattn.faults import BackendFault
 from pagedattn.options import positive_seconds  # noqa: F401  (its home before; tests import it here)
-from pagedattn.oracle import check_attention
+from pagedattn.oracle import PagedCase, check_attention
 from pagedattn.oracle.verdict import AttentionCheck
 from pagedattn.suite import PagedAttnWarning, Suite, record
 
@@ -74,7 +77,7 @@ def budget_seconds(option: float | None, device: str) -> float:
     return DEFAULT_BUDGET["cuda" if str(device).startswith("cuda") else "cpu"]
 
 
-def grid_configurations(profile: str, caps: Any) -> list[Configuration]:
+def grid_configurations(profile: str, caps: Claims) -> list[Configuration]:
     """The configurations of the profile's attention grid that ``caps`` claims, simplest first."""
     found = {Configuration.of(s) for f in _ATTENTION_FAMILIES for s in grid(profile, f)}
     claimed = [
@@ -86,7 +89,13 @@ def grid_configurations(profile: str, caps: Any) -> list[Configuration]:
     return sorted(claimed, key=Configuration.sort_key)
 
 
-def free_axes(caps: Any) -> tuple[dict[str, list[int]], str | None]:
+def _claims_axis(caps: Claims, key: str, value: int) -> bool:
+    """Whether ``caps`` claims ``value`` on the one axis ``key`` (``head_dim``, ...)."""
+    asked: dict[str, Any] = {key: value}
+    return caps.unsupported_reason(**asked) is None
+
+
+def free_axes(caps: Claims) -> tuple[dict[str, list[int]], str | None]:
     """The head dims, block sizes and GQA ratios that fresh draws take: those of the free
     draws that ``caps`` claims (else the grid's others it claims); and why none, if so."""
     axes: dict[str, list[int]] = {}
@@ -94,7 +103,7 @@ def free_axes(caps: Any) -> tuple[dict[str, list[int]], str | None]:
                                   ("block_sizes", "block_size", (FREE_BLOCK_SIZES, BLOCK_SIZES)),
                                   ("gqa_ratios", "gqa_ratio", (FREE_GQA_RATIOS,))):  # fmt: skip
         for values in candidates:
-            axes[name] = [x for x in values if caps.unsupported_reason(**{key: x}) is None]
+            axes[name] = [x for x in values if _claims_axis(caps, key, x)]
             if axes[name]:
                 break
         else:
@@ -231,11 +240,13 @@ class SearchRun:
     def _dtypes(self) -> list[torch.dtype]:
         return sorted(self.suite.caps.dtypes & {torch.float32, torch.float16, torch.bfloat16}, key=str)
 
-    def _hypothesis(self, dtypes: list[torch.dtype], configs: list[Configuration], axes: dict[str, list[int]]):
+    def _hypothesis(
+        self, dtypes: list[torch.dtype], configs: list[Configuration], axes: dict[str, list[int]]
+    ) -> Callable[[], None]:
         caps = self.suite.caps
         strategy = case_specs(self.suite.profile, family=FAMILY, dtypes=dtypes, variants=caps.variants,
-                              configurations=configs, **axes, decode_only=bool(getattr(caps, "decode_only", False)),
-                              default_scale_only=bool(getattr(caps, "default_scale_only", False)),
+                              configurations=configs, **axes, decode_only=caps.decode_only,
+                              default_scale_only=caps.default_scale_only,
                               max_seq_len=caps.max_seq_len)  # fmt: skip
 
         @seed(self.item.index)
@@ -291,13 +302,13 @@ class SearchRun:
             return None
         self.examples += 1
         pristine = case.clone()
-        warmup = getattr(self.suite.backend, "warmup", None)
+        backend = self.suite.backend
         try:
-            if warmup is not None and Configuration.of(spec) not in self.warmed:
+            if isinstance(backend, SupportsWarmup) and Configuration.of(spec) not in self.warmed:
                 # a JIT backend compiles a new configuration here, outside any --case-timeout
                 self.warmed.add(Configuration.of(spec))
-                warmup(case.clone())
-            out = self.suite.backend.paged_attention(case)
+                backend.warmup(case.clone())
+            out = backend.paged_attention(case)
         except pytest.skip.Exception:  # the backend declined this case at run time
             self.examples -= 1
             return None
@@ -313,13 +324,14 @@ class SearchRun:
             self.worst = (check.budget_used, spec, check)
         return _Verdict(None, check)
 
-    def _failed(self, spec: CaseSpec, case, message: str, check: AttentionCheck | None = None) -> _Verdict:
+    def _failed(self, spec: CaseSpec, case: PagedCase, message: str, check: AttentionCheck | None = None) -> _Verdict:
         """A failing draw; saved (replacing the saved one) when it is the smallest so far."""
         if self.smallest is None or spec_size(spec) < spec_size(self.smallest[0]):
-            path = os.path.join(self.suite.replay_dir, f"{self.item.id}.pt")
+            replays = self.suite.replays
+            path = replays.path(self.item.id)
             save_case(case.to("cpu"), path, id=spec.id, family="search-replay", operation="attention")
             rel = os.path.relpath(path)
-            self.smallest = (spec, message, self.suite.replay_command(path if rel.startswith("..") else rel), check)
+            self.smallest = (spec, message, replays.command(path if rel.startswith("..") else rel), check)
         return _Verdict(message, check)
 
     # --------------------------------------------------------------- report
