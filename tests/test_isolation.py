@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from pagedattn.adapters.loading import backend_info, load_backend
+from pagedattn.adapters.loading import accepts_out, backend_info, load_backend
 from pagedattn.adapters.protocol import (
     Backend,
     SupportsClose,
@@ -72,3 +72,20 @@ def test_the_search_runs_under_isolation(tmp_path):
         proxy.close()
     rec = recorded(node)
     assert rec["status"] == "passed" and rec["examples"] >= 1, rec
+
+
+def test_the_bundled_backends_meet_the_typed_contract() -> None:
+    """Checked twice: by mypy (this function is typed: the assignments are the claim) and at
+    run time (the protocols are runtime-checkable)."""
+    from pagedattn.adapters.protocol import Capabilities, Claims
+    from pagedattn.adapters.reference import ReferenceBackend
+    from pagedattn.adapters.tlsim import TLSimBackend
+
+    claims: Claims = Capabilities()
+    reference: Backend = ReferenceBackend()
+    tlsim: Backend = TLSimBackend()
+    assert claims.max_seq_len is None and not claims.decode_only
+    for backend in (reference, tlsim):
+        assert isinstance(backend, Backend), type(backend).__name__
+    assert isinstance(reference, SupportsLse) and isinstance(reference, SupportsGather)
+    assert isinstance(reference, SupportsWriteCache) and not accepts_out(reference)

@@ -128,9 +128,13 @@ class SupportsOut(Protocol):
     returns it (or ``None``). Every element must be written: the suite fills ``buf`` with
     a NaN of a payload no arithmetic produces and fails an element still holding it.
 
+    Whether a backend takes ``out=`` is decided by ``pagedattn.adapters.loading.accepts_out``:
+    its ``accepts_out`` attribute, else the signature of its ``paged_attention`` (which
+    ``isinstance`` cannot see: ``isinstance(backend, SupportsOut)`` holds for a backend
+    that states ``accepts_out``).
+
     Attributes:
-        accepts_out: whether ``out=`` is taken; when a backend has no such attribute the
-            suite reads ``paged_attention``'s signature (``pagedattn.isolation.accepts_out``).
+        accepts_out: whether ``out=`` is taken.
     """
 
     accepts_out: bool
