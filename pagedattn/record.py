@@ -88,7 +88,7 @@ class CaseRecord:
         nodeid: pytest's node id (without an xdist group suffix).
         id: the case id (``decode-gqa2-bs16-d64-fp32-L70-B3``).
         family, dtype, operation: the summary table's axes and the operation run.
-        configuration: the compile key (``Suite.configuration``).
+        configuration: the compile key (``pagedattn.cases.configuration.Configuration.key``).
         status: the verdict.
         message: short: what failed (with the replay command), or why not run.
         reason: why unsupported / not run / expected to fail.
