@@ -21,10 +21,11 @@ import pytest
 # installed; torch, the cases, the suite and the backend loaders are imported by the hooks
 # that need them, once --backend is given
 from pagedattn import collection, recorder, report
+from pagedattn.book import RecordBook
 from pagedattn.expectations import glob_match as _glob  # noqa: F401  (its home before; tests import it here)
 from pagedattn.expectations import load_expectations
 from pagedattn.options import DEFAULT_TIMEOUT_S, NO_LIMIT, PROFILES, case_timeout, positive_seconds
-from pagedattn.record import RecordBook, note
+from pagedattn.record import note
 from pagedattn.replay import ReplaySpec, rerun_command
 from pagedattn.session import RUN_KEY, SUITE_DIR, SUITE_KEY, Run
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from pagedattn.record import RecordBook, noted, split_group
+from pagedattn.book import RecordBook
+from pagedattn.record import noted, split_group
 from pagedattn.session import Run
 from pagedattn.status import FAILING, Status
 

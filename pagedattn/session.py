@@ -15,7 +15,7 @@ import pytest
 if TYPE_CHECKING:
     import subprocess
 
-    from pagedattn.record import RecordBook
+    from pagedattn.book import RecordBook
     from pagedattn.suite import Suite
 
 

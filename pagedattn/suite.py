@@ -30,7 +30,7 @@ from pagedattn.replay import ReplayFiles
 __all__ = ["PagedAttnWarning", "Suite", "case_configuration", "dtype_name", "guarded", "record", "recorded"]
 
 RECORD_KEY = FACTS_KEY
-# the suite attaches facts; the RecordBook (pagedattn.record) decides each case's status
+# the suite attaches facts; the RecordBook (pagedattn.book) decides each case's status
 record = note
 recorded = noted
 
