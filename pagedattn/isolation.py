@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from pagedattn.adapters.loading import OPTIONAL_METHODS, backend_info
+from pagedattn.adapters.loading import OPTIONAL_METHODS, BackendLoadError, backend_info, load_backend
 from pagedattn.cases.io import case_from_state, case_state
 from pagedattn.faults import BackendFault, backend_files, describe_exception
 from pagedattn.oracle import PagedCase, bits_equal
@@ -76,8 +76,6 @@ def _child_main(conn: Connection, spec: str, path: list[str]) -> None:
     """The child: construct the backend, then serve calls until the pipe closes."""
     sys.path[:] = path
     import pytest
-
-    from pagedattn.adapters.loading import BackendLoadError, load_backend
 
     try:
         backend = load_backend(spec)
@@ -169,8 +167,6 @@ class _Child:
         self.info: dict[str, Any] = self._start()
 
     def _start(self) -> dict[str, Any]:
-        from pagedattn.adapters.loading import BackendLoadError
-
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(target=_child_main, args=(child_conn, self.spec, list(sys.path)), daemon=True)
