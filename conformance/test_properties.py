@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from pagedattn.cases import grid
+from pagedattn.properties import PROPERTIES
 
 FAMILY = "properties"
 
@@ -22,16 +23,6 @@ def SPECS(profile):
     ]
 
 
-PROPERTIES = [
-    "determinism",
-    "batch_invariance",
-    "placement_invariance",
-    "immutability",
-    "poisoned_padding",
-    "out_argument",
-]
-
-
-@pytest.mark.parametrize("prop", PROPERTIES)
+@pytest.mark.parametrize("prop", list(PROPERTIES))
 def test_property(pagedattn_suite, conformance_spec, prop, request):
-    getattr(pagedattn_suite, prop)(request.node, conformance_spec)
+    PROPERTIES[prop](pagedattn_suite, request.node, conformance_spec)

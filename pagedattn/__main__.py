@@ -64,7 +64,8 @@ def report() -> list[str]:
 def print_report(path: str) -> int:
     """The summary of the JSON report at ``path``; 0 if every case passed (or was
     unsupported or expected to fail), 1 if not, 2 if the file is not a report."""
-    from pagedattn.record import FAILING, summary_lines
+    from pagedattn.status import FAILING
+    from pagedattn.table import summary_lines
 
     try:
         with open(path) as f:

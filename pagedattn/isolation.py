@@ -1,7 +1,7 @@
 """Fault isolation: run a backend in a child process that is replaced when it dies.
 
 A backend that segfaults, hits a CUDA illegal memory access, or hangs must cost
-one case, not the run. ``IsolatedBackend`` constructs the backend *only* in a
+one case, not the run. ``isolated_backend`` constructs the backend *only* in a
 spawned child process (a constructor that crashes cannot take the test process
 with it), asks the child for its capabilities, and forwards every call there with
 a per-call timeout (``pagedattn.options.DEFAULT_TIMEOUT_S`` unless ``--case-timeout`` says
@@ -16,106 +16,25 @@ writes into the cache.
 
 from __future__ import annotations
 
-import inspect
 import multiprocessing
-import os
 import signal
 import sys
 import traceback
+from functools import cache
+from multiprocessing.connection import Connection
 from typing import Any
 
 import torch
 
+from pagedattn.adapters.loading import OPTIONAL_METHODS, BackendLoadError, backend_info, load_backend
 from pagedattn.cases.io import case_from_state, case_state
+from pagedattn.faults import BackendFault, backend_files, describe_exception
 from pagedattn.oracle import PagedCase, bits_equal
 
 #: Time allowed for a fresh child to import torch and construct the backend.
 STARTUP_TIMEOUT_S = 180.0
 #: Time allowed for ``backend.warmup(case)`` (a JIT compile), outside the case's limit.
 WARMUP_TIMEOUT_S = 1800.0
-#: The invariances a backend may decline (``Capabilities.invariance_reason``).
-INVARIANCE_NAMES = ("determinism", "batch_invariance", "placement_invariance")
-OPTIONAL_METHODS = ("gather", "write_cache", "paged_attention_lse", "warmup")
-
-
-class BackendFault(Exception):
-    """The backend crashed, hung, raised, or could not be started.
-
-    Attributes:
-        kind: ``"crashed"`` (its process died or could not start), ``"timed_out"``,
-            or ``"raised"`` (an exception: the case fails).
-        traceback: the full traceback of a raised exception (``""`` otherwise).
-    """
-
-    def __init__(self, message: str, kind: str = "crashed", traceback: str = ""):
-        super().__init__(message)
-        self.kind = kind
-        self.traceback = traceback
-
-
-def describe_exception(exc: BaseException, backend_files: set[str]) -> tuple[str, str]:
-    """``(short, full)`` for an exception a backend raised: one line with its type, message
-    and the last frame in the backend's own file(s) (else the last frame outside
-    pagedattn), and the full traceback."""
-    full = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
-    frames = traceback.extract_tb(exc.__traceback__)
-    ours = os.path.dirname(os.path.abspath(__file__))
-    mine = [f for f in frames if os.path.abspath(f.filename) in backend_files]
-    outside = [f for f in frames if not os.path.abspath(f.filename).startswith(ours + os.sep)]
-    chosen = mine or outside or list(frames)
-    text = str(exc).strip().splitlines()
-    short = f"the backend raised {type(exc).__name__}" + (f": {text[0]}" if text else "")
-    if chosen:
-        frame = chosen[-1]
-        short += f" (at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})"
-    return short, full
-
-
-def backend_files(backend: Any) -> set[str]:
-    """The source file of the backend's class (where its own frames are)."""
-    try:
-        path = inspect.getsourcefile(type(backend))
-    except (TypeError, OSError):
-        path = None
-    return {os.path.abspath(path)} if path else set()
-
-
-def accepts_out(backend: Any) -> bool:
-    """Whether ``backend.paged_attention`` takes ``out=``: its ``accepts_out`` attribute, else
-    its signature."""
-    explicit = getattr(backend, "accepts_out", None)
-    if explicit is not None:
-        return bool(explicit)
-    try:
-        return "out" in inspect.signature(backend.paged_attention).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def backend_info(backend: Any) -> dict[str, Any]:
-    """What the suite and the report need to know of a backend, as plain data (it crosses
-    process boundaries: from the isolation child, from xdist workers)."""
-    caps = backend.capabilities
-    limit_lines = getattr(caps, "limit_lines", None)
-    invariance_reason = getattr(caps, "invariance_reason", None)
-    return {
-        "name": str(backend.name),
-        "version": str(getattr(backend, "version", "") or ""),
-        "target": getattr(backend, "target", None),
-        "capabilities": caps.describe(),
-        "limit_lines": list(limit_lines()) if callable(limit_lines) else [],
-        "invariances": {n: invariance_reason(n) if callable(invariance_reason) else None for n in INVARIANCE_NAMES},
-        "notes": dict(caps.notes),
-        "dtypes": [str(d).replace("torch.", "") for d in caps.dtypes],
-        "operations": sorted(caps.operations),
-        "variants": sorted(caps.variants),
-        "devices": sorted(caps.devices),
-        "fp32_precision": caps.fp32_precision,
-        "qk_precision": getattr(caps, "qk_precision", "fp32"),
-        "tolerance_factor": caps.tolerance_factor,
-        "methods": [m for m in OPTIONAL_METHODS if callable(getattr(backend, m, None))],
-        "accepts_out": accepts_out(backend),
-    }
 
 
 def _to(x: Any, device: str | torch.device) -> Any:
@@ -153,12 +72,10 @@ def _serve(backend: Any, method: str, device: str, payload: Any) -> Any:
     raise ValueError(f"unknown method {method!r}")
 
 
-def _child_main(conn, spec: str, path: list[str]) -> None:
+def _child_main(conn: Connection, spec: str, path: list[str]) -> None:
     """The child: construct the backend, then serve calls until the pipe closes."""
     sys.path[:] = path
     import pytest
-
-    from pagedattn.adapters.loading import BackendLoadError, load_backend
 
     try:
         backend = load_backend(spec)
@@ -197,29 +114,32 @@ def _describe_exit(code: int | None) -> str:
 
 
 class RemoteCapabilities:
-    """The capabilities of a backend that lives in the child: the plain fields from its
-    description, ``case_reason`` and ``unsupported_reason`` asked of the child (a
-    predicate or a case filter cannot cross a process boundary)."""
+    """The capabilities of a backend that lives in the child (a ``Claims``): the plain
+    fields from its description, ``case_reason`` and ``unsupported_reason`` asked of the
+    child (a predicate or a case filter cannot cross a process boundary)."""
 
-    def __init__(self, owner: IsolatedBackend, info: dict[str, Any]):
-        self._owner = owner
+    def __init__(self, child: _Child, info: dict[str, Any]):
+        self._child = child
         self._info = info
         self.dtypes = frozenset(getattr(torch, d) for d in info["dtypes"])
         self.operations = frozenset(info["operations"])
         self.variants = frozenset(info["variants"])
         self.devices = frozenset(info["devices"])
-        self.fp32_precision = info["fp32_precision"]
-        self.qk_precision = info["qk_precision"]
-        self.tolerance_factor = info["tolerance_factor"]
-        self.notes = dict(info["notes"])
+        self.fp32_precision: str = info["fp32_precision"]
+        self.qk_precision: str = info["qk_precision"]
+        self.tolerance_factor: float = info["tolerance_factor"]
+        self.notes: dict[str, str] = dict(info["notes"])
+        self.max_seq_len: int | None = info["max_seq_len"]
+        self.decode_only: bool = info["decode_only"]
+        self.default_scale_only: bool = info["default_scale_only"]
 
     def case_reason(self, case: PagedCase, operation: str = "attention") -> str | None:
-        return self._owner._request("case_reason", (case_state(case), operation))
+        return self._child.request("case_reason", (case_state(case), operation))
 
     def unsupported_reason(self, **kwargs: Any) -> str | None:
         if "device" in kwargs and kwargs["device"] is not None:
             kwargs["device"] = str(kwargs["device"])
-        return self._owner._request("unsupported_reason", kwargs)
+        return self._child.request("unsupported_reason", kwargs)
 
     def invariance_reason(self, name: str) -> str | None:
         return self._info["invariances"].get(name)
@@ -231,10 +151,11 @@ class RemoteCapabilities:
         return list(self._info["limit_lines"])
 
 
-class IsolatedBackend:
-    """The backend ``spec``, constructed and run in a child process. Construction starts
-    the child; a child that crashes while constructing raises ``BackendFault``, one that
-    raises ``BackendLoadError`` (as an in-process load would)."""
+class _Child:
+    """The child process that holds the backend, and the pipe to it. Constructing one
+    starts the child; a child that crashes while constructing raises ``BackendFault``,
+    one that raises ``BackendLoadError`` (as an in-process load would). A child that dies
+    or times out is replaced before the next request."""
 
     def __init__(self, spec: str, device: str, timeout: float | None):
         self.spec = spec
@@ -244,24 +165,8 @@ class IsolatedBackend:
         self._conn: Any = None
         self.generation = 0  # how many children were started: a warm-up is lost with its child
         self.info: dict[str, Any] = self._start()
-        self.name = self.info["name"]
-        self.version = self.info["version"]
-        self.accepts_out = self.info["accepts_out"]
-        self.capabilities = RemoteCapabilities(self, self.info)
-        for m in OPTIONAL_METHODS:
-            if m not in self.info["methods"]:
-                setattr(self, m, None)
 
-    @property
-    def target(self) -> str:
-        inner = self.info.get("target") or f"{self.name} ({self.device})"
-        limit = f", {self.timeout:g} s per case" if self.timeout else ", no time limit"
-        return f"{inner} [isolated in a child process{limit}]"
-
-    # ------------------------------------------------------------ process
     def _start(self) -> dict[str, Any]:
-        from pagedattn.adapters.loading import BackendLoadError
-
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
         self._proc = ctx.Process(target=_child_main, args=(child_conn, self.spec, list(sys.path)), daemon=True)
@@ -292,7 +197,9 @@ class IsolatedBackend:
             self._conn.close()
         self._proc = self._conn = None
 
-    def _request(self, method: str, payload: Any, timeout: float | None = None) -> Any:
+    def request(self, method: str, payload: Any, timeout: float | None = None) -> Any:
+        """Ask the child to run ``method`` on ``payload`` (``_serve``); its answer, or
+        ``BackendFault`` (crashed, timed out, raised), or ``pytest.skip`` (declined)."""
         if self._proc is None or not self._proc.is_alive():
             self.close()
             self._start()
@@ -327,13 +234,47 @@ class IsolatedBackend:
             raise BackendFault(f"the backend process answered {status}: {detail}")
         return detail
 
-    # ------------------------------------------------------------ the contract
-    def warmup(self, case: PagedCase) -> None:  # noqa: F811
-        self._request("warmup", case_state(case), timeout=WARMUP_TIMEOUT_S)
+
+class IsolatedBackend:
+    """A ``Backend`` (with ``SupportsOut`` and ``SupportsClose``) whose backend lives in a
+    child process. Its optional methods are exactly the child backend's: the classes
+    ``isolated_backend`` returns add them (``_IsolatedLse``, ``_IsolatedGather``,
+    ``_IsolatedWriteCache``, ``_IsolatedWarmup``), so ``isinstance(proxy, SupportsGather)``
+    answers as for the backend itself."""
+
+    def __init__(self, child: _Child):
+        self._child = child
+        self.info = child.info
+        self.name: str = self.info["name"]
+        self.version: str = self.info["version"]
+        self.accepts_out: bool = self.info["accepts_out"]
+        self.capabilities = RemoteCapabilities(child, self.info)
+
+    @property
+    def device(self) -> str:
+        return self._child.device
+
+    @property
+    def timeout(self) -> float | None:
+        return self._child.timeout
+
+    @property
+    def generation(self) -> int:
+        """How many child processes were started (a warm-up is lost with its child)."""
+        return self._child.generation
+
+    @property
+    def target(self) -> str:
+        inner = self.info.get("target") or f"{self.name} ({self.device})"
+        limit = f", {self.timeout:g} s per case" if self.timeout else ", no time limit"
+        return f"{inner} [isolated in a child process{limit}]"
+
+    def close(self) -> None:
+        self._child.close()
 
     def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
         payload = {"case": case_state(case), "out": out.cpu() if out is not None else None}
-        result, after, out_after = self._request("paged_attention", payload)
+        result, after, out_after = self._child.request("paged_attention", payload)
         self._mirror(case, after)
         if out is not None and out_after is not None:
             out.copy_(out_after)
@@ -341,25 +282,63 @@ class IsolatedBackend:
                 return out
         return _to(result, self.device)
 
-    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:  # noqa: F811
-        result, after, _ = self._request("paged_attention_lse", {"case": case_state(case), "out": None})
-        self._mirror(case, after)
-        if isinstance(result, tuple):
-            return tuple(_to(r, self.device) for r in result)  # type: ignore[return-value]
-        return result
-
     @staticmethod
-    def _mirror(case: PagedCase, after: dict) -> None:
+    def _mirror(case: PagedCase, after: dict[str, torch.Tensor]) -> None:
         for f, mine in case.tensors().items():  # mirror what the backend did to its inputs
             theirs = after[f].to(mine.device)
             if not bits_equal(mine, theirs):
                 mine.copy_(theirs)
 
-    def gather(self, pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:  # noqa: F811
-        result, _ = self._request("gather", (pool.cpu(), slot_mapping.cpu()))
+
+class _IsolatedLse(IsolatedBackend):
+    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+        result, after, _ = self._child.request("paged_attention_lse", {"case": case_state(case), "out": None})
+        self._mirror(case, after)
+        if isinstance(result, tuple):
+            return tuple(_to(r, self.device) for r in result)
+        return result  # not a pair: the suite rejects it
+
+
+class _IsolatedGather(IsolatedBackend):
+    def gather(self, pool: torch.Tensor, slot_mapping: torch.Tensor) -> torch.Tensor:
+        result, _ = self._child.request("gather", (pool.cpu(), slot_mapping.cpu()))
         return _to(result, self.device)
 
-    def write_cache(self, pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor) -> None:  # noqa: F811
-        pool_after, new_after = self._request("write_cache", (pool.cpu(), slot_mapping.cpu(), new.cpu()))
+
+class _IsolatedWriteCache(IsolatedBackend):
+    def write_cache(self, pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor) -> None:
+        pool_after, new_after = self._child.request("write_cache", (pool.cpu(), slot_mapping.cpu(), new.cpu()))
         pool.copy_(pool_after.to(pool.device))
         new.copy_(new_after.to(new.device))
+
+
+class _IsolatedWarmup(IsolatedBackend):
+    def warmup(self, case: PagedCase) -> None:
+        self._child.request("warmup", case_state(case), timeout=WARMUP_TIMEOUT_S)
+
+
+_OPTIONAL_PROXIES: dict[str, type[IsolatedBackend]] = {
+    "paged_attention_lse": _IsolatedLse,
+    "gather": _IsolatedGather,
+    "write_cache": _IsolatedWriteCache,
+    "warmup": _IsolatedWarmup,
+}
+
+
+@cache
+def _proxy_class(methods: frozenset[str]) -> type[IsolatedBackend]:
+    """The proxy class with exactly the optional ``methods`` (one class per combination)."""
+    bases = tuple(cls for name, cls in _OPTIONAL_PROXIES.items() if name in methods)
+    if not bases:
+        return IsolatedBackend
+    names = "+".join(name for name in _OPTIONAL_PROXIES if name in methods)
+    return type(f"IsolatedBackend[{names}]", bases, {"__doc__": IsolatedBackend.__doc__})
+
+
+def isolated_backend(spec: str, device: str, timeout: float | None) -> IsolatedBackend:
+    """The backend ``spec``, constructed and run in a child process (see the module
+    docstring), behind a proxy with the same optional methods. A child that crashes while
+    constructing raises ``BackendFault``; one that cannot load ``spec`` raises
+    ``BackendLoadError``, as an in-process load would."""
+    child = _Child(spec, device, timeout)
+    return _proxy_class(frozenset(child.info["methods"]) & frozenset(OPTIONAL_METHODS))(child)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import time
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,26 +29,27 @@ import torch
 from hypothesis import HealthCheck, Phase, Verbosity, example, given, reject, seed, settings, target
 from hypothesis.errors import Unsatisfiable
 
-from pagedattn.cases import CaseSpec, grid, save_case
-from pagedattn.cases.grid import BLOCK_SIZES, FAMILIES, HEAD_DIMS
-from pagedattn.cases.strategies import FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS, Configuration, case_specs
-from pagedattn.isolation import BackendFault
+from pagedattn.adapters.protocol import SupportsWarmup
+from pagedattn.cases import CaseSpec, save_case
+from pagedattn.cases.configuration import Configuration
+from pagedattn.cases.strategies import case_specs
+from pagedattn.faults import BackendFault
 from pagedattn.options import positive_seconds  # noqa: F401  (its home before; tests import it here)
-from pagedattn.oracle import check_attention
-from pagedattn.oracle.policy import AttentionCheck
+from pagedattn.oracle import PagedCase, check_attention
+from pagedattn.oracle.verdict import AttentionCheck
+from pagedattn.search_plan import (  # noqa: F401  (the conformance module and the tests import them here)
+    ITEMS,
+    Pace,
+    SearchItem,
+    budget_seconds,
+    free_axes,
+    grid_configurations,
+    search_items,
+    spec_work,
+)
 from pagedattn.suite import PagedAttnWarning, Suite, record
 
 FAMILY = "search"
-#: hypothesis draws of the whole search (all items together), per profile
-EXAMPLES = {"quick": 25, "standard": 100, "thorough": 300}
-#: items the search is split into, per profile (at most one per xdist worker is useful)
-ITEMS = {"quick": 2, "standard": 4, "thorough": 8}
-#: seconds for the whole search (finding and shrinking) when ``--search-budget`` is not given
-DEFAULT_BUDGET = {"cuda": 60.0, "cpu": 30.0}
-#: the families whose grid configurations a compile-per-shape kernel has compiled for
-#: ``attention`` (``lse`` returns more, gather and cache writes are other kernels)
-_ATTENTION_FAMILIES = tuple(f for f in FAMILIES if f not in ("gather", "cache_write", "lse"))
-
 # Cases that once exposed a bug in a kernel under test, kept forever (run first, by item 0).
 PINNED = [
     # a single-token history at block size 1 (empty tiles after the first)
@@ -67,74 +69,11 @@ PINNED = [
 ]
 
 
-def budget_seconds(option: float | None, device: str) -> float:
-    """The whole search's budget: the option, else 60 s on a GPU and 30 s on the CPU."""
-    if option is not None:
-        return option
-    return DEFAULT_BUDGET["cuda" if str(device).startswith("cuda") else "cpu"]
-
-
-def grid_configurations(profile: str, caps: Any) -> list[Configuration]:
-    """The configurations of the profile's attention grid that ``caps`` claims, simplest first."""
-    found = {Configuration.of(s) for f in _ATTENTION_FAMILIES for s in grid(profile, f)}
-    claimed = [
-        c
-        for c in found
-        if caps.unsupported_reason(dtype=c.dtype, head_dim=c.head_dim, block_size=c.block_size,
-                                   gqa_ratio=c.num_heads // c.num_kv_heads, variants=c.all_variants) is None
-    ]  # fmt: skip
-    return sorted(claimed, key=Configuration.sort_key)
-
-
-def free_axes(caps: Any) -> tuple[dict[str, list[int]], str | None]:
-    """The head dims, block sizes and GQA ratios that fresh draws take: those of the free
-    draws that ``caps`` claims (else the grid's others it claims); and why none, if so."""
-    axes: dict[str, list[int]] = {}
-    for name, key, candidates in (("head_dims", "head_dim", (FREE_HEAD_DIMS, HEAD_DIMS)),
-                                  ("block_sizes", "block_size", (FREE_BLOCK_SIZES, BLOCK_SIZES)),
-                                  ("gqa_ratios", "gqa_ratio", (FREE_GQA_RATIOS,))):  # fmt: skip
-        for values in candidates:
-            axes[name] = [x for x in values if caps.unsupported_reason(**{key: x}) is None]
-            if axes[name]:
-                break
-        else:
-            tried = sorted({x for values in candidates for x in values})
-            return axes, f"the backend claims none of the {key.replace('_', ' ')}s {tried}"
-    return axes, None
-
-
 def spec_size(spec: CaseSpec) -> tuple:
     """How large a case is, for "the smallest failing case so far": history and query
     tokens first, then sequences, heads, head_dim, variants, block size."""
     return (sum(s for s, _ in spec.seqs), sum(q for _, q in spec.seqs), len(spec.seqs), spec.num_heads,
             spec.head_dim, len(spec.variants), spec.block_size)  # fmt: skip
-
-
-def spec_work(spec: CaseSpec) -> int:
-    """What a draw costs, in units its time grows with: query-key pairs times heads and
-    head_dim (the oracle and the check are dense), plus the cache it builds."""
-    pairs = sum(q * s for s, q in spec.seqs)
-    return (pairs * spec.num_heads + sum(s for s, _ in spec.seqs) * spec.num_kv_heads) * spec.head_dim
-
-
-@dataclass
-class Pace:
-    """Seconds per draw as ``overhead + rate * work``, from the draws so far: the overhead
-    is the fastest draw, the rate the time above it per unit of work over all draws (so
-    the large draws dominate it, not the noise of small ones)."""
-
-    draws: list[tuple[int, float]] = field(default_factory=list)  # (work, seconds)
-
-    def add(self, work: int, seconds: float) -> None:
-        self.draws.append((max(1, work), seconds))
-
-    def estimate(self, work: int) -> float:
-        """Seconds a draw of ``work`` should take; 0 before any draw."""
-        if not self.draws:
-            return 0.0
-        overhead = min(t for _, t in self.draws)
-        rate = sum(t - overhead for _, t in self.draws) / sum(w for w, _ in self.draws)
-        return overhead + rate * work
 
 
 class _BudgetSpent(BaseException):
@@ -152,33 +91,6 @@ class _Verdict:
 
     message: str | None
     check: AttentionCheck | None = None
-
-
-@dataclass(frozen=True)
-class SearchItem:
-    """One item of the search: its index (its seed), how many items share the search,
-    and its share of the draws."""
-
-    index: int
-    count: int
-    max_examples: int
-
-    @property
-    def id(self) -> str:
-        return f"search-seed{self.index}"
-
-    @property
-    def fresh_shapes(self) -> bool:
-        """The second half of the items draws new shapes; the first stays on the grid's."""
-        return self.index >= (self.count + 1) // 2
-
-
-def search_items(profile: str, examples: int | None = None) -> list[SearchItem]:
-    """The items of one search: ``ITEMS[profile]`` of them, sharing ``examples`` draws
-    (default ``EXAMPLES[profile]``)."""
-    count = ITEMS[profile]
-    n = examples or EXAMPLES[profile]
-    return [SearchItem(i, count, max(1, -(-n // count))) for i in range(count)]
 
 
 @dataclass
@@ -230,11 +142,13 @@ class SearchRun:
     def _dtypes(self) -> list[torch.dtype]:
         return sorted(self.suite.caps.dtypes & {torch.float32, torch.float16, torch.bfloat16}, key=str)
 
-    def _hypothesis(self, dtypes: list[torch.dtype], configs: list[Configuration], axes: dict[str, list[int]]):
+    def _hypothesis(
+        self, dtypes: list[torch.dtype], configs: list[Configuration], axes: dict[str, list[int]]
+    ) -> Callable[[], None]:
         caps = self.suite.caps
         strategy = case_specs(self.suite.profile, family=FAMILY, dtypes=dtypes, variants=caps.variants,
-                              configurations=configs, **axes, decode_only=bool(getattr(caps, "decode_only", False)),
-                              default_scale_only=bool(getattr(caps, "default_scale_only", False)),
+                              configurations=configs, **axes, decode_only=caps.decode_only,
+                              default_scale_only=caps.default_scale_only,
                               max_seq_len=caps.max_seq_len)  # fmt: skip
 
         @seed(self.item.index)
@@ -290,13 +204,13 @@ class SearchRun:
             return None
         self.examples += 1
         pristine = case.clone()
-        warmup = getattr(self.suite.backend, "warmup", None)
+        backend = self.suite.backend
         try:
-            if warmup is not None and Configuration.of(spec) not in self.warmed:
+            if isinstance(backend, SupportsWarmup) and Configuration.of(spec) not in self.warmed:
                 # a JIT backend compiles a new configuration here, outside any --case-timeout
                 self.warmed.add(Configuration.of(spec))
-                warmup(case.clone())
-            out = self.suite.backend.paged_attention(case)
+                backend.warmup(case.clone())
+            out = backend.paged_attention(case)
         except pytest.skip.Exception:  # the backend declined this case at run time
             self.examples -= 1
             return None
@@ -312,13 +226,14 @@ class SearchRun:
             self.worst = (check.budget_used, spec, check)
         return _Verdict(None, check)
 
-    def _failed(self, spec: CaseSpec, case, message: str, check: AttentionCheck | None = None) -> _Verdict:
+    def _failed(self, spec: CaseSpec, case: PagedCase, message: str, check: AttentionCheck | None = None) -> _Verdict:
         """A failing draw; saved (replacing the saved one) when it is the smallest so far."""
         if self.smallest is None or spec_size(spec) < spec_size(self.smallest[0]):
-            path = os.path.join(self.suite.replay_dir, f"{self.item.id}.pt")
+            replays = self.suite.replays
+            path = replays.path(self.item.id)
             save_case(case.to("cpu"), path, id=spec.id, family="search-replay", operation="attention")
             rel = os.path.relpath(path)
-            self.smallest = (spec, message, self.suite.replay_command(path if rel.startswith("..") else rel), check)
+            self.smallest = (spec, message, replays.command(path if rel.startswith("..") else rel), check)
         return _Verdict(message, check)
 
     # --------------------------------------------------------------- report

@@ -129,7 +129,8 @@ def test_python_m_pagedattn_lists_an_absent_package_as_not_installed(monkeypatch
 
 def test_python_m_pagedattn_report_prints_a_report_table(tmp_path, capsys):
     from pagedattn import __main__ as main
-    from pagedattn.record import CaseRecord, RecordBook, Status
+    from pagedattn.book import RecordBook
+    from pagedattn.record import CaseRecord, Status
 
     book = RecordBook(str(tmp_path / "r.json"), header={"target": {"backend": "x", "runs_on": "x (cpu)"}})
     book.records["a"] = CaseRecord("a", "decode-a-fp32", "decode", "fp32", status=Status.PASSED,

@@ -262,7 +262,8 @@ def _report(nodeid, when, outcome, facts=None, longrepr=None, **extra):
 def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
     """The one owner of the records: pytest's outcome and the suite's facts decide the
     status (a ``status`` fact is ignored); the file is valid JSON at every step."""
-    from pagedattn.record import RecordBook, base_record
+    from pagedattn.book import RecordBook
+    from pagedattn.record import base_record
 
     path = tmp_path / "r.json"
     book = RecordBook(str(path), header={"schema": "test"})

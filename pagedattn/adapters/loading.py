@@ -9,12 +9,21 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
 from importlib.metadata import EntryPoint, entry_points
+from types import ModuleType
+from typing import Any, cast
 
-from pagedattn.adapters.protocol import Capabilities
+from pagedattn.adapters.protocol import INVARIANCES, Backend, Capabilities
+
+#: the optional methods of the contract (``pagedattn.adapters.protocol``: ``SupportsGather``, ...)
+OPTIONAL_METHODS = ("gather", "write_cache", "paged_attention_lse", "warmup")
+#: the invariances in the order the report lists them
+_INVARIANCE_ORDER = ("determinism", "batch_invariance", "placement_invariance")
+assert set(_INVARIANCE_ORDER) == INVARIANCES
 
 GROUP = "pagedattn.backends"
 
@@ -32,7 +41,7 @@ def _cause(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
 
 
-def _import_file(path: str):
+def _import_file(path: str) -> ModuleType:
     """The module of ``path``, executed once per process: a second load of the same file
     (the header, the isolation child, ``python -m pagedattn``) reuses it, because importing
     a backend file runs its code."""
@@ -60,7 +69,7 @@ def _import_file(path: str):
     return module
 
 
-def _instantiate(obj, where: str):
+def _instantiate(obj: Any, where: str) -> Backend:
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "paged_attention")):
         try:
             obj = obj()
@@ -78,10 +87,10 @@ def _instantiate(obj, where: str):
         )
     if not callable(obj.paged_attention):
         raise BackendLoadError(f"--backend={where}: paged_attention is not callable")
-    return obj
+    return cast(Backend, obj)  # the required part of the contract, checked above
 
 
-def load_backend(spec: str):
+def load_backend(spec: str) -> Backend:
     """The backend named by ``spec`` (see module docstring). Raises ``BackendLoadError``
     with the cause (an import failure's traceback, or the list of known names)."""
     if ":" in spec:
@@ -114,3 +123,43 @@ def load_backend(spec: str):
             f"--backend={spec}: loading entry point {known[spec].value!r} failed:\n{_cause(exc)}"
         ) from exc
     return _instantiate(obj, spec)
+
+
+# ------------------------------------------------------------ a loaded backend
+def accepts_out(backend: Backend) -> bool:
+    """Whether ``backend.paged_attention`` takes ``out=``: its ``accepts_out`` attribute, else
+    its signature."""
+    explicit = getattr(backend, "accepts_out", None)
+    if explicit is not None:
+        return bool(explicit)
+    try:
+        return "out" in inspect.signature(backend.paged_attention).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def backend_info(backend: Backend) -> dict[str, Any]:
+    """What the suite and the report need to know of a backend, as plain data (it crosses
+    process boundaries: from the isolation child, from xdist workers)."""
+    caps = backend.capabilities
+    return {
+        "name": str(backend.name),
+        "version": str(getattr(backend, "version", "") or ""),
+        "target": getattr(backend, "target", None),
+        "capabilities": caps.describe(),
+        "limit_lines": list(caps.limit_lines()),
+        "invariances": {n: caps.invariance_reason(n) for n in _INVARIANCE_ORDER},
+        "notes": dict(caps.notes),
+        "dtypes": [str(d).replace("torch.", "") for d in caps.dtypes],
+        "operations": sorted(caps.operations),
+        "variants": sorted(caps.variants),
+        "devices": sorted(caps.devices),
+        "fp32_precision": caps.fp32_precision,
+        "qk_precision": caps.qk_precision,
+        "tolerance_factor": caps.tolerance_factor,
+        "max_seq_len": caps.max_seq_len,
+        "decode_only": caps.decode_only,
+        "default_scale_only": caps.default_scale_only,
+        "methods": [m for m in OPTIONAL_METHODS if callable(getattr(backend, m, None))],
+        "accepts_out": accepts_out(backend),
+    }

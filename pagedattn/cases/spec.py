@@ -25,6 +25,14 @@ KV_DTYPE_NAMES = FP8_DTYPES
 _POISON_BLOCKS = 2
 
 
+def case_seed(case_id: str, stream: int = 0) -> int:
+    """The one seeding scheme of the project: a case's random stream ``stream`` is seeded by
+    its id (``crc32``, stable across processes and Python versions, unlike ``hash``), so a
+    case id names the same tensors everywhere. ``CaseSpec.build(seed)`` draws stream
+    ``seed``; the suite's own draws for a case take the streams of ``pagedattn.suite``."""
+    return zlib.crc32(case_id.encode()) * 1000 + stream
+
+
 @dataclass(frozen=True)
 class CaseSpec:
     """One generated case.
@@ -169,7 +177,7 @@ class CaseSpec:
 
     def build(self, seed: int = 0) -> PagedCase:
         """The case, on the CPU. Deterministic in ``(self.id, seed)``."""
-        gen = torch.Generator().manual_seed(zlib.crc32(self.id.encode()) * 1000 + seed)
+        gen = torch.Generator().manual_seed(case_seed(self.id, seed))
         table, N, poison_ids = self.physical_layout(gen)
         bs, Hkv, D = self.block_size, self.num_kv_heads, self.head_dim
         width = max(len(r) for r in table) + 1  # one padding column at least

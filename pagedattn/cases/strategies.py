@@ -7,11 +7,12 @@ axis shrinks toward the small end (one sequence, short history, block size 1).
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import NamedTuple
 
 import torch
 from hypothesis import strategies as st
 
+from pagedattn.cases.configuration import SWITCHED as _SWITCHED
+from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.grid import DTYPES, HEAD_DIMS
 from pagedattn.cases.spec import CaseSpec
 from pagedattn.problem import FP8_DTYPES
@@ -26,41 +27,6 @@ FREE_GQA_RATIOS = (1, 2, 4, 8)
 
 _FP8_NAMES = FP8_DTYPES
 _FP8 = {v: k for k, v in FP8_DTYPES.items()}
-#: the variants a configuration switches on by name (an fp8 cache is its ``kv_dtype``)
-_SWITCHED = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
-
-
-class Configuration(NamedTuple):
-    """What a kernel that compiles per shape specializes on: dtypes, head_dim, block size,
-    heads, and which variants are on. Lengths, layouts, scales and the variants'
-    parameters are runtime values and vary freely within one configuration.
-
-    ``variants``: names among ``sliding_window``, ``logits_soft_cap``, ``alibi_slopes``, ``sinks``
-    (an fp8 cache is ``kv_dtype``)."""
-
-    dtype: torch.dtype
-    head_dim: int
-    block_size: int
-    num_heads: int
-    num_kv_heads: int
-    kv_dtype: torch.dtype | None = None
-    variants: frozenset[str] = frozenset()
-
-    @classmethod
-    def of(cls, spec: CaseSpec) -> Configuration:
-        switched = spec.variants - set(FP8_DTYPES.values())  # an fp8 cache is kv_dtype
-        return cls(spec.dtype, spec.head_dim, spec.block_size, spec.num_heads, spec.num_kv_heads, spec.kv_dtype,
-                   switched)  # fmt: skip
-
-    @property
-    def all_variants(self) -> frozenset[str]:
-        """Every variant name it uses, fp8 included (as ``PagedCase.variants`` names them)."""
-        return self.variants | ({_FP8_NAMES[self.kv_dtype]} if self.kv_dtype is not None else set())
-
-    def sort_key(self) -> tuple:
-        """Simplest first, so that a draw shrinks towards it."""
-        return (len(self.all_variants), self.num_heads, self.head_dim, self.block_size, DTYPES.index(self.dtype),
-                str(self.kv_dtype), sorted(self.variants))  # fmt: skip
 
 
 @st.composite

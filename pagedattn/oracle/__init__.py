@@ -1,19 +1,8 @@
 """The canonical case, the float64 oracle and the tolerance policy."""
 
+from pagedattn.oracle.bitexact import BitCheck, bits_equal, check_bitexact
 from pagedattn.oracle.case import PagedCase
-from pagedattn.oracle.policy import (
-    DTYPE_TABLE,
-    PRECISIONS,
-    QK_PRECISIONS,
-    WARN_FACTOR,
-    AttentionCheck,
-    BitCheck,
-    attention_error_bound,
-    bits_equal,
-    check_attention,
-    check_attention_lse,
-    check_bitexact,
-)
+from pagedattn.oracle.policy import DTYPE_TABLE, PRECISIONS, QK_PRECISIONS, WARN_FACTOR, attention_error_bound
 from pagedattn.oracle.reference import (
     causal_mask,
     gather_history,
@@ -22,6 +11,7 @@ from pagedattn.oracle.reference import (
     paged_gather,
     write_cache_by_indexing,
 )
+from pagedattn.oracle.verdict import AttentionCheck, check_attention, check_attention_lse
 from pagedattn.problem import FP8_DTYPES, VARIANTS, ProblemError
 
 __all__ = [

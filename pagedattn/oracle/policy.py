@@ -1,4 +1,8 @@
-"""The tolerance policy: bit-exact data movement, an error model for attention.
+"""The tolerance policy's error model: the per-element bound a correct kernel stays within.
+
+Its verdicts live beside it: ``pagedattn.oracle.verdict`` judges an attention output
+against this bound (``check_attention``, ``AttentionCheck``), ``pagedattn.oracle.bitexact``
+judges data movement bit for bit (``check_bitexact``, ``BitCheck``).
 
 ``docs/tolerance.md`` derives every term. In short, for output element
 ``o[t, h, d]`` with softmax weights ``p_j`` over keys ``j`` and float64
@@ -117,7 +121,7 @@ def _u(dtype: torch.dtype) -> float:
     return 2.0 ** -DTYPE_TABLE[dtype].significand
 
 
-def _validate_precisions(precision: str, qk_precision: str) -> None:
+def validate_precisions(precision: str, qk_precision: str) -> None:
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
     if qk_precision not in QK_PRECISIONS:
@@ -145,13 +149,13 @@ class _Bound(NamedTuple):
     e_lse: torch.Tensor  # [n, Hq] float64
 
 
-def _chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -> Iterator[_Bound]:
+def chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -> Iterator[_Bound]:
     """The model's terms per block of query rows, in token order, from the oracle's own
     pass (its weights, maxima, denominators and smallest logits). The score term is
     formed per row (``docs/tolerance.md``: the largest ``ds_j`` of the row bounds every
     key's), so the only work of the scores' size beyond the oracle's is one product of
     the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64)."""
-    _validate_precisions(precision, qk_precision)
+    validate_precisions(precision, qk_precision)
     model = DTYPE_TABLE[case.dtype]
     tf32 = precision == "tf32" and case.dtype == torch.float32
     u_op = U_TF32_OPERAND if tf32 else 0.0  # each operand of both dots, when TF32
@@ -268,329 +272,28 @@ def attention_lse_error_bounds(
     kw: dict[str, Any] = dict(dtype=torch.float64, device=case.device)
     ref, bound, ref_lse, bound_lse = torch.empty(T, H, D, **kw), torch.empty(T, H, D, **kw), \
         torch.empty(T, H, **kw), torch.empty(T, H, **kw)  # fmt: skip
-    for blk in _chunk_bounds(case, precision, qk_precision):
+    for blk in chunk_bounds(case, precision, qk_precision):
         ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = blk[1:]
     return ref, bound, ref_lse, bound_lse
 
 
-# ------------------------------------------------------------------------ checks
-@dataclass
-class AttentionCheck:
-    """The verdict on one attention output.
-
-    ``budget_used`` is ``max |out - ref| / bound`` over all elements; ``passed``
-    means no element beyond ``WARN_FACTOR * bound`` and nothing non-finite;
-    ``warning`` means some element in ``(bound, WARN_FACTOR * bound]``.
-    """
-
-    passed: bool
-    warning: bool
-    budget_used: float
-    num_over: int = 0  # elements over the bound (warning or failure)
-    num_elements: int = 0
-    num_nonfinite: int = 0
-    worst_seq: int = -1
-    worst_token: int = -1  # row of the packed query/output
-    worst_position: int = -1  # absolute position of that token in its sequence
-    worst_head: int = -1
-    worst_channel: int = -1
-    value: float = float("nan")
-    reference: float = float("nan")
-    bound: float = float("nan")
-    problem: str = ""  # a structural failure (shape, dtype, device), if any
-    precision: str = "ieee"
-    qk_precision: str = "fp32"
-    tolerance_factor: float = 1.0
-    case_summary: str = ""
-    what: str = "attention"  # or "log-sum-exp" (then worst_channel is -1)
-
-    @property
-    def status(self) -> str:
-        return "failed" if not self.passed else ("warned" if self.warning else "passed")
-
-    def metrics(self) -> dict:
-        """A JSON-ready summary."""
-        return {
-            "status": self.status,
-            "budget_used": self.budget_used,
-            "num_over": self.num_over,
-            "num_elements": self.num_elements,
-            "num_nonfinite": self.num_nonfinite,
-            "worst": {
-                "seq": self.worst_seq,
-                "token": self.worst_token,
-                "position": self.worst_position,
-                "head": self.worst_head,
-                "channel": self.worst_channel,
-                "value": self.value,
-                "reference": self.reference,
-                "bound": self.bound,
-            },
-            "problem": self.problem,
-            "precision": self.precision,
-            "qk_precision": self.qk_precision,
-            "tolerance_factor": self.tolerance_factor,
-            "what": self.what,
-        }
-
-    def __str__(self) -> str:
-        if self.problem:
-            return f"{self.what} output rejected: {self.problem}\n  case: {self.case_summary}"
-        head = {
-            "passed": f"{self.what} within the error bound",
-            "warned": f"{self.what} in the warning band (above the bound, within {WARN_FACTOR:g}x of it)",
-            "failed": f"{self.what} outside the error bound",
-        }[self.status]
-        lines = [
-            f"{head}: budget used {self.budget_used:.3g} "
-            f"({self.num_over} of {self.num_elements} elements over the bound"
-            + (f", {self.num_nonfinite} non-finite where the reference is finite" if self.num_nonfinite else "")
-            + ")",
-            f"  worst element: seq {self.worst_seq}, token {self.worst_token} "
-            f"(position {self.worst_position} in its sequence), head {self.worst_head}"
-            + (f", channel {self.worst_channel}" if self.worst_channel >= 0 else ""),
-            f"  got {self.value!r}, reference {self.reference!r}, "
-            f"|error| {abs(self.value - self.reference):.3g}, bound {self.bound:.3g}",
-            f"  policy: fp32 dot precision {self.precision}"
-            + (", q.k from input-dtype products (declared)" if self.qk_precision == "input" else "")
-            + (f", tolerance x{self.tolerance_factor:g} (backend override)" if self.tolerance_factor != 1.0 else ""),
-            f"  case: {self.case_summary}",
-        ]
-        return "\n".join(lines)
+#: the verdict objects and the checks lived here until issue 18; ``from pagedattn.oracle.policy
+#: import check_attention`` keeps working (lazily: verdict imports this module)
+_MOVED = {
+    "AttentionCheck": "verdict",
+    "check_attention": "verdict",
+    "check_attention_lse": "verdict",
+    "BitCheck": "bitexact",
+    "bits_dtype": "bitexact",
+    "bits_equal": "bitexact",
+    "bits_view": "bitexact",
+    "check_bitexact": "bitexact",
+}
 
 
-def _token_coords(case: PagedCase, token: int) -> tuple[int, int]:
-    loc = case.query_start_loc_list
-    for b in range(case.num_seqs):
-        if loc[b] <= token < loc[b + 1]:
-            return b, case.context_lens[b] + token - loc[b]
-    return -1, -1
+def __getattr__(name: str) -> Any:
+    if name in _MOVED:
+        import importlib
 
-
-def check_attention(
-    output: torch.Tensor,
-    case: PagedCase,
-    *,
-    precision: str = "ieee",
-    qk_precision: str = "fp32",
-    tolerance_factor: float = 1.0,
-) -> AttentionCheck:
-    """Judge ``output`` against the float64 oracle with the per-element bound, block of
-    rows by block of rows, in the oracle's own pass.
-
-    Args:
-        output: ``[num_tokens, num_heads, head_dim]`` in the query dtype, on the case's
-            device: what the backend returned.
-        case: the problem it was asked.
-        precision: ``"ieee"`` or ``"tf32"`` (the backend's declared fp32 dot precision).
-        qk_precision: ``"fp32"`` or ``"input"`` (the backend's declared score precision:
-            q.k from products rounded to the input dtype).
-        tolerance_factor: an explicit loosening (> 1) or tightening, shown in the report.
-    """
-    _validate_precisions(precision, qk_precision)
-    common: dict[str, Any] = dict(precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor,
-                                  case_summary=repr(case))  # fmt: skip
-    problem = _output_problem(output, case)
-    if problem:
-        return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
-    verdict = _Verdict()
-    for blk in _chunk_bounds(case, precision, qk_precision):
-        verdict.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
-    return verdict.check(case, common)
-
-
-def check_attention_lse(
-    output: torch.Tensor,
-    lse: torch.Tensor,
-    case: PagedCase,
-    *,
-    precision: str = "ieee",
-    qk_precision: str = "fp32",
-    tolerance_factor: float = 1.0,
-) -> tuple[AttentionCheck, AttentionCheck]:
-    """Judge an output and its log-sum-exp (one pass over the oracle).
-
-    Args:
-        output: ``[num_tokens, num_heads, head_dim]`` in the query dtype.
-        lse: ``[num_tokens, num_heads]`` float32, natural log of each row's softmax
-            denominator (sink included).
-        case, precision, qk_precision, tolerance_factor: as for ``check_attention``.
-
-    Returns:
-        ``(output_check, lse_check)``.
-    """
-    _validate_precisions(precision, qk_precision)
-    common: dict[str, Any] = dict(precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor,
-                                  case_summary=repr(case))  # fmt: skip
-    p_out = _output_problem(output, case)
-    p_lse = _structural(lse, case, (case.num_tokens, case.num_heads), torch.float32, "[num_tokens, num_heads]",
-                        "float32")  # fmt: skip
-    if p_out or p_lse:
-        out_check = AttentionCheck(False, False, float("inf"), problem=p_out or "not judged: the log-sum-exp "
-                                   "was rejected", **common)  # fmt: skip
-        lse_check = AttentionCheck(False, False, float("inf"), problem=p_lse or "not judged: the output was "
-                                   "rejected", what="log-sum-exp", **common)  # fmt: skip
-        return out_check, lse_check
-    v_out, v_lse = _Verdict(), _Verdict()
-    for blk in _chunk_bounds(case, precision, qk_precision):
-        v_out.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
-        v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
-    return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
-
-
-def _scaled(bound: torch.Tensor, tolerance_factor: float) -> torch.Tensor:
-    return bound if tolerance_factor == 1.0 else bound.mul_(tolerance_factor)
-
-
-def _output_problem(output: Any, case: PagedCase) -> str:
-    return _structural(output, case, (case.num_tokens, case.num_heads, case.head_dim), case.dtype,
-                       "[num_tokens, num_heads, head_dim]", "the query dtype")  # fmt: skip
-
-
-def _structural(t: Any, case: PagedCase, shape: tuple, dtype: torch.dtype, shape_doc: str, dtype_doc: str) -> str:
-    if not isinstance(t, torch.Tensor):
-        return f"expected a torch.Tensor, got {type(t).__name__}"
-    if tuple(t.shape) != shape:
-        return f"shape {tuple(t.shape)}, expected {shape} {shape_doc}"
-    if t.dtype != dtype:
-        return f"dtype {t.dtype}, expected {dtype_doc} {dtype}"
-    if t.device != case.device:
-        return f"device {t.device}, expected the case's device {case.device}"
-    return ""
-
-
-class _Verdict:
-    """The verdict on an output ``[T, Hq(, D)]`` gathered block of rows by block of rows:
-    counts, and the worst element so far."""
-
-    def __init__(self) -> None:
-        self.budget = -1.0
-        self.num_over = self.num_elements = self.num_nonfinite = 0
-        self.worst: tuple[int, ...] = ()
-        self.value = self.reference = self.bound = float("nan")
-
-    def add(
-        self, tokens: slice, output: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, exact_inf: bool = False
-    ) -> None:
-        """Judge rows ``tokens`` of the output (``output``, in its dtype) against ``ref`` and ``bound``;
-        ``exact_inf``: an infinite reference matched exactly is no error (a log-sum-exp's ``-inf``)."""
-        out = output.to(torch.float64)
-        ratio = torch.sub(out, ref).abs_().div_(bound)
-        if exact_inf:  # an lse of -inf where the reference is -inf is exact
-            ratio.masked_fill_(torch.isinf(ref) & (out == ref), 0.0)
-        flat = int(torch.argmax(ratio))  # a NaN ratio is the largest
-        budget = float(ratio.reshape(-1)[flat])
-        self.num_over += int((ratio > 1.0).sum())
-        self.num_elements += ratio.numel()
-        if not budget < float("inf"):  # a NaN or infinite output: infinitely over
-            budget = float("inf")
-            self.num_over += int(torch.isnan(ratio).sum())
-            self.num_nonfinite += int((~torch.isfinite(out) & torch.isfinite(ref)).sum())
-        if budget > self.budget:
-            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape))
-            self.budget, self.worst = budget, (idx[0] + tokens.start, *idx[1:])
-            self.value, self.reference, self.bound = float(out[idx]), float(ref[idx]), float(bound[idx])
-
-    def check(self, case: PagedCase, common: dict) -> AttentionCheck:
-        t, h = self.worst[0], self.worst[1]
-        seq, pos = _token_coords(case, t)
-        return AttentionCheck(
-            passed=bool(self.budget <= WARN_FACTOR) and self.num_nonfinite == 0,
-            warning=bool(1.0 < self.budget <= WARN_FACTOR),
-            budget_used=self.budget,
-            num_over=self.num_over,
-            num_elements=self.num_elements,
-            num_nonfinite=self.num_nonfinite,
-            worst_seq=seq,
-            worst_token=t,
-            worst_position=pos,
-            worst_head=h,
-            worst_channel=self.worst[2] if len(self.worst) > 2 else -1,
-            value=self.value,
-            reference=self.reference,
-            bound=self.bound,
-            **common,
-        )
-
-
-# --------------------------------------------------------------- bit-exact checks
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def bits_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The integer dtype of ``dtype``'s width, to read or write its bit patterns."""
-    return _BITS[torch.empty((), dtype=dtype).element_size()]
-
-
-def bits_view(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s bit patterns (a view when ``t`` is contiguous, so writes go through)."""
-    return t.contiguous().view(bits_dtype(t.dtype))
-
-
-def bits_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Same shape, dtype and bit pattern (NaN payloads and signed zeros included)."""
-    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits_view(a), bits_view(b.to(a.device))))
-
-
-@dataclass
-class BitCheck:
-    """The verdict on a gather or cache write: bit patterns, NaN payloads included."""
-
-    passed: bool
-    what: str
-    num_different: int = 0
-    first_index: tuple[int, ...] = ()
-    value: str = ""
-    expected: str = ""
-    problem: str = ""
-
-    @property
-    def status(self) -> str:
-        return "passed" if self.passed else "failed"
-
-    def metrics(self) -> dict:
-        return {
-            "status": self.status,
-            "num_different": self.num_different,
-            "first_index": list(self.first_index),
-            "value": self.value,
-            "expected": self.expected,
-            "problem": self.problem,
-        }
-
-    def __str__(self) -> str:
-        if self.problem:
-            return f"{self.what} rejected: {self.problem}"
-        if self.passed:
-            return f"{self.what}: bit-exact"
-        return (
-            f"{self.what} is not bit-exact: {self.num_different} elements differ; first at index "
-            f"{self.first_index} (slot {self.first_index[0] if self.first_index else '?'}): "
-            f"got {self.value}, expected {self.expected}"
-        )
-
-
-def _fmt(t: torch.Tensor) -> str:
-    width = t.element_size()
-    bits = int(bits_view(t.reshape(1))[0]) & ((1 << (8 * width)) - 1)
-    return f"{float(t)!r} (bits 0x{bits:0{2 * width}x})"
-
-
-def check_bitexact(output: torch.Tensor, expected: torch.Tensor, what: str = "gather") -> BitCheck:
-    """Compare bit patterns of ``output`` and ``expected`` (same shape and dtype);
-    the first index is that of the first differing element in row-major order, so for
-    a gather ``[n, Hkv, D]`` its first coordinate is the slot position."""
-    if not isinstance(output, torch.Tensor):
-        return BitCheck(False, what, problem=f"expected a torch.Tensor, got {type(output).__name__}")
-    if tuple(output.shape) != tuple(expected.shape):
-        return BitCheck(False, what, problem=f"shape {tuple(output.shape)}, expected {tuple(expected.shape)}")
-    if output.dtype != expected.dtype:
-        return BitCheck(False, what, problem=f"dtype {output.dtype}, expected {expected.dtype}")
-    if output.device != expected.device:
-        return BitCheck(False, what, problem=f"device {output.device}, expected {expected.device}")
-    diff = bits_view(output) != bits_view(expected)
-    n = int(diff.sum())
-    if n == 0:
-        return BitCheck(True, what)
-    idx = tuple(int(i) for i in diff.nonzero()[0])
-    return BitCheck(False, what, n, idx, _fmt(output[idx]), _fmt(expected[idx]))
+        return getattr(importlib.import_module(f"pagedattn.oracle.{_MOVED[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,282 @@
+"""``Capabilities``: what a backend claims, and why a case is not claimed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from pagedattn.adapters.exclusion import (
+    CORE_DTYPES,
+    INVARIANCES,
+    OPERATIONS,
+    QK_PRECISIONS,
+    Exclusion,
+    IntSpec,
+    admits,
+    check_int_spec,
+    doc_line,
+    dtype_label,
+    frozen_set,
+    spec_text,
+)
+from pagedattn.oracle.case import VARIANTS, PagedCase
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend claims. ``Capabilities()`` claims the core: fp32/fp16/bf16, any
+    head_dim, any block size, any GQA ratio, any length, any scale, decode, prefill and
+    continuation, on CPU and CUDA, and every invariance (``INVARIANCES``). Optional
+    operations (``gather``, ``write_cache``, ``lse``) and attention variants are off
+    until claimed.
+
+    Attributes:
+        dtypes: query/cache dtypes it accepts.
+        head_dims: ``None`` (any), a set, or a predicate ``int -> bool``.
+        block_sizes: ``None`` (any), a set, or a predicate.
+        max_gqa_ratio: largest ``num_heads // num_kv_heads``, ``None`` for any.
+        max_seq_len: longest history, ``None`` for any.
+        devices: device types (``"cpu"``, ``"cuda"``).
+        operations: subset of ``{"attention", "gather", "write_cache", "lse"}``.
+        variants: claimed attention variants, from ``pagedattn.oracle.VARIANTS``:
+            ``sliding_window``, ``logits_soft_cap``, ``alibi_slopes``, ``sinks``, ``fp8_e4m3``,
+            ``fp8_e5m2`` (an fp8 cache of that format with a query of a claimed dtype).
+            A case runs only when the backend claims every variant it uses.
+        fp32_precision: ``"ieee"`` or ``"tf32"``: how its fp32 dot products round
+            their operands. The policy widens its bound for TF32 and the report says so.
+        tolerance_factor: an explicit multiplier on every attention bound (1.0 = the
+            policy as written). Always shown in the report.
+        notes: why a claim is narrowed, keyed by field name (``{"dtypes": "..."}``);
+            shown with every case it makes unsupported. An invariance that is not
+            claimed MUST have its reason here, keyed by its name.
+        invariances: the bitwise properties claimed, a subset of ``INVARIANCES``
+            (``determinism``, ``batch_invariance``, ``placement_invariance``); all by
+            default. One left out is reported as not claimed, with ``notes[<name>]``.
+            Input immutability, poisoned padding and a fully written ``out=`` are
+            correctness, never optional, so they are not here.
+        decode_only: ``True``: the kernel takes one query token per sequence; a case in
+            which some sequence has more than one is unsupported.
+        default_scale_only: ``True``: the kernel's softmax scale is fixed at
+            ``head_dim ** -0.5``; a case with another scale is unsupported (folding the
+            scale into the query adds a rounding the policy does not allow for).
+        exclusions: combinations that are not supported, each an ``Exclusion`` with
+            its reason (e.g. sinks, but not together with a soft-cap).
+        case_filter: ``(case, operation) -> reason or None``, for a limit the fields
+            above cannot state (its docstring names it in the report). Called only for
+            cases every other claim admits; it must not modify the case.
+        qk_precision: ``"fp32"`` or ``"input"``: ``input`` when the kernel forms q·k
+            from products rounded to the input dtype (e.g. ``tl.sum(q[None, :] * k, 1)``
+            on bf16 tiles), summed in fp32. The policy adds the matching term and the
+            report header says so.
+    """
+
+    dtypes: frozenset[torch.dtype] = CORE_DTYPES
+    head_dims: IntSpec = None
+    block_sizes: IntSpec = None
+    max_gqa_ratio: int | None = None
+    max_seq_len: int | None = None
+    devices: frozenset[str] = frozenset({"cpu", "cuda"})
+    operations: frozenset[str] = frozenset({"attention"})
+    variants: frozenset[str] = frozenset()
+    fp32_precision: str = "ieee"
+    tolerance_factor: float = 1.0
+    notes: dict[str, str] = field(default_factory=dict)
+    invariances: frozenset[str] = INVARIANCES
+    decode_only: bool = False
+    default_scale_only: bool = False
+    exclusions: tuple[Exclusion, ...] = ()
+    case_filter: Callable[[PagedCase, str], str | None] | None = None
+    qk_precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.fp32_precision not in ("ieee", "tf32"):
+            raise ValueError(f"Capabilities.fp32_precision must be 'ieee' or 'tf32', got {self.fp32_precision!r}")
+        if self.qk_precision not in QK_PRECISIONS:
+            raise ValueError(f"Capabilities.qk_precision must be 'fp32' or 'input', got {self.qk_precision!r}")
+        unknown = set(self.operations) - OPERATIONS
+        if unknown:
+            raise ValueError(f"Capabilities.operations: unknown {sorted(unknown)}, known {sorted(OPERATIONS)}")
+        unknown = set(self.variants) - set(VARIANTS)
+        if unknown:
+            raise ValueError(f"Capabilities.variants: unknown {sorted(unknown)}, known {list(VARIANTS)}")
+        if not self.tolerance_factor > 0:
+            raise ValueError(f"Capabilities.tolerance_factor must be > 0, got {self.tolerance_factor}")
+        for name in ("head_dims", "block_sizes"):
+            check_int_spec("Capabilities", name, getattr(self, name))
+        object.__setattr__(self, "invariances", frozen_set("Capabilities", "invariances", self.invariances))
+        unknown = set(self.invariances) - INVARIANCES
+        if unknown:
+            raise ValueError(f"Capabilities.invariances: unknown {sorted(unknown)}, known {sorted(INVARIANCES)}")
+        for name in sorted(INVARIANCES - self.invariances):
+            if not str(self.notes.get(name, "")).strip():
+                raise ValueError(f"Capabilities.invariances: '{name}' is not claimed, so notes['{name}'] must say why")
+        for name in ("decode_only", "default_scale_only"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Capabilities.{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.exclusions, (str, Exclusion)) or not isinstance(self.exclusions, Collection):
+            raise ValueError(f"Capabilities.exclusions must be a tuple of Exclusion, got {self.exclusions!r}")
+        object.__setattr__(self, "exclusions", tuple(self.exclusions))
+        for i, ex in enumerate(self.exclusions):
+            if not isinstance(ex, Exclusion):
+                raise ValueError(f"Capabilities.exclusions[{i}] must be an Exclusion, got {type(ex).__name__}")
+        if self.case_filter is not None and not callable(self.case_filter):
+            raise ValueError(
+                f"Capabilities.case_filter must be None or a callable (case, operation) -> str | None, "
+                f"got {type(self.case_filter).__name__}"
+            )
+
+    def _why(self, key: str, text: str) -> str:
+        note = self.notes.get(key)
+        return f"{text} ({note})" if note else text
+
+    def unsupported_reason(
+        self,
+        *,
+        operation: str = "attention",
+        dtype: torch.dtype | None = None,
+        head_dim: int | None = None,
+        block_size: int | None = None,
+        gqa_ratio: int | None = None,
+        max_seq_len: int | None = None,
+        device: str | torch.device | None = None,
+        variants: Collection[str] = (),
+    ) -> str | None:
+        """``None`` when every given property is claimed; else why not, in words.
+
+        Covers the per-field claims only; ``case_reason`` adds the limits that need the
+        whole case (decode-only, the fixed scale, exclusions, the case filter)."""
+        if operation not in self.operations:
+            return self._why("operations", f"operation '{operation}' not claimed")
+        if dtype is not None and dtype not in self.dtypes:
+            return self._why("dtypes", f"dtype {dtype_label(dtype)} not claimed")
+        if head_dim is not None and not admits(self.head_dims, head_dim):
+            return self._why("head_dims", f"head_dim {head_dim} not claimed")
+        if block_size is not None and not admits(self.block_sizes, block_size):
+            return self._why("block_sizes", f"block_size {block_size} not claimed")
+        if gqa_ratio is not None and self.max_gqa_ratio is not None and gqa_ratio > self.max_gqa_ratio:
+            return self._why("max_gqa_ratio", f"GQA ratio {gqa_ratio} over max_gqa_ratio {self.max_gqa_ratio}")
+        if max_seq_len is not None and self.max_seq_len is not None and max_seq_len > self.max_seq_len:
+            return self._why("max_seq_len", f"seq_len {max_seq_len} over max_seq_len {self.max_seq_len}")
+        if device is not None:
+            dev = torch.device(device).type
+            if dev not in self.devices:
+                return self._why("devices", f"device '{dev}' not claimed")
+        missing = set(variants) - set(self.variants)
+        if missing:
+            return self._why("variants", f"variant{'s' if len(missing) > 1 else ''} {', '.join(sorted(missing))} "
+                                         "not claimed")  # fmt: skip
+        return None
+
+    def invariance_reason(self, name: str) -> str | None:
+        """``None`` when invariance ``name`` (from ``INVARIANCES``) is claimed; else
+        ``"invariance '<name>' not claimed (<notes[name]>)"``."""
+        if name not in INVARIANCES:
+            raise ValueError(f"invariance_reason: unknown invariance {name!r}, known {sorted(INVARIANCES)}")
+        if name in self.invariances:
+            return None
+        return self._why(name, f"invariance '{name}' not claimed")
+
+    def case_reason(self, case: PagedCase, operation: str = "attention") -> str | None:
+        """``None`` when the backend claims ``case`` run as ``operation``; else why not.
+
+        Applies, in order: the per-field claims (``unsupported_reason``), decode-only,
+        the fixed scale, each exclusion, then the case filter."""
+        reason = self.unsupported_reason(
+            operation=operation,
+            dtype=case.dtype,
+            head_dim=case.head_dim,
+            block_size=case.block_size,
+            gqa_ratio=case.gqa_ratio,
+            max_seq_len=case.max_seq_len,
+            device=case.device,
+            variants=case.variants,
+        )
+        if reason:
+            return reason
+        if self.decode_only:
+            q_lens = case.query_lens
+            b = max(range(len(q_lens)), key=q_lens.__getitem__)
+            if q_lens[b] > 1:
+                return self._why("decode_only", f"decode-only: sequence {b} has {q_lens[b]} query tokens, "
+                                                "the backend takes one per sequence")  # fmt: skip
+        if self.default_scale_only:
+            default = float(case.head_dim) ** -0.5
+            # a scale written as 1/sqrt(D) instead of D**-0.5 may differ in the last bit: still the default
+            if abs(case.scale - default) > 1e-12 * default:
+                return self._why("default_scale_only", f"default scale only: scale {case.scale:.6g} is not "
+                                 f"head_dim ** -0.5 = {default:.6g}")  # fmt: skip
+        for ex in self.exclusions:
+            if ex.matches(case, operation):
+                return f"excluded ({ex.match_text()}): {ex.reason}"
+        if self.case_filter is not None:
+            reason = self.case_filter(case, operation)
+            if reason is not None and not isinstance(reason, str):
+                raise TypeError(
+                    f"Capabilities.case_filter must return a reason (str) or None, got {type(reason).__name__}"
+                )
+            if reason:
+                return self._why("case_filter", f"case_filter: {reason}")
+        return None
+
+    def limit_lines(self) -> list[str]:
+        """One human-readable line per limit, for the report header: every way these
+        claims fall short of ``Capabilities()`` (narrowed dtypes, sizes and devices, an
+        unclaimed invariance, decode-only, the fixed scale, each exclusion, the case
+        filter) and a declared q·k precision other than fp32. Operations and variants
+        are opt-in, not limits, and the report lists them apart; so are
+        ``fp32_precision`` and ``tolerance_factor``, which the policy line shows."""
+        lines: list[str] = []
+        if self.dtypes != CORE_DTYPES:
+            names = ", ".join(sorted(dtype_label(d) for d in self.dtypes)) or "none"
+            lines.append(self._why("dtypes", f"dtypes: {names} only"))
+        for name in ("head_dims", "block_sizes"):
+            spec = getattr(self, name)
+            if spec is not None:
+                text = spec_text(spec)
+                text = ", ".join(str(x) for x in text) if isinstance(text, list) else text
+                lines.append(self._why(name, f"{name}: {text} only"))
+        if self.max_gqa_ratio is not None:
+            lines.append(self._why("max_gqa_ratio", f"GQA ratio up to {self.max_gqa_ratio}"))
+        if self.max_seq_len is not None:
+            lines.append(self._why("max_seq_len", f"seq_len up to {self.max_seq_len}"))
+        if self.devices != frozenset({"cpu", "cuda"}):
+            lines.append(self._why("devices", f"devices: {', '.join(sorted(self.devices)) or 'none'} only"))
+        for name in sorted(INVARIANCES - self.invariances):
+            lines.append(self.invariance_reason(name) or "")
+        if self.decode_only:
+            lines.append(self._why("decode_only", "decode-only: one query token per sequence"))
+        if self.default_scale_only:
+            lines.append(self._why("default_scale_only", "default scale only: scale = head_dim ** -0.5"))
+        for ex in self.exclusions:
+            lines.append(f"excludes {ex.match_text()}: {ex.reason}")
+        if self.case_filter is not None:
+            lines.append(self._why("case_filter", f"case filter: {doc_line(self.case_filter)}"))
+        if self.qk_precision == "input":
+            lines.append(self._why("qk_precision", "q·k precision: products rounded to the input dtype, "
+                                   "summed in fp32 (qk_precision 'input')"))  # fmt: skip
+        return lines
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-ready description, for the report."""
+        return {
+            "dtypes": sorted(dtype_label(d) for d in self.dtypes),
+            "head_dims": spec_text(self.head_dims),
+            "block_sizes": spec_text(self.block_sizes),
+            "max_gqa_ratio": self.max_gqa_ratio,
+            "max_seq_len": self.max_seq_len,
+            "devices": sorted(self.devices),
+            "operations": sorted(self.operations),
+            "variants": sorted(self.variants),
+            "fp32_precision": self.fp32_precision,
+            "qk_precision": self.qk_precision,
+            "tolerance_factor": self.tolerance_factor,
+            "invariances": sorted(self.invariances),
+            "decode_only": self.decode_only,
+            "default_scale_only": self.default_scale_only,
+            "exclusions": [ex.describe() for ex in self.exclusions],
+            "case_filter": None if self.case_filter is None else doc_line(self.case_filter),
+            "notes": dict(self.notes),
+        }

@@ -1,0 +1,209 @@
+"""The one owner of the case records, and the write-ahead JSON report.
+
+The ``RecordBook`` of the process that writes the report (the serial run, or the
+pytest-xdist controller) turns pytest's reports and the suite's facts
+(``pagedattn.record.note``) into one ``CaseRecord`` per collected case and decides its
+``Status``.
+
+The JSON report is written ahead: every collected case is ``not_run`` at collection,
+a case that starts is written as ``crashed`` ("the process died while running this
+case") until its verdict arrives, and the file is replaced atomically as cases finish.
+Whatever kills the process, the file on disk is valid and accounts for every case.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from pagedattn.record import FACTS_KEY, CaseRecord, base_record, clean, split_group
+from pagedattn.status import Status
+from pagedattn.table import summary_rows
+
+#: message of a case whose process died under it (serial run, no --isolate)
+DIED = "the process died while running this case (crash or kill); rerun with --isolate to contain it"
+
+#: a finished case is written at once unless the file was written less than this ago (the
+#: next case's start writes it in any case: a started case must be on disk before it runs)
+FLUSH_S = 2.0
+
+
+class RecordBook:
+    """Every collected case's record, written by one owner and flushed to ``path``
+    (write-ahead, atomic) when given. ``header`` is the report's non-case part (a dict
+    or a zero-argument callable returning one), refreshed on each flush."""
+
+    def __init__(
+        self, path: str | None = None, header: dict[str, Any] | Callable[[], dict[str, Any]] | None = None
+    ) -> None:
+        self.path = path
+        self.header = header
+        self.records: dict[str, CaseRecord] = {}
+        self.running: set[str] = set()
+        self.notes: list[str] = []  # run-level events (a worker crash, a construction failure)
+        self.complete = False
+        #: record -> a command that reruns that case (for a crash that left no replay file)
+        self.rerun: Callable[[CaseRecord], str] | None = None
+        self._flushed = 0.0
+
+    # the key is pytest's node id as reported (an xdist group suffix included)
+    def collected(self, nodeid: str, facts: dict[str, Any] | None = None) -> None:
+        if nodeid in self.records:
+            return
+        rec = base_record(nodeid)
+        if facts:
+            rec.absorb(facts)
+        self.records[nodeid] = rec
+
+    def get(self, nodeid: str) -> CaseRecord:
+        if nodeid not in self.records:
+            self.collected(nodeid)
+        return self.records[nodeid]
+
+    def start(self, nodeid: str) -> None:
+        rec = self.get(nodeid)
+        rec.status, rec.message, rec.reason = Status.CRASHED, DIED, ""
+        if self.rerun and not rec.replay:
+            rec.replay = self.rerun(rec)
+        self.running.add(nodeid)
+        self.flush()
+
+    def update(self, report: pytest.TestReport) -> CaseRecord | None:
+        """Fold one pytest report into its case's record; the record, or ``None`` for a
+        report about nothing this book tracks (a test outside the suite)."""
+        facts = next((v for k, v in report.user_properties if k == FACTS_KEY), None)
+        if not isinstance(facts, dict) and report.nodeid not in self.records:
+            return None
+        rec = self.get(report.nodeid)
+        facts = facts if isinstance(facts, dict) else {}
+        rec.absorb(facts)
+        if report.when in ("setup", "call"):
+            rec.duration_s += report.duration
+        done = self._decide(rec, report, facts)
+        if done and rec.status in (Status.CRASHED, Status.TIMED_OUT) and not rec.replay and self.rerun:
+            rec.replay = self.rerun(rec)
+        elif done and rec.status not in (Status.CRASHED, Status.TIMED_OUT) and self.rerun:
+            if rec.replay == self.rerun(rec):  # set in case it died; it did not
+                rec.replay = None
+        if done:
+            self.running.discard(report.nodeid)
+            # the next case's start writes the file anyway; between cases, at most every FLUSH_S
+            if time.monotonic() - self._flushed > FLUSH_S:
+                self.flush()
+        return rec
+
+    def _decide(self, rec: CaseRecord, report: pytest.TestReport, facts: dict[str, Any]) -> bool:
+        """Set the status from the report; whether the case is finished."""
+        when = report.when
+        if when == "???":  # pytest-xdist: the worker died while running this case
+            rec.status = Status.CRASHED
+            rec.message = f"{report.longrepr}; the process died while running this case: rerun with --isolate"
+            return True
+        if hasattr(report, "wasxfail") and when in ("setup", "call"):
+            rec.status = Status.XFAILED if report.skipped else Status.XPASSED
+            rec.extra["expectation"] = report.wasxfail
+            if report.failed:  # a strict xfail that passed
+                rec.status = Status.XPASSED
+            return True
+        if report.skipped and when in ("setup", "call"):
+            reason = _skip_reason(report)
+            if facts.get("not_run"):
+                rec.status, rec.reason = Status.NOT_RUN, str(facts["not_run"])
+            else:
+                rec.status = Status.UNSUPPORTED
+                rec.reason = rec.reason or reason.removeprefix("unsupported: ")
+            rec.message = ""
+            return True
+        if report.failed:
+            if when == "teardown" and rec.status not in (Status.CRASHED, Status.NOT_RUN):
+                rec.message = (rec.message + "\n" if rec.message else "") + f"teardown failed: {_short(report)}"
+                if rec.status in (Status.PASSED, Status.WARNED):
+                    rec.status = Status.FAILED
+                return True
+            fault = facts.get("fault")
+            rec.status = Status(fault) if fault in ("crashed", "timed_out") else Status.FAILED
+            rec.message = facts.get("message") or _short(report)
+            rec.traceback = facts.get("traceback") or (str(report.longrepr) if report.longrepr else "")
+            return True
+        if when == "call":  # passed
+            metrics = rec.metrics or {}
+            rec.status = Status.WARNED if facts.get("warned") or metrics.get("status") == "warned" else Status.PASSED
+            if rec.status is Status.PASSED:
+                rec.message = ""
+            return True
+        return False
+
+    def stop(self, reason: str) -> None:
+        """The run is over: a case still running died with its process; the rest never ran."""
+        for nodeid in list(self.running):
+            rec = self.records[nodeid]
+            if rec.status is Status.CRASHED and rec.message == DIED:
+                rec.message = "the run ended while this case was running (crash, kill or interrupt)"
+        self.running.clear()
+        for rec in self.records.values():
+            if rec.status is Status.NOT_RUN and not rec.reason:
+                rec.reason = reason
+        self.complete = True
+
+    # ------------------------------------------------------------ output
+    def as_list(self) -> list[dict[str, Any]]:
+        return [r.to_dict() for r in self.records.values()]
+
+    def report(self) -> dict[str, Any]:
+        header = self.header() if callable(self.header) else dict(self.header or {})
+        cases = [r.to_dict() for r in self.records.values()]
+        counts = {s.value: 0 for s in Status}
+        for c in cases:
+            counts[c["status"]] += 1
+        return {
+            **header,
+            "complete": self.complete,
+            "running": sorted(split_group(n)[0] for n in self.running),
+            "counts": counts,
+            "configurations": len({c["configuration"] for c in cases if c["configuration"]}),
+            "notes": list(self.notes),
+            "summary": summary_rows(cases),
+            "cases": cases,
+        }
+
+    def flush(self) -> None:
+        if self.path:
+            write_atomic(self.path, self.report(), indent=1 if self.complete else None)
+            self._flushed = time.monotonic()
+
+
+def _skip_reason(report: pytest.TestReport) -> str:
+    lr = report.longrepr
+    text = lr[2] if isinstance(lr, tuple) and len(lr) == 3 else str(lr or "")
+    return str(text).removeprefix("Skipped: ")
+
+
+def _short(report: pytest.TestReport) -> str:
+    """The one-line gist of a failed report (pytest's crash line), never the fixture repr."""
+    crash = getattr(report.longrepr, "reprcrash", None)
+    if crash is not None and getattr(crash, "message", None):
+        return str(crash.message)
+    text = str(report.longrepr or "").strip().splitlines()
+    return text[-1] if text else "failed"
+
+
+def write_atomic(path: str, data: Any, indent: int | None = 1) -> None:
+    """``data`` as JSON at ``path`` through a temporary file and a rename: a reader (or a
+    crash) never sees half a file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pagedattn-report-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(clean(data), f, indent=indent)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

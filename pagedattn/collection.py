@@ -1,0 +1,137 @@
+"""Which cases the run has, and in what order: the grid (or the one saved case of
+``--replay``) as the ``conformance_spec`` parameter of each suite module, one record per
+case from collection on, expected failures marked, and the cases ordered by the
+configuration a backend compiles for (kept on one worker under ``--dist loadgroup``).
+
+Torch-free at import: the grid and the configurations come with the hooks that use them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+
+from pagedattn.expectations import expected_failure
+from pagedattn.record import note, noted
+from pagedattn.replay import ReplaySpec
+from pagedattn.session import Run
+
+#: the operation each conformance module runs (the rest run ``attention``)
+OPERATIONS = {"gather": "gather", "cache_write": "write_cache", "lse": "lse"}
+
+
+def need_backend() -> str:
+    """The usage error of a suite module collected without ``--backend``."""
+    from pagedattn.adapters.loading import available_backends
+
+    names = ", ".join(sorted(available_backends())) or "(none installed)"
+    return f"the conformance suite needs --backend=NAME (available: {names}), package.module:attr or file.py:attr"
+
+
+def parametrize(metafunc: pytest.Metafunc, run: Run) -> None:
+    """The ``conformance_spec`` parameter of one suite module: the profile's grid of its
+    family (``FAMILY``), its own ``SPECS(profile)``, or the case of ``--replay``."""
+    if not run.spec:
+        # reported once, for the whole run, in pytest_collection_modifyitems
+        metafunc.parametrize("conformance_spec", [None], ids=["no-backend"])
+        return
+    from pagedattn.cases import FAMILIES, grid
+
+    family = metafunc.module.FAMILY
+    replay = metafunc.config.getoption("--replay")
+    specs: list[Any]
+    if replay:
+        spec = ReplaySpec(replay)
+        specs = [spec] if spec.family == family else []
+    else:
+        source = getattr(metafunc.module, "SPECS", None)
+        if callable(source):
+            specs = source(run.profile)
+        else:
+            specs = grid(run.profile, family) if family in FAMILIES else []  # replay-only modules
+    metafunc.parametrize("conformance_spec", specs, ids=[s.id for s in specs])
+
+
+def spec_of(item: pytest.Item) -> Any:
+    """The ``conformance_spec`` of a suite item (a grid spec or a ``ReplaySpec``), or ``None``."""
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("conformance_spec") if callspec else None
+
+
+def _has_spec_param(item: pytest.Item) -> bool:
+    return "conformance_spec" in getattr(getattr(item, "callspec", None), "params", {})
+
+
+def base_facts(item: pytest.Item) -> dict[str, Any] | None:
+    """What the record of a suite item says before it runs: id, family, dtype, operation
+    and configuration (from the spec, without building the case)."""
+    from pagedattn.cases.configuration import Configuration, dtype_name
+
+    module = getattr(item, "module", None)
+    family = getattr(module, "FAMILY", None)
+    if family is None:
+        return None
+    spec = spec_of(item)
+    if spec is None:
+        if _has_spec_param(item):
+            return None
+        return {"file": str(item.path), "id": family, "family": family, "dtype": "mixed", "operation": "attention",
+                "configuration": family}  # fmt: skip
+    operation = spec.operation if isinstance(spec, ReplaySpec) else None
+    operation = operation or OPERATIONS.get(family, "attention")
+    # a saved case is built (it is already in memory); a grid spec says it all without building
+    config = Configuration.of_case(spec.build()) if isinstance(spec, ReplaySpec) else Configuration.of_spec(spec)
+    facts = {
+        "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+        "file": str(item.path),
+        "id": spec.id,
+        "family": family if family in ("properties", "cache_write") else spec.family,
+        "dtype": dtype_name(config.dtype, config.kv_dtype),
+        "operation": operation,
+        "configuration": config.key(operation),
+    }
+    params = item.callspec.params  # type: ignore[attr-defined]
+    if "prop" in params:
+        facts["property"] = params["prop"]
+    return facts
+
+
+def arrange(config: pytest.Config, run: Run, items: list[pytest.Item]) -> None:
+    """Settle the run's items: drop modules with nothing to run in this mode, mark expected
+    failures, keep only the replayed case under ``--replay``, give every suite item its
+    record, and order the items by configuration (compile key), each configuration one
+    ``xdist_group``."""
+    # modules with nothing to run in this mode (replay-only ones) got an empty parameter set
+    empty = [i for i in items if _has_spec_param(i) and not hasattr(spec_of(i), "build")]
+    if empty:
+        config.hook.pytest_deselected(items=empty)
+        items[:] = [i for i in items if i not in empty]
+    for item in items:
+        spec = spec_of(item)
+        reason = expected_failure(run.expectations, spec.id, item.name) if spec is not None else None
+        if reason is not None:
+            item.add_marker(pytest.mark.xfail(reason=f"expected failure: {reason}", strict=False))
+    if config.getoption("--replay"):
+        keep = [i for i in items if isinstance(spec_of(i), ReplaySpec)]
+        dropped = [i for i in items if i not in keep]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+    keys: dict[int, str] = {}
+    for item in items:
+        facts = base_facts(item)
+        if facts is not None:
+            note(item, **facts)
+            keys[id(item)] = facts["configuration"]
+            if item.get_closest_marker("xdist_group") is None:  # the search's items carry their own
+                item.add_marker(pytest.mark.xdist_group(name=facts["configuration"]))
+    order = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda i: (id(i) not in keys, keys.get(id(i), ""), order[id(i)]))
+
+
+def collection_line(items: list[pytest.Item]) -> str:
+    keys = {noted(i).get("configuration") for i in items} - {None}
+    return (f"pagedattn: {len(items)} cases in {len(keys)} configurations (dtype, kv dtype, head dim, block size, "
+            "variants, operation), run in that order")  # fmt: skip

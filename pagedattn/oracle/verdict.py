@@ -1,0 +1,253 @@
+"""The verdict on an attention output: ``check_attention`` judges it element by element
+against the float64 oracle and the error model's bound (``pagedattn.oracle.policy``) and
+returns an ``AttentionCheck``: passed, warned or failed, how much of the bound it used,
+and the worst element (sequence, token, position, head, channel, value, reference, bound)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.policy import WARN_FACTOR, chunk_bounds, validate_precisions
+
+
+@dataclass
+class AttentionCheck:
+    """The verdict on one attention output.
+
+    ``budget_used`` is ``max |out - ref| / bound`` over all elements; ``passed``
+    means no element beyond ``WARN_FACTOR * bound`` and nothing non-finite;
+    ``warning`` means some element in ``(bound, WARN_FACTOR * bound]``.
+    """
+
+    passed: bool
+    warning: bool
+    budget_used: float
+    num_over: int = 0  # elements over the bound (warning or failure)
+    num_elements: int = 0
+    num_nonfinite: int = 0
+    worst_seq: int = -1
+    worst_token: int = -1  # row of the packed query/output
+    worst_position: int = -1  # absolute position of that token in its sequence
+    worst_head: int = -1
+    worst_channel: int = -1
+    value: float = float("nan")
+    reference: float = float("nan")
+    bound: float = float("nan")
+    problem: str = ""  # a structural failure (shape, dtype, device), if any
+    precision: str = "ieee"
+    qk_precision: str = "fp32"
+    tolerance_factor: float = 1.0
+    case_summary: str = ""
+    what: str = "attention"  # or "log-sum-exp" (then worst_channel is -1)
+
+    @property
+    def status(self) -> str:
+        return "failed" if not self.passed else ("warned" if self.warning else "passed")
+
+    def metrics(self) -> dict:
+        """A JSON-ready summary."""
+        return {
+            "status": self.status,
+            "budget_used": self.budget_used,
+            "num_over": self.num_over,
+            "num_elements": self.num_elements,
+            "num_nonfinite": self.num_nonfinite,
+            "worst": {
+                "seq": self.worst_seq,
+                "token": self.worst_token,
+                "position": self.worst_position,
+                "head": self.worst_head,
+                "channel": self.worst_channel,
+                "value": self.value,
+                "reference": self.reference,
+                "bound": self.bound,
+            },
+            "problem": self.problem,
+            "precision": self.precision,
+            "qk_precision": self.qk_precision,
+            "tolerance_factor": self.tolerance_factor,
+            "what": self.what,
+        }
+
+    def __str__(self) -> str:
+        if self.problem:
+            return f"{self.what} output rejected: {self.problem}\n  case: {self.case_summary}"
+        head = {
+            "passed": f"{self.what} within the error bound",
+            "warned": f"{self.what} in the warning band (above the bound, within {WARN_FACTOR:g}x of it)",
+            "failed": f"{self.what} outside the error bound",
+        }[self.status]
+        lines = [
+            f"{head}: budget used {self.budget_used:.3g} "
+            f"({self.num_over} of {self.num_elements} elements over the bound"
+            + (f", {self.num_nonfinite} non-finite where the reference is finite" if self.num_nonfinite else "")
+            + ")",
+            f"  worst element: seq {self.worst_seq}, token {self.worst_token} "
+            f"(position {self.worst_position} in its sequence), head {self.worst_head}"
+            + (f", channel {self.worst_channel}" if self.worst_channel >= 0 else ""),
+            f"  got {self.value!r}, reference {self.reference!r}, "
+            f"|error| {abs(self.value - self.reference):.3g}, bound {self.bound:.3g}",
+            f"  policy: fp32 dot precision {self.precision}"
+            + (", q.k from input-dtype products (declared)" if self.qk_precision == "input" else "")
+            + (f", tolerance x{self.tolerance_factor:g} (backend override)" if self.tolerance_factor != 1.0 else ""),
+            f"  case: {self.case_summary}",
+        ]
+        return "\n".join(lines)
+
+
+def _token_coords(case: PagedCase, token: int) -> tuple[int, int]:
+    loc = case.query_start_loc_list
+    for b in range(case.num_seqs):
+        if loc[b] <= token < loc[b + 1]:
+            return b, case.context_lens[b] + token - loc[b]
+    return -1, -1
+
+
+def check_attention(
+    output: torch.Tensor,
+    case: PagedCase,
+    *,
+    precision: str = "ieee",
+    qk_precision: str = "fp32",
+    tolerance_factor: float = 1.0,
+) -> AttentionCheck:
+    """Judge ``output`` against the float64 oracle with the per-element bound, block of
+    rows by block of rows, in the oracle's own pass.
+
+    Args:
+        output: ``[num_tokens, num_heads, head_dim]`` in the query dtype, on the case's
+            device: what the backend returned.
+        case: the problem it was asked.
+        precision: ``"ieee"`` or ``"tf32"`` (the backend's declared fp32 dot precision).
+        qk_precision: ``"fp32"`` or ``"input"`` (the backend's declared score precision:
+            q.k from products rounded to the input dtype).
+        tolerance_factor: an explicit loosening (> 1) or tightening, shown in the report.
+    """
+    validate_precisions(precision, qk_precision)
+    common: dict[str, Any] = dict(precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor,
+                                  case_summary=repr(case))  # fmt: skip
+    problem = _output_problem(output, case)
+    if problem:
+        return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
+    verdict = _Verdict()
+    for blk in chunk_bounds(case, precision, qk_precision):
+        verdict.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
+    return verdict.check(case, common)
+
+
+def check_attention_lse(
+    output: torch.Tensor,
+    lse: torch.Tensor,
+    case: PagedCase,
+    *,
+    precision: str = "ieee",
+    qk_precision: str = "fp32",
+    tolerance_factor: float = 1.0,
+) -> tuple[AttentionCheck, AttentionCheck]:
+    """Judge an output and its log-sum-exp (one pass over the oracle).
+
+    Args:
+        output: ``[num_tokens, num_heads, head_dim]`` in the query dtype.
+        lse: ``[num_tokens, num_heads]`` float32, natural log of each row's softmax
+            denominator (sink included).
+        case, precision, qk_precision, tolerance_factor: as for ``check_attention``.
+
+    Returns:
+        ``(output_check, lse_check)``.
+    """
+    validate_precisions(precision, qk_precision)
+    common: dict[str, Any] = dict(precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor,
+                                  case_summary=repr(case))  # fmt: skip
+    p_out = _output_problem(output, case)
+    p_lse = _structural(lse, case, (case.num_tokens, case.num_heads), torch.float32, "[num_tokens, num_heads]",
+                        "float32")  # fmt: skip
+    if p_out or p_lse:
+        out_check = AttentionCheck(False, False, float("inf"), problem=p_out or "not judged: the log-sum-exp "
+                                   "was rejected", **common)  # fmt: skip
+        lse_check = AttentionCheck(False, False, float("inf"), problem=p_lse or "not judged: the output was "
+                                   "rejected", what="log-sum-exp", **common)  # fmt: skip
+        return out_check, lse_check
+    v_out, v_lse = _Verdict(), _Verdict()
+    for blk in chunk_bounds(case, precision, qk_precision):
+        v_out.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
+        v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
+    return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
+
+
+def _scaled(bound: torch.Tensor, tolerance_factor: float) -> torch.Tensor:
+    return bound if tolerance_factor == 1.0 else bound.mul_(tolerance_factor)
+
+
+def _output_problem(output: Any, case: PagedCase) -> str:
+    return _structural(output, case, (case.num_tokens, case.num_heads, case.head_dim), case.dtype,
+                       "[num_tokens, num_heads, head_dim]", "the query dtype")  # fmt: skip
+
+
+def _structural(t: Any, case: PagedCase, shape: tuple, dtype: torch.dtype, shape_doc: str, dtype_doc: str) -> str:
+    if not isinstance(t, torch.Tensor):
+        return f"expected a torch.Tensor, got {type(t).__name__}"
+    if tuple(t.shape) != shape:
+        return f"shape {tuple(t.shape)}, expected {shape} {shape_doc}"
+    if t.dtype != dtype:
+        return f"dtype {t.dtype}, expected {dtype_doc} {dtype}"
+    if t.device != case.device:
+        return f"device {t.device}, expected the case's device {case.device}"
+    return ""
+
+
+class _Verdict:
+    """The verdict on an output ``[T, Hq(, D)]`` gathered block of rows by block of rows:
+    counts, and the worst element so far."""
+
+    def __init__(self) -> None:
+        self.budget = -1.0
+        self.num_over = self.num_elements = self.num_nonfinite = 0
+        self.worst: tuple[int, ...] = ()
+        self.value = self.reference = self.bound = float("nan")
+
+    def add(
+        self, tokens: slice, output: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, exact_inf: bool = False
+    ) -> None:
+        """Judge rows ``tokens`` of the output (``output``, in its dtype) against ``ref`` and ``bound``;
+        ``exact_inf``: an infinite reference matched exactly is no error (a log-sum-exp's ``-inf``)."""
+        out = output.to(torch.float64)
+        ratio = torch.sub(out, ref).abs_().div_(bound)
+        if exact_inf:  # an lse of -inf where the reference is -inf is exact
+            ratio.masked_fill_(torch.isinf(ref) & (out == ref), 0.0)
+        flat = int(torch.argmax(ratio))  # a NaN ratio is the largest
+        budget = float(ratio.reshape(-1)[flat])
+        self.num_over += int((ratio > 1.0).sum())
+        self.num_elements += ratio.numel()
+        if not budget < float("inf"):  # a NaN or infinite output: infinitely over
+            budget = float("inf")
+            self.num_over += int(torch.isnan(ratio).sum())
+            self.num_nonfinite += int((~torch.isfinite(out) & torch.isfinite(ref)).sum())
+        if budget > self.budget:
+            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape))
+            self.budget, self.worst = budget, (idx[0] + tokens.start, *idx[1:])
+            self.value, self.reference, self.bound = float(out[idx]), float(ref[idx]), float(bound[idx])
+
+    def check(self, case: PagedCase, common: dict) -> AttentionCheck:
+        t, h = self.worst[0], self.worst[1]
+        seq, pos = _token_coords(case, t)
+        return AttentionCheck(
+            passed=bool(self.budget <= WARN_FACTOR) and self.num_nonfinite == 0,
+            warning=bool(1.0 < self.budget <= WARN_FACTOR),
+            budget_used=self.budget,
+            num_over=self.num_over,
+            num_elements=self.num_elements,
+            num_nonfinite=self.num_nonfinite,
+            worst_seq=seq,
+            worst_token=t,
+            worst_position=pos,
+            worst_head=h,
+            worst_channel=self.worst[2] if len(self.worst) > 2 else -1,
+            value=self.value,
+            reference=self.reference,
+            bound=self.bound,
+            **common,
+        )

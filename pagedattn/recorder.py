@@ -1,0 +1,147 @@
+"""The process that owns the case records (a serial run, or the pytest-xdist controller):
+the hooks that feed pytest's reports into the ``RecordBook``, the JUnit properties, and a
+watch process that speaks when this one dies.
+
+Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from pagedattn.book import RecordBook
+from pagedattn.record import noted, split_group
+from pagedattn.session import Run
+from pagedattn.status import FAILING, Status
+
+_WATCH = r"""
+import sys
+running, done = None, False
+for line in sys.stdin:
+    cmd, _, arg = line.rstrip("\n").partition(" ")
+    running = arg if cmd == "start" else None if cmd == "end" else running
+    done = done or cmd == "done"
+if not done:
+    where = f" while running {running}" if running else ""
+    path = sys.argv[1]
+    sys.stderr.write(
+        f"\npagedattn: the test process died{where}. "
+        + (f"The JSON report {path} accounts for every collected case (a case running then as crashed); "
+           f"python -m pagedattn report {path} prints its table. " if path else "")
+        + "Rerun with --isolate to contain crashes and hangs.\n"
+    )
+"""
+
+
+def start_watch(path: str | None) -> subprocess.Popen[str] | None:
+    """A tiny process that outlives a crash of this one and prints what happened and what to
+    do (Python cannot run code after a segfault; this is the fatal-error handler)."""
+    try:
+        return subprocess.Popen([sys.executable, "-c", _WATCH, path or ""], stdin=subprocess.PIPE,
+                                stdout=subprocess.DEVNULL, text=True)  # fmt: skip
+    except OSError:
+        return None
+
+
+def tell(run: Run, line: str) -> None:
+    """Tell the watch what this process is doing: ``start <case>``, ``end``, ``done``."""
+    if run.watch is not None and run.watch.stdin is not None:
+        try:
+            run.watch.stdin.write(line + "\n")
+            run.watch.stdin.flush()
+        except (OSError, ValueError):
+            run.watch = None
+
+
+class Recorder:
+    """The one owner of the case records (``RecordBook``): in a serial run, or on the
+    pytest-xdist controller, where the reports arrive from the workers."""
+
+    def __init__(self, config: pytest.Config, run: Run, book: RecordBook):
+        self.config = config
+        self.run = run
+        self.book = book
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.run.controller:
+            return
+        for item in session.items:
+            self.book.collected(item.nodeid, noted(item))
+        self.book.flush()
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node: Any) -> None:
+        # a worker parses the command line again: tell it the --dist mode chosen here
+        node.workerinput["pagedattn_loadgroup"] = self.config.getoption("dist") == "loadgroup"
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        fresh = [i for i in ids if i not in self.book.records]
+        for nodeid in fresh:
+            self.book.collected(nodeid)
+        if fresh:
+            self.book.flush()
+
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        if nodeid in self.book.records:
+            self.book.start(nodeid)
+            tell(self.run, f"start {split_group(nodeid)[0]}")
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        tell(self.run, "end")
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        rec = self.book.update(report)
+        if rec is None:
+            return
+        if report.when == "???":
+            self.run.crashed_workers += 1
+        # JUnit XML (and anything else reading the reports here) gets the record, not the raw facts
+        report.user_properties = [("pagedattn_status", rec.status.value),
+                                  ("pagedattn", json.dumps(rec.to_dict() | {"traceback": None}))]  # fmt: skip
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        info = getattr(node, "workeroutput", {}).get("pagedattn_info")
+        if info and not self.run.info.get("capabilities"):
+            self.run.info = info
+            self.run.broken = getattr(node, "workeroutput", {}).get("pagedattn_broken", "")
+
+
+def _stop_reason(session: pytest.Session, run: Run) -> str:
+    if run.crashed_workers:
+        return (f"never run: pytest-xdist did not run it after {run.crashed_workers} worker crashes (it stops "
+                "replacing crashed workers after --max-worker-restart); rerun with --isolate")  # fmt: skip
+    stop = session.shouldstop or session.shouldfail
+    if stop:
+        return f"never run: the run stopped early ({stop})"
+    return "never run: the run ended before this case (interrupted, or a crash)"
+
+
+def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
+    """The run is over: settle every record (a case still running died, the rest never ran),
+    fail the session when a record fails it, write the report and release the watch."""
+    config = session.config
+    collect_only = bool(config.getoption("collectonly", False))
+    book.stop("not run: --collect-only" if collect_only else _stop_reason(session, run))
+    failing = FAILING - {Status.XPASSED} - ({Status.NOT_RUN} if collect_only else set())
+    if any(r.status in failing for r in book.records.values()) and session.exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if run.broken and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    config._pagedattn_exit = int(session.exitstatus)  # type: ignore[attr-defined]
+    book.flush()
+    tell(run, "done")
+    if run.watch is not None:
+        try:
+            if run.watch.stdin is not None:
+                run.watch.stdin.close()
+            run.watch.wait(5)
+        except (OSError, subprocess.TimeoutExpired):
+            pass

@@ -1,0 +1,205 @@
+"""The run's reports, built from the case records: the terminal header (backend, where it
+runs, its claims), the terminal summary (the table and every case that needs a word), and
+the JSON report's non-case part (schema, execution target, expectations, probes).
+
+Torch-free at import: torch is imported by the functions that name its version.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import time
+from typing import Any
+
+import pytest
+
+from pagedattn._version import __version__
+from pagedattn.expectations import stale_expectations
+from pagedattn.record import CaseRecord
+from pagedattn.session import RUN_KEY, Run
+from pagedattn.status import Status
+from pagedattn.table import format_table
+
+#: the JSON report's schema, named in every report
+SCHEMA = "pagedattn-report/2"
+
+
+def triton_version() -> str:
+    # from the metadata: importing triton here would fix TRITON_INTERPRET too early
+    try:
+        return importlib.metadata.version("triton")
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def device_name(device: str) -> str:
+    """``cuda:0 (NVIDIA H200)`` for a CUDA device, the device as given otherwise."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return f"{device} ({torch.cuda.get_device_name(torch.device(device))})"
+    return device
+
+
+def target(run: Run) -> str:
+    """Where the backend's kernels run, in words (its own ``target`` when it says)."""
+    if run.info.get("target"):
+        return str(run.info["target"])
+    if run.info.get("name"):
+        return f"{run.info['name']} ({run.device})"
+    return f"{run.spec} (loaded in the xdist workers)"
+
+
+def _guard_line(run: Run) -> str:
+    if run.isolate:
+        limit = f"{run.timeout:g} s per case" if run.timeout else "no time limit (--case-timeout=none)"
+        return f"  guard: each case runs in a child process that is replaced when it crashes; {limit}"
+    return ("  guard: none: a crash or a hang of the backend ends the run (the JSON report still accounts for "
+            "every case); --isolate contains them")  # fmt: skip
+
+
+def _claims_lines(info: dict[str, Any]) -> list[str]:
+    caps = info.get("capabilities") or {}
+    qk = f", q.k precision {info['qk_precision']}" if info.get("qk_precision", "fp32") != "fp32" else ""
+    factor = info.get("tolerance_factor", 1)
+    loosened = f", tolerance x{factor:g} (backend override)" if factor != 1 else ""
+    lines = [
+        f"  policy: fp32 dot precision {info.get('fp32_precision', 'ieee')}{qk}{loosened}",
+        f"  claims: operations {', '.join(caps.get('operations', []))}; "
+        f"variants {', '.join(caps.get('variants', [])) or 'none'}",
+    ]
+    if info.get("limit_lines"):  # Capabilities.limit_lines: every limit, declined invariances included
+        return lines + [f"  limit: {line}" for line in info["limit_lines"]]
+    declined = {k: v for k, v in (info.get("invariances") or {}).items() if v}
+    lines += [f"  declined: {reason}" for reason in declined.values()]
+    lines += [f"  narrowed {key}: {note_}" for key, note_ in (info.get("notes") or {}).items()]
+    return lines
+
+
+def header_lines(config: pytest.Config, run: Run) -> list[str]:
+    """The terminal report header: suite and backend versions, where it runs, the guard
+    against crashes, the policy and the claims."""
+    import torch
+
+    env = f"  torch {torch.__version__}, triton {triton_version()}, python {platform.python_version()}"
+    if run.controller:
+        dist = config.getoption("dist")
+        how = "(each configuration on one worker)"
+        if dist != "loadgroup":
+            how = "(--dist loadgroup keeps each configuration on one worker; the default with --isolate)"
+        return [
+            f"pagedattn {__version__}: backend {run.spec} (loaded in each xdist worker, not in this process)",
+            f"  device {run.device}; profile {run.profile}; --dist {dist} {how}",
+            env,
+            _guard_line(run),
+        ]
+    name = f"{run.info.get('name', run.spec)} {run.info.get('version', '') or ''}".rstrip()
+    lines = [
+        f"pagedattn {__version__}: backend {name}",
+        f"  runs on: {target(run)}; device {device_name(run.device)}; profile {run.profile}",
+        env,
+        _guard_line(run),
+    ]
+    if run.broken:
+        return lines + [f"  ERROR: {run.broken}"]
+    return lines + _claims_lines(run.info)
+
+
+def records(config: pytest.Config) -> list[CaseRecord]:
+    """The case records this process owns (none on an xdist worker)."""
+    run = config.stash.get(RUN_KEY, None)
+    return list(run.book.records.values()) if run is not None and run.book is not None else []
+
+
+def probe_summary(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per reason a case was unclaimed: how many were probed, how many would pass, and each
+    probed case's verdict (``--probe-unclaimed``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        if "probe" in r:
+            row = out.setdefault(r.get("reason", ""), {"probed": 0, "would_pass": 0, "cases": {}})
+            row["probed"] += 1
+            row["would_pass"] += r["probe"] in ("would pass", "would hold")
+            row["cases"][r["id"] + (f" ({r['property']})" if r.get("property") else "")] = r["probe"]
+    return out
+
+
+def report_header(config: pytest.Config) -> dict[str, Any]:
+    """The JSON report's non-case part: the schema, the execution target, expectations."""
+    import torch
+
+    run = config.stash[RUN_KEY]
+    cases = [r.to_dict() for r in records(config)]
+    info = run.info
+    return {
+        "schema": SCHEMA,
+        "suite_version": __version__,
+        "exit_status": getattr(config, "_pagedattn_exit", None),
+        "duration_s": round(time.time() - getattr(config, "_pagedattn_start", time.time()), 3),
+        "target": {
+            "backend": info.get("name", run.spec),
+            "backend_spec": run.spec,
+            "backend_version": info.get("version", ""),
+            "runs_on": target(run),
+            "device": device_name(run.device),
+            "profile": run.profile,
+            "isolated": run.isolate,
+            "case_timeout_s": run.timeout,
+            "torch": torch.__version__,
+            "triton": triton_version(),
+            "python": platform.python_version(),
+            "capabilities": info.get("capabilities"),
+            "limits": info.get("limit_lines", []),
+            "declined_invariances": {k: v for k, v in (info.get("invariances") or {}).items() if v},
+            "qk_precision": info.get("qk_precision", "fp32"),
+        },
+        "error": run.broken or None,
+        "expectations": {
+            "file": config.getoption("--expectations", None),
+            "stale": stale_expectations(run.expectations, cases),
+            "unexpected_passes": [r["id"] for r in cases if r["status"] == "xpassed"],
+        },
+        "probes": probe_summary(cases),
+    }
+
+
+def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
+    """The summary at the end of the run: the table, then every case and entry that needs a
+    word (unsupported reasons, probes, unexpected passes, stale expectations, crashes and
+    timeouts, cases never run)."""
+    recs = records(config)
+    if not recs or run.book is None:
+        return
+    cases = [r.to_dict() for r in recs]
+    tr.write_sep("=", f"pagedattn conformance: {run.info.get('name', run.spec)} on {target(run)}")
+    if run.broken:
+        tr.write_line(f"ERROR: {run.broken}; no case ran", red=True)
+    for line in format_table(run.book.report()["summary"]):
+        tr.write_line(line)
+    for reason in sorted({r.reason for r in recs if r.status is Status.UNSUPPORTED}):
+        tr.write_line(f"unsupported: {reason}")
+    for reason, row in probe_summary(cases).items():
+        tr.write_line(f"probe of unclaimed cases ({reason}): {row['would_pass']} of {row['probed']} would pass")
+        for case_id, verdict in row["cases"].items():
+            tr.write_line(f"  {case_id}: {verdict}")
+    for r in recs:
+        if r.status is Status.XPASSED:
+            tr.write_line(f"unexpected pass (listed in --expectations): {r.id} ({r.nodeid})")
+    for e in stale_expectations(run.expectations, cases):
+        tr.write_line(f"stale expectation: {e['case']!r} matched no case ({e['reason']})")
+    for r in recs:
+        if r.status in (Status.CRASHED, Status.TIMED_OUT):
+            first = r.message.splitlines()[0] if r.message else ""
+            tr.write_line(f"{r.status.value}: " + (first if first.startswith(r.id) else f"{r.id}: {first}"), red=True)
+    never: dict[str, int] = {}
+    for r in recs:
+        if r.status is Status.NOT_RUN:
+            never[r.reason] = never.get(r.reason, 0) + 1
+    for reason, n in never.items():
+        tr.write_line(f"not run: {n} case{'s' if n > 1 else ''}: {reason}", red=True)
+    configurations = {r.configuration for r in recs if r.configuration}
+    tr.write_line(f"{len(recs)} cases in {len(configurations)} configurations")
+    path = config.getoption("--report-json")
+    if path:
+        tr.write_line(f"JSON report: {path} (python -m pagedattn report {path})")

@@ -1,0 +1,58 @@
+"""What one pytest process knows of the conformance run, kept on ``config.stash``.
+
+Torch-free: the plugin module that every pytest session imports reads these keys.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    import subprocess
+
+    from pagedattn.book import RecordBook
+    from pagedattn.suite import Suite
+
+
+@dataclass
+class Run:
+    """What this process knows of the run. On the pytest-xdist controller the backend is
+    not loaded (``suite`` is None): its description arrives from the workers."""
+
+    spec: str | None = None
+    device: str = "cpu"
+    profile: str = "quick"
+    isolate: bool = False
+    timeout: float | None = None
+    controller: bool = False  # the xdist controller (no backend here)
+    suite: Suite | None = None
+    info: dict[str, Any] = field(default_factory=dict)  # backend_info()
+    broken: str = ""  # the backend crashed while being constructed
+    book: RecordBook | None = None
+    watch: subprocess.Popen[str] | None = None  # the crash watch (pagedattn.recorder)
+    crashed_workers: int = 0
+    expectations: list[dict[str, Any]] = field(default_factory=list)  # --expectations entries
+
+
+SUITE_KEY = pytest.StashKey["Suite | None"]()
+RUN_KEY = pytest.StashKey[Run]()
+
+
+def _suite_dir() -> str:
+    """Where the suite's test modules are: ``pagedattn/conformance`` in an installed wheel,
+    ``conformance/`` in a checkout (editable or on ``PYTHONPATH``)."""
+    try:
+        spec = importlib.util.find_spec("pagedattn.conformance")
+    except ImportError:
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        return str(list(spec.submodule_search_locations)[0])
+    return str(Path(__file__).resolve().parent.parent / "conformance")
+
+
+SUITE_DIR = _suite_dir()

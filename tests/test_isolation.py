@@ -1,0 +1,91 @@
+"""The isolated backend is typed by what its backend has: the proxy carries exactly the
+optional methods (protocols) of the backend in its child, never a method set to None; its
+capabilities answer every field the suite and the search read (the search ran under
+--isolate only once ``RemoteCapabilities`` had ``max_seq_len``)."""
+
+import os
+import types
+
+import pytest
+
+from pagedattn.adapters.loading import accepts_out, backend_info, load_backend
+from pagedattn.adapters.protocol import (
+    Backend,
+    SupportsClose,
+    SupportsGather,
+    SupportsLse,
+    SupportsOut,
+    SupportsWarmup,
+    SupportsWriteCache,
+)
+from pagedattn.isolation import IsolatedBackend, isolated_backend
+from pagedattn.search import SearchItem, SearchRun
+from pagedattn.suite import Suite, recorded
+
+OPTIONAL = (SupportsGather, SupportsLse, SupportsWarmup, SupportsWriteCache)
+CORRECT = os.path.join(os.path.dirname(__file__), "bad_backends.py") + ":Correct"
+
+
+@pytest.fixture(scope="module", params=["reference", CORRECT], ids=["reference", "attention-only"])
+def pair(request):
+    """``(backend, proxy)``: the backend loaded here, and the same backend isolated."""
+    proxy = isolated_backend(request.param, "cpu", 120.0)
+    yield load_backend(request.param), proxy
+    proxy.close()
+
+
+def test_the_proxy_has_exactly_its_backends_optional_methods(pair):
+    backend, proxy = pair
+    assert isinstance(proxy, IsolatedBackend) and isinstance(proxy, Backend)
+    for protocol in OPTIONAL:
+        assert isinstance(proxy, protocol) == isinstance(backend, protocol), (
+            f"{type(proxy).__name__}: {protocol.__name__} is {isinstance(proxy, protocol)}, the backend's "
+            f"{isinstance(backend, protocol)}"
+        )
+    # the proxy itself always takes out= (it forwards it) and holds a process to close
+    assert isinstance(proxy, SupportsOut) and isinstance(proxy, SupportsClose)
+    assert proxy.accepts_out == backend_info(backend)["accepts_out"]
+    none = [m for m in ("gather", "write_cache", "paged_attention_lse", "warmup") if getattr(proxy, m, 0) is None]
+    assert not none, f"methods set to None on the proxy: {none}"
+
+
+def test_remote_capabilities_answer_every_claim_the_suite_reads(pair):
+    backend, proxy = pair
+    mine, theirs = backend.capabilities, proxy.capabilities
+    for name in ("dtypes", "operations", "variants", "devices", "fp32_precision", "qk_precision",
+                 "tolerance_factor", "notes", "max_seq_len", "decode_only", "default_scale_only"):  # fmt: skip
+        assert getattr(theirs, name) == getattr(mine, name), name
+    assert theirs.limit_lines() == mine.limit_lines() and theirs.describe() == mine.describe()
+    for name in ("determinism", "batch_invariance", "placement_invariance"):
+        assert theirs.invariance_reason(name) == mine.invariance_reason(name), name
+    assert theirs.unsupported_reason(head_dim=80) == mine.unsupported_reason(head_dim=80)
+
+
+def test_the_search_runs_under_isolation(tmp_path):
+    proxy = isolated_backend("reference", "cpu", 120.0)
+    try:
+        suite = Suite(backend=proxy, backend_spec="reference", device="cpu", profile="quick",
+                      replay_dir=str(tmp_path))  # fmt: skip
+        node = types.SimpleNamespace(user_properties=[])
+        SearchRun(suite, node, SearchItem(0, 2, 3), budget_s=20.0).run()
+    finally:
+        proxy.close()
+    rec = recorded(node)
+    assert rec["status"] == "passed" and rec["examples"] >= 1, rec
+
+
+def test_the_bundled_backends_meet_the_typed_contract() -> None:
+    """Checked twice: by mypy (this function is typed: the assignments are the claim) and at
+    run time (the protocols are runtime-checkable)."""
+    from pagedattn.adapters.protocol import Capabilities, Claims
+    from pagedattn.adapters.reference import ReferenceBackend
+    from pagedattn.adapters.tlsim import TLSimBackend
+
+    claims: Claims = Capabilities()
+    reference: Backend = ReferenceBackend()
+    tlsim: Backend = TLSimBackend()
+    assert claims.max_seq_len is None and not claims.decode_only
+    for backend in (reference, tlsim):
+        assert isinstance(backend, Backend), type(backend).__name__
+    assert isinstance(reference, SupportsLse) and isinstance(reference, SupportsGather)
+    assert isinstance(reference, SupportsWriteCache) and not accepts_out(reference)
