@@ -17,7 +17,19 @@ from typing import TYPE_CHECKING, Any
 from pagedattn._version import __version__
 
 if TYPE_CHECKING:
-    from pagedattn.adapters.protocol import INVARIANCES, Backend, Capabilities, Exclusion
+    from pagedattn.adapters.protocol import (
+        INVARIANCES,
+        Backend,
+        Capabilities,
+        Claims,
+        Exclusion,
+        SupportsClose,
+        SupportsGather,
+        SupportsLse,
+        SupportsOut,
+        SupportsWarmup,
+        SupportsWriteCache,
+    )
     from pagedattn.oracle import (
         AttentionCheck,
         PagedCase,
@@ -26,6 +38,7 @@ if TYPE_CHECKING:
         paged_attention_reference,
         paged_gather,
     )
+    from pagedattn.problem import ProblemError
 
 #: each lazy public name and the module that defines it
 _LAZY = {
@@ -33,6 +46,14 @@ _LAZY = {
     "Backend": "pagedattn.adapters.protocol",
     "Capabilities": "pagedattn.adapters.protocol",
     "Exclusion": "pagedattn.adapters.protocol",
+    "Claims": "pagedattn.adapters.protocol",
+    "SupportsClose": "pagedattn.adapters.protocol",
+    "SupportsGather": "pagedattn.adapters.protocol",
+    "SupportsLse": "pagedattn.adapters.protocol",
+    "SupportsOut": "pagedattn.adapters.protocol",
+    "SupportsWarmup": "pagedattn.adapters.protocol",
+    "SupportsWriteCache": "pagedattn.adapters.protocol",
+    "ProblemError": "pagedattn.problem",
     "AttentionCheck": "pagedattn.oracle",
     "PagedCase": "pagedattn.oracle",
     "check_attention": "pagedattn.oracle",
@@ -46,8 +67,16 @@ __all__ = [
     "AttentionCheck",
     "Backend",
     "Capabilities",
+    "Claims",
     "Exclusion",
     "PagedCase",
+    "ProblemError",
+    "SupportsClose",
+    "SupportsGather",
+    "SupportsLse",
+    "SupportsOut",
+    "SupportsWarmup",
+    "SupportsWriteCache",
     "__version__",
     "check_attention",
     "check_bitexact",
