@@ -89,8 +89,11 @@ def main(argv: list[str] | None = None) -> None:
                 row["prefill_TFLOPs"] = 4 * pairs * Hq * D / t / 1e9
         kernel.F16_DOTS_FOR_FP8 = True
         rows.append(row)
-        print(f"{name:18s} decode {row['decode_ms'] * 1e3:9.1f} us {row['decode_TBps']:6.2f} TB/s   "
-              f"prefill {row['prefill_ms']:8.3f} ms {row['prefill_TFLOPs']:7.1f} TFLOP/s", flush=True)  # fmt: skip
+        print(
+            f"{name:18s} decode {row['decode_ms'] * 1e3:9.1f} us {row['decode_TBps']:6.2f} TB/s   "
+            f"prefill {row['prefill_ms']:8.3f} ms {row['prefill_TFLOPs']:7.1f} TFLOP/s",
+            flush=True,
+        )
     result = {
         "machine": machine(device),
         "config": {
@@ -101,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
             "block_size": bs,
             "decode_B_L": [B, L],
             "prefill_L": P,
-        },  # fmt: skip
+        },
         "rows": rows,
     }
     if args.out:

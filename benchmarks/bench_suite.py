@@ -138,9 +138,11 @@ def bench_checks(cases: list[tuple[str, str]], device: str, repeats: int, thread
             "oracle_peak_mb": oracle["peak_mb"],
             "check_peak_mb": check["peak_mb"],
         }
-        print(f"{case_id:62s} oracle {row['oracle_s']:8.3f} s {row['oracle_peak_mb']:8.1f} MB   check "
-              f"{row['check_s']:8.3f} s {row['check_peak_mb']:8.1f} MB   x{row['check_over_oracle']}",
-              flush=True)  # fmt: skip
+        print(
+            f"{case_id:62s} oracle {row['oracle_s']:8.3f} s {row['oracle_peak_mb']:8.1f} MB   check "
+            f"{row['check_s']:8.3f} s {row['check_peak_mb']:8.1f} MB   x{row['check_over_oracle']}",
+            flush=True,
+        )
         rows.append(row)
     return rows
 
@@ -166,8 +168,20 @@ def _tree(pid: int) -> list[int]:
 
 def profile_run(profile: str, backend: str, workers: int) -> dict:
     """Run the conformance suite once; wall time and the peak summed RSS of the process tree."""
-    cmd = [sys.executable, "-m", "pytest", "conformance", f"--backend={backend}", f"--profile={profile}", "-q",
-           "-p", "no:cacheprovider", "-n", str(workers), "--device=cpu"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "conformance",
+        f"--backend={backend}",
+        f"--profile={profile}",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        str(workers),
+        "--device=cpu",
+    ]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peak = [0]
@@ -193,8 +207,13 @@ def profile_run(profile: str, backend: str, workers: int) -> dict:
     lines = [ln for ln in output.strip().splitlines() if ln.strip()]
     summary = next((ln for ln in reversed(lines) if " in " in ln and ("passed" in ln or "failed" in ln)), lines[-1])
     print(f"{' '.join(cmd[2:])}: {wall:.1f} s wall, peak RSS {peak[0] / 2**30:.2f} GiB; {summary}", flush=True)
-    return {"command": " ".join(cmd[1:]), "returncode": proc.returncode, "wall_s": round(wall, 1),
-            "peak_rss_gb": round(peak[0] / 2**30, 2), "summary": summary.strip("= ")}  # fmt: skip
+    return {
+        "command": " ".join(cmd[1:]),
+        "returncode": proc.returncode,
+        "wall_s": round(wall, 1),
+        "peak_rss_gb": round(peak[0] / 2**30, 2),
+        "summary": summary.strip("= "),
+    }
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -207,8 +226,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--profile-run", action="store_true", help="also run the standard profile of the reference backend")
     ap.add_argument("--code", default=REPO, help="checkout whose pagedattn is measured (default: this one)")
     ap.add_argument("--out", default=None)
-    ap.add_argument("--one", nargs=6, metavar=("PROFILE", "CASE", "WHAT", "DEVICE", "REPEATS", "THREADS"),
-                    help=argparse.SUPPRESS)  # fmt: skip
+    ap.add_argument(
+        "--one", nargs=6, metavar=("PROFILE", "CASE", "WHAT", "DEVICE", "REPEATS", "THREADS"), help=argparse.SUPPRESS
+    )
     args = ap.parse_args(argv)
     if args.one:
         profile, case_id, what, device, repeats, threads = args.one
@@ -219,8 +239,12 @@ def main(argv: list[str] | None = None) -> dict:
     CODE[0] = os.path.abspath(args.code)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cases = SMOKE_CASES if args.smoke else [c for c in CASES if not (args.skip_thorough and c[0] == "thorough")]
-    result: dict = {"machine": machine(device), "code": CODE[0], "threads": args.threads,
-                    "checks": bench_checks(cases, device, args.repeats, args.threads)}  # fmt: skip
+    result: dict = {
+        "machine": machine(device),
+        "code": CODE[0],
+        "threads": args.threads,
+        "checks": bench_checks(cases, device, args.repeats, args.threads),
+    }
     result["worst_check_over_oracle"] = max(r["check_over_oracle"] for r in result["checks"])
     if args.profile_run and not args.smoke:
         result["standard_profile_reference"] = profile_run("standard", "reference", 2)

@@ -76,8 +76,10 @@ def print_report(path: str) -> int:
         return 2
     target = report.get("target") or {}
     unfinished = "" if report.get("complete", True) else " (unfinished run)"
-    print(f"pagedattn report {path}: backend {target.get('backend')} on {target.get('runs_on')}, "
-          f"profile {target.get('profile')}{unfinished}")  # fmt: skip
+    print(
+        f"pagedattn report {path}: backend {target.get('backend')} on {target.get('runs_on')}, "
+        f"profile {target.get('profile')}{unfinished}"
+    )
     if report.get("error"):
         print(f"ERROR: {report['error']}")
     print("\n".join(summary_lines(report)))

@@ -77,8 +77,14 @@ def base_facts(item: pytest.Item) -> dict[str, Any] | None:
     if spec is None:
         if _has_spec_param(item):
             return None
-        return {"file": str(item.path), "id": family, "family": family, "dtype": "mixed", "operation": "attention",
-                "configuration": family}  # fmt: skip
+        return {
+            "file": str(item.path),
+            "id": family,
+            "family": family,
+            "dtype": "mixed",
+            "operation": "attention",
+            "configuration": family,
+        }
     operation = spec.operation if isinstance(spec, ReplaySpec) else None
     operation = operation or OPERATIONS.get(family, "attention")
     # a saved case is built (it is already in memory); a grid spec says it all without building
@@ -133,5 +139,7 @@ def arrange(config: pytest.Config, run: Run, items: list[pytest.Item]) -> None:
 
 def collection_line(items: list[pytest.Item]) -> str:
     keys = {noted(i).get("configuration") for i in items} - {None}
-    return (f"pagedattn: {len(items)} cases in {len(keys)} configurations (dtype, kv dtype, head dim, block size, "
-            "variants, operation), run in that order")  # fmt: skip
+    return (
+        f"pagedattn: {len(items)} cases in {len(keys)} configurations (dtype, kv dtype, head dim, block size, "
+        "variants, operation), run in that order"
+    )

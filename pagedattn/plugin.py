@@ -131,8 +131,9 @@ def pytest_configure(config: pytest.Config) -> None:
     worker = getattr(config, "workerinput", None)
     if worker is None:
         book = run.book = RecordBook(config.getoption("--report-json"), header=lambda: report.report_header(config))
-        book.rerun = lambda rec: rerun_command(rec.nodeid, rec.extra.get("file"), str(config.rootpath), run.spec,
-                                               run.device, run.profile)  # fmt: skip
+        book.rerun = lambda rec: rerun_command(
+            rec.nodeid, rec.extra.get("file"), str(config.rootpath), run.spec, run.device, run.profile
+        )
         config.pluginmanager.register(recorder.Recorder(config, run, book), "pagedattn-recorder")
     if _is_controller(config):
         # the workers load the backend; the controller only distributes and reports. Under

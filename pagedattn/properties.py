@@ -172,8 +172,14 @@ def out_argument(suite: Suite, node: pytest.Item, spec: Any) -> None:
         return _verdict(suite, node, spec, case, "out=: the result was not written into `out`")
     unwritten = int(is_sentinel(out).sum())
     if unwritten:
-        return _verdict(suite, node, spec, case, f"out=: {unwritten} of {out.numel()} elements of `out` were never "
-                        "written (they still hold the sentinel NaN the suite filled it with)")  # fmt: skip
+        return _verdict(
+            suite,
+            node,
+            spec,
+            case,
+            f"out=: {unwritten} of {out.numel()} elements of `out` were never "
+            "written (they still hold the sentinel NaN the suite filled it with)",
+        )
     suite.judge(node, spec, case.clone(), out)
 
 

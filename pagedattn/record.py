@@ -57,8 +57,7 @@ def note(node: pytest.Item, **facts: Any) -> None:
 
 
 # facts that are record fields; every other fact goes to ``extra``
-_FIELDS = ("id", "family", "dtype", "operation", "configuration", "message", "reason", "replay", "metrics",
-           "traceback")  # fmt: skip
+_FIELDS = ("id", "family", "dtype", "operation", "configuration", "message", "reason", "replay", "metrics", "traceback")
 _CONTROL = ("status", "fault", "not_run", "warned")
 
 

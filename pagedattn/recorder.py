@@ -42,8 +42,9 @@ def start_watch(path: str | None) -> subprocess.Popen[str] | None:
     """A tiny process that outlives a crash of this one and prints what happened and what to
     do (Python cannot run code after a segfault; this is the fatal-error handler)."""
     try:
-        return subprocess.Popen([sys.executable, "-c", _WATCH, path or ""], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, text=True)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-c", _WATCH, path or ""], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True
+        )
     except OSError:
         return None
 
@@ -103,8 +104,10 @@ class Recorder:
         if report.when == "???":
             self.run.crashed_workers += 1
         # JUnit XML (and anything else reading the reports here) gets the record, not the raw facts
-        report.user_properties = [("pagedattn_status", rec.status.value),
-                                  ("pagedattn", json.dumps(rec.to_dict() | {"traceback": None}))]  # fmt: skip
+        report.user_properties = [
+            ("pagedattn_status", rec.status.value),
+            ("pagedattn", json.dumps(rec.to_dict() | {"traceback": None})),
+        ]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
@@ -116,8 +119,10 @@ class Recorder:
 
 def _stop_reason(session: pytest.Session, run: Run) -> str:
     if run.crashed_workers:
-        return (f"never run: pytest-xdist did not run it after {run.crashed_workers} worker crashes (it stops "
-                "replacing crashed workers after --max-worker-restart); rerun with --isolate")  # fmt: skip
+        return (
+            f"never run: pytest-xdist did not run it after {run.crashed_workers} worker crashes (it stops "
+            "replacing crashed workers after --max-worker-restart); rerun with --isolate"
+        )
     stop = session.shouldstop or session.shouldfail
     if stop:
         return f"never run: the run stopped early ({stop})"

@@ -40,8 +40,15 @@ class ReplayFiles:
 
     def command(self, path: str) -> str:
         """The command that replays the case saved at ``path``."""
-        args = ["pytest", self.suite_path, f"--backend={self.backend_spec}", f"--device={self.device}", "--replay",
-                path, *self.extra_args]  # fmt: skip
+        args = [
+            "pytest",
+            self.suite_path,
+            f"--backend={self.backend_spec}",
+            f"--device={self.device}",
+            "--replay",
+            path,
+            *self.extra_args,
+        ]
         return " ".join(shlex.quote(a) for a in args)
 
     def path(self, name: str) -> str:
@@ -64,8 +71,16 @@ def rerun_command(nodeid: str, file: str | None, rootpath: str, spec: str | None
     died before a replay file could be saved (the case is rebuilt from its id)."""
     path, sep, rest = nodeid.partition("::")
     target = str(file or os.path.join(rootpath, path)) + sep + rest
-    args = ["pytest", target, f"--backend={spec}", f"--device={device}", f"--profile={profile}",
-            "-p", "pagedattn.plugin", "--isolate"]  # fmt: skip
+    args = [
+        "pytest",
+        target,
+        f"--backend={spec}",
+        f"--device={device}",
+        f"--profile={profile}",
+        "-p",
+        "pagedattn.plugin",
+        "--isolate",
+    ]
     return " ".join(shlex.quote(a) for a in args)
 
 

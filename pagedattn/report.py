@@ -55,8 +55,10 @@ def _guard_line(run: Run) -> str:
     if run.isolate:
         limit = f"{run.timeout:g} s per case" if run.timeout else "no time limit (--case-timeout=none)"
         return f"  guard: each case runs in a child process that is replaced when it crashes; {limit}"
-    return ("  guard: none: a crash or a hang of the backend ends the run (the JSON report still accounts for "
-            "every case); --isolate contains them")  # fmt: skip
+    return (
+        "  guard: none: a crash or a hang of the backend ends the run (the JSON report still accounts for "
+        "every case); --isolate contains them"
+    )
 
 
 def _claims_lines(info: dict[str, Any]) -> list[str]:

@@ -72,8 +72,15 @@ PINNED = [
 def spec_size(spec: CaseSpec) -> tuple:
     """How large a case is, for "the smallest failing case so far": history and query
     tokens first, then sequences, heads, head_dim, variants, block size."""
-    return (sum(s for s, _ in spec.seqs), sum(q for _, q in spec.seqs), len(spec.seqs), spec.num_heads,
-            spec.head_dim, len(spec.variants), spec.block_size)  # fmt: skip
+    return (
+        sum(s for s, _ in spec.seqs),
+        sum(q for _, q in spec.seqs),
+        len(spec.seqs),
+        spec.num_heads,
+        spec.head_dim,
+        len(spec.variants),
+        spec.block_size,
+    )
 
 
 class _BudgetSpent(BaseException):
@@ -146,10 +153,17 @@ class SearchRun:
         self, dtypes: list[torch.dtype], configs: list[Configuration], axes: dict[str, list[int]]
     ) -> Callable[[], None]:
         caps = self.suite.caps
-        strategy = case_specs(self.suite.profile, family=FAMILY, dtypes=dtypes, variants=caps.variants,
-                              configurations=configs, **axes, decode_only=caps.decode_only,
-                              default_scale_only=caps.default_scale_only,
-                              max_seq_len=caps.max_seq_len)  # fmt: skip
+        strategy = case_specs(
+            self.suite.profile,
+            family=FAMILY,
+            dtypes=dtypes,
+            variants=caps.variants,
+            configurations=configs,
+            **axes,
+            decode_only=caps.decode_only,
+            default_scale_only=caps.default_scale_only,
+            max_seq_len=caps.max_seq_len,
+        )
 
         @seed(self.item.index)
         @settings(
@@ -163,7 +177,7 @@ class SearchRun:
                 HealthCheck.filter_too_much,
                 HealthCheck.data_too_large,
                 HealthCheck.large_base_example,
-            ],  # fmt: skip
+            ],
             verbosity=Verbosity.quiet,  # the failure is reported by the suite, in its own shape
             print_blob=False,
             report_multiple_bugs=False,

@@ -37,9 +37,15 @@ def grid_configurations(profile: str, caps: Claims) -> list[Configuration]:
     claimed = [
         c
         for c in found
-        if caps.unsupported_reason(dtype=c.dtype, head_dim=c.head_dim, block_size=c.block_size,
-                                   gqa_ratio=c.num_heads // c.num_kv_heads, variants=c.all_variants) is None
-    ]  # fmt: skip
+        if caps.unsupported_reason(
+            dtype=c.dtype,
+            head_dim=c.head_dim,
+            block_size=c.block_size,
+            gqa_ratio=c.num_heads // c.num_kv_heads,
+            variants=c.all_variants,
+        )
+        is None
+    ]
     return sorted(claimed, key=Configuration.sort_key)
 
 
@@ -53,9 +59,11 @@ def free_axes(caps: Claims) -> tuple[dict[str, list[int]], str | None]:
     """The head dims, block sizes and GQA ratios that fresh draws take: those of the free
     draws that ``caps`` claims (else the grid's others it claims); and why none, if so."""
     axes: dict[str, list[int]] = {}
-    for name, key, candidates in (("head_dims", "head_dim", (FREE_HEAD_DIMS, HEAD_DIMS)),
-                                  ("block_sizes", "block_size", (FREE_BLOCK_SIZES, BLOCK_SIZES)),
-                                  ("gqa_ratios", "gqa_ratio", (FREE_GQA_RATIOS,))):  # fmt: skip
+    for name, key, candidates in (
+        ("head_dims", "head_dim", (FREE_HEAD_DIMS, HEAD_DIMS)),
+        ("block_sizes", "block_size", (FREE_BLOCK_SIZES, BLOCK_SIZES)),
+        ("gqa_ratios", "gqa_ratio", (FREE_GQA_RATIOS,)),
+    ):
         for values in candidates:
             axes[name] = [x for x in values if _claims_axis(caps, key, x)]
             if axes[name]:

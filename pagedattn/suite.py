@@ -95,8 +95,11 @@ class Suite:
     def policy(self) -> dict[str, Any]:
         """The backend's declared policy terms, as keyword arguments of the checks."""
         caps = self.caps
-        return {"precision": caps.fp32_precision, "qk_precision": caps.qk_precision,
-                "tolerance_factor": caps.tolerance_factor}  # fmt: skip
+        return {
+            "precision": caps.fp32_precision,
+            "qk_precision": caps.qk_precision,
+            "tolerance_factor": caps.tolerance_factor,
+        }
 
     @property
     def replays(self) -> ReplayFiles:
@@ -129,8 +132,14 @@ class Suite:
         the backend's reason, when the backend does not claim it (probing it first under
         ``--probe-unclaimed``); warm the backend up for its configuration."""
         case = spec.build().to(self.device)
-        note(node, id=spec.id, family=family or spec.family, dtype=dtype_name(case.dtype, case.kv_dtype),
-             operation=operation, configuration=case_configuration(case, operation))  # fmt: skip
+        note(
+            node,
+            id=spec.id,
+            family=family or spec.family,
+            dtype=dtype_name(case.dtype, case.kv_dtype),
+            operation=operation,
+            configuration=case_configuration(case, operation),
+        )
         if case.variants:
             note(node, variants=sorted(case.variants))
         reason = self.caps.case_reason(case, operation)
@@ -160,8 +169,9 @@ class Suite:
             return f"raises {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return "would pass" if check.passed else f"would fail (budget used {check.budget_used:.3g})"
 
-    def fail(self, node: pytest.Item, spec: Any, case: PagedCase, message: str, operation: str,
-             traceback: str = "") -> None:  # fmt: skip
+    def fail(
+        self, node: pytest.Item, spec: Any, case: PagedCase, message: str, operation: str, traceback: str = ""
+    ) -> None:
         """Fail the case: save it for replay, record the message (``<id> [<operation>]:
         <what>``, then the replay command) and the traceback, and ``pytest.fail``."""
         family = noted(node).get("family", spec.family)
@@ -173,15 +183,23 @@ class Suite:
         note(node, replay=replay, message=text, traceback=traceback)
         pytest.fail(text + (f"\n{traceback}" if traceback and self.tb_long else ""), pytrace=False)
 
-    def judge(self, node: pytest.Item, spec: Any, pristine: PagedCase, out: Any,
-              operation: str = "attention") -> AttentionCheck:  # fmt: skip
+    def judge(
+        self, node: pytest.Item, spec: Any, pristine: PagedCase, out: Any, operation: str = "attention"
+    ) -> AttentionCheck:
         """Judge ``out`` against the oracle on ``pristine`` (an untouched copy of the case)."""
         check = check_attention(out, pristine, **self.policy)
         self.verdict(node, spec, pristine, [check], operation)
         return check
 
-    def verdict(self, node: pytest.Item, spec: Any, pristine: PagedCase, verdicts: list[AttentionCheck],
-                operation: str, **fields: Any) -> None:  # fmt: skip
+    def verdict(
+        self,
+        node: pytest.Item,
+        spec: Any,
+        pristine: PagedCase,
+        verdicts: list[AttentionCheck],
+        operation: str,
+        **fields: Any,
+    ) -> None:
         """Record the worst of ``verdicts`` (and ``fields``); fail with every failed one, or
         warn with the worst one in the warning band."""
         worst = max(verdicts, key=lambda c: (not c.passed, c.budget_used))
@@ -209,11 +227,22 @@ class Suite:
         pristine = case.clone()
         result = self.call("paged_attention_lse", case)
         if not (isinstance(result, tuple) and len(result) == 2):
-            self.fail(node, spec, pristine.to("cpu"), f"paged_attention_lse must return (out, lse), got "
-                      f"{type(result).__name__}", "lse")  # fmt: skip
+            self.fail(
+                node,
+                spec,
+                pristine.to("cpu"),
+                f"paged_attention_lse must return (out, lse), got {type(result).__name__}",
+                "lse",
+            )
         out_check, lse_check = check_attention_lse(result[0], result[1], pristine, **self.policy)
-        self.verdict(node, spec, pristine, [out_check, lse_check], "lse",
-                     checks={"output": out_check.metrics(), "lse": lse_check.metrics()})  # fmt: skip
+        self.verdict(
+            node,
+            spec,
+            pristine,
+            [out_check, lse_check],
+            "lse",
+            checks={"output": out_check.metrics(), "lse": lse_check.metrics()},
+        )
         return out_check, lse_check
 
     def _bit_verdict(self, node: pytest.Item, spec: Any, case: PagedCase, check: BitCheck, operation: str) -> None:

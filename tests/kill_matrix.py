@@ -16,11 +16,23 @@ def families_caught(factory: str) -> tuple[list[str], int]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "r.json"
         subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance",
-             f"--backend={ROOT / 'tests' / 'streamed.py'}:{factory}", f"--report-json={report}",
-             f"--replay-dir={tmp}/failures"],
-            cwd=tmp, capture_output=True, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "--pyargs",
+                "pagedattn.conformance",
+                f"--backend={ROOT / 'tests' / 'streamed.py'}:{factory}",
+                f"--report-json={report}",
+                f"--replay-dir={tmp}/failures",
+            ],
+            cwd=tmp,
+            capture_output=True,
+            check=False,
+        )
         cases = json.loads(report.read_text())["cases"]
     failed = [c for c in cases if c["status"] == "failed"]
     names = sorted({f"properties:{c['property']}" if c.get("property") else c["family"] for c in failed})

@@ -16,8 +16,9 @@ def test_cpu_mode_writes_every_figure(tmp_path):
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):
         pytest.skip(f"triton {triton.__version__}'s interpreter cannot run the kernel (needs >= 3.6)")
     out = tmp_path / "cpu.json"
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--cpu", "--out", str(out)], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--cpu", "--out", str(out)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert {"machine", "copy_TBps", "decode", "decode_variants", "prefill", "mixed", "targets"} <= set(result)
@@ -46,8 +47,9 @@ def test_variant_bench_cpu_mode(tmp_path):
         pytest.skip(f"triton {triton.__version__}'s interpreter cannot run the kernel (needs >= 3.6)")
     out = tmp_path / "variants.json"
     script = SCRIPT.parent / "bench_attention_variants.py"
-    proc = subprocess.run([sys.executable, str(script), "--cpu", "--out", str(out)], capture_output=True, text=True,
-                          timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script), "--cpu", "--out", str(out)], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     names = {r["variant"] for r in rows}
@@ -60,8 +62,12 @@ def test_suite_bench_smoke(tmp_path):
     process, and records the machine; the figures are positive (never compared)."""
     out = tmp_path / "suite.json"
     script = SCRIPT.parent / "bench_suite.py"
-    proc = subprocess.run([sys.executable, str(script), "--smoke", "--device", "cpu", "--repeats", "1", "--out",
-                           str(out)], capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(script), "--smoke", "--device", "cpu", "--repeats", "1", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert {"machine", "checks", "worst_check_over_oracle"} <= set(result)

@@ -41,7 +41,7 @@ def test_bundled_backend_passes_the_quick_profile(pytester, backend):
         pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
     result = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance", f"--backend={backend}", "--report-json=r.json"
-    )  # fmt: skip
+    )
     report = json.loads((pytester.path / "r.json").read_text())
     failed = [c["id"] for c in report["cases"] if c["status"] == "failed"]
     assert result.ret == 0 and not failed, f"{backend} failed {failed}:\n{result.stdout.str()[-4000:]}"
@@ -77,8 +77,17 @@ def test_bundled_backend_passes_the_quick_profile(pytester, backend):
 # Issue 15: the hypothesis search of the standard profile drew this fp16 ALiBi case (scale 1,
 # 527 tokens, 16 heads: slopes up to 2 ** -0.5), on which sdpa used 15.9x the bound while
 # claiming ALiBi. It is not a grid case, so it is spelled out here.
-_SDPA_ALIBI = CaseSpec("search", ((527, 100), (300, 1)), num_heads=16, num_kv_heads=2, head_dim=64,
-                       dtype=torch.float16, scale=1.0, alibi_slopes=True, query_gain=4.0)  # fmt: skip
+_SDPA_ALIBI = CaseSpec(
+    "search",
+    ((527, 100), (300, 1)),
+    num_heads=16,
+    num_kv_heads=2,
+    head_dim=64,
+    dtype=torch.float16,
+    scale=1.0,
+    alibi_slopes=True,
+    query_gain=4.0,
+)
 
 
 def _sdpa_with_a_half_precision_bias(case):

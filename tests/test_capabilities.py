@@ -106,7 +106,7 @@ EXCLUSION_CASES = {
             "fp8 KV only with bf16 queries",
             kv_dtypes=frozenset({E4M3, E5M2}),
             dtypes=frozenset({torch.float32, torch.float16}),
-        ),  # fmt: skip
+        ),
         lambda c: c.kv_dtype in (E4M3, E5M2) and c.dtype != torch.bfloat16,
     ),
     "block size set": (Exclusion("no bs 1", block_sizes=frozenset({1})), lambda c: c.block_size == 1),
@@ -222,14 +222,14 @@ def test_an_unknown_invariance_name_is_an_error():
             dict(invariances=frozenset()),
             r"Capabilities\.invariances: 'batch_invariance' is not claimed, so "
             r"notes\['batch_invariance'\] must say why",
-        ),  # fmt: skip
+        ),
         (dict(decode_only=1), r"Capabilities\.decode_only must be True or False, got 1"),
         (dict(default_scale_only="yes"), r"Capabilities\.default_scale_only must be True or False"),
         (dict(qk_precision="bf16"), r"Capabilities\.qk_precision must be 'fp32' or 'input', got 'bf16'"),
         (
             dict(exclusions=Exclusion("x", dtypes=frozenset({torch.float16}))),
             r"Capabilities\.exclusions must be a tuple of Exclusion",
-        ),  # fmt: skip
+        ),
         (dict(exclusions=({"variants": {"sinks"}},)), r"Capabilities\.exclusions\[0\] must be an Exclusion, got dict"),
         (dict(case_filter="sinks"), r"Capabilities\.case_filter must be None or a callable"),
         (dict(block_sizes=[16, "32"]), r"Capabilities\.block_sizes: every entry must be an int"),
@@ -294,7 +294,7 @@ def test_describe_and_limit_lines_report_every_limit():
                 block_sizes=lambda b: b < 16,
                 kv_dtypes=frozenset({E4M3}),
                 multi_token=False,
-            ),  # fmt: skip
+            ),
         ),
         case_filter=lambda c, op: None,
         qk_precision="input",

@@ -56,11 +56,20 @@ def test_case_is_frozen(good):
 
 
 def test_variants_round_trip(good, tmp_path):
-    case = PagedCase(**_bad(good, query=good["query"].float(),
-                            key_cache=good["key_cache"].to(torch.float8_e5m2),
-                            value_cache=good["value_cache"].to(torch.float8_e5m2),
-                            sliding_window=3, logits_soft_cap=7.5, alibi_slopes=torch.rand(4),
-                            sinks=torch.randn(4), k_scale=0.25, v_scale=3.0))  # fmt: skip
+    case = PagedCase(
+        **_bad(
+            good,
+            query=good["query"].float(),
+            key_cache=good["key_cache"].to(torch.float8_e5m2),
+            value_cache=good["value_cache"].to(torch.float8_e5m2),
+            sliding_window=3,
+            logits_soft_cap=7.5,
+            alibi_slopes=torch.rand(4),
+            sinks=torch.randn(4),
+            k_scale=0.25,
+            v_scale=3.0,
+        )
+    )
     assert case.variants == {"sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "fp8_e5m2"}
     assert case.kv_dtype == torch.float8_e5m2 and case.dtype == torch.float32
     assert "sliding_window=3" in repr(case) and "k_scale=0.25" in repr(case)
@@ -68,8 +77,10 @@ def test_variants_round_trip(good, tmp_path):
     back, _ = load_case(tmp_path / "c.pt")
     assert back.options() == case.options()
     for name, t in case.tensors().items():
-        assert torch.equal(t.view(torch.uint8) if t.element_size() == 1 else t, back.tensors()[name].view(
-            torch.uint8) if t.element_size() == 1 else back.tensors()[name]), name  # fmt: skip
+        assert torch.equal(
+            t.view(torch.uint8) if t.element_size() == 1 else t,
+            back.tensors()[name].view(torch.uint8) if t.element_size() == 1 else back.tensors()[name],
+        ), name
     clone = case.clone()
     assert clone.sinks is not None and clone.sinks.data_ptr() != case.sinks.data_ptr()
     assert PagedCase(**good).variants == frozenset()
@@ -104,9 +115,11 @@ BAD_FILES = {
     "no-tensors": (lambda p, c: _write(p, {**_state(c), "tensors": 3}), "'tensors' must be a dict of tensors"),
     "lacks-query": (lambda p, c: _write(p, {**_state(c), "tensors": {"seq_lens": c.seq_lens}}), "lacks query"),
     "unknown-option": (lambda p, c: _write(p, {**_state(c), "options": {"bogus": 1}}), "'options' must be a dict"),
-    "invalid-case": (lambda p, c: _write(p, {**_state(c), "options": {"scale": -1.0}}),
-                     "holds an invalid case: PagedCase.scale"),
-}  # fmt: skip
+    "invalid-case": (
+        lambda p, c: _write(p, {**_state(c), "options": {"scale": -1.0}}),
+        "holds an invalid case: PagedCase.scale",
+    ),
+}
 
 
 @pytest.mark.parametrize("name", sorted(BAD_FILES))
@@ -118,8 +131,10 @@ def test_a_bad_case_file_is_one_error_naming_file_and_problem(name, tmp_path):
     assert str(info.value).startswith(str(path)) and text in str(info.value), f"{name}: {info.value}"
 
 
-@pytest.mark.parametrize("old, new", [("window", "sliding_window"), ("softcap", "logits_soft_cap"),
-                                      ("alibi", "alibi_slopes"), ("decode", "decode")])  # fmt: skip
+@pytest.mark.parametrize(
+    "old, new",
+    [("window", "sliding_window"), ("softcap", "logits_soft_cap"), ("alibi", "alibi_slopes"), ("decode", "decode")],
+)
 def test_a_file_saved_under_an_old_family_name_loads_under_the_new_one(tmp_path, old, new):
     save_case(CaseSpec("t", ((5, 2),)).build(), tmp_path / "c.pt", family=old, id="x")
     assert load_case(tmp_path / "c.pt")[1]["family"] == new
@@ -132,8 +147,9 @@ def test_replay_of_a_bad_file_is_one_usage_error(pytester, tmp_path):
     text = tmp_path / "text.pt"
     text.write_text("hello")
     for path, problem in ((unknown, "unknown family 'no-such-family'"), (text, "not a torch.save zip archive")):
-        result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance",
-                                               "--backend=reference", "--replay", str(path))  # fmt: skip
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance", "--backend=reference", "--replay", str(path)
+        )
         assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
         errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
         assert len(errors) == 1 and errors[0].startswith(f"ERROR: --replay={path}: "), result.stderr.lines

@@ -85,8 +85,13 @@ def test_family_claims_hold():
 
 
 #: the variants as kernels combine them: either fp8 format is "fp8"
-_KINDS = {"sliding_window": "sliding_window", "logits_soft_cap": "logits_soft_cap", "alibi_slopes": "alibi_slopes",
-          "sinks": "sinks", **{name: "fp8" for name in FP8_DTYPES.values()}}  # fmt: skip
+_KINDS = {
+    "sliding_window": "sliding_window",
+    "logits_soft_cap": "logits_soft_cap",
+    "alibi_slopes": "alibi_slopes",
+    "sinks": "sinks",
+    **{name: "fp8" for name in FP8_DTYPES.values()},
+}
 
 
 def test_quick_covers_every_pair_of_variants_alone():
@@ -170,10 +175,13 @@ def test_strategy_draws_valid_cases(spec):
         (dict(kv_dtype=torch.float16), "kv_dtype", "must be an fp8 dtype or None, got torch.float16"),
         (dict(layout="zigzag"), "layout", "must be one of"),
         (dict(layout="shared"), "shared_blocks", "must be >= 1 with two sequences"),
-        (dict(seqs=((20, 1), (9, 1)), block_size=4, layout="shared", shared_blocks=3), "shared_blocks",
-         "must be <= the 2 full blocks both sequences have, got 3"),
+        (
+            dict(seqs=((20, 1), (9, 1)), block_size=4, layout="shared", shared_blocks=3),
+            "shared_blocks",
+            "must be <= the 2 full blocks both sequences have, got 3",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_bad_spec_names_field_and_bound(kwargs, field, text):
     """The same template as the problem's rules: ``CaseSpec.field: must ..., got ...``."""
     kwargs = {"family": "t", "seqs": ((8, 1),), **kwargs}

@@ -74,9 +74,14 @@ def _suite(pytester, monkeypatch, factory: str, *modules: str, extra: tuple[str,
     targets = [f"pagedattn.conformance.{m}" for m in modules] if modules else ["pagedattn.conformance"]
     args = ["--pyargs", *targets]
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", *args, f"--backend={pytester.path / 'standin_backends.py'}:{factory}",
-        "--device=cpu", "--report-json=r.json", *extra,
-    )  # fmt: skip
+        "-p",
+        "no:cacheprovider",
+        *args,
+        f"--backend={pytester.path / 'standin_backends.py'}:{factory}",
+        "--device=cpu",
+        "--report-json=r.json",
+        *extra,
+    )
     report = json.loads((pytester.path / "r.json").read_text())
     report["_stdout"] = result.stdout.str()[-4000:]
     return report

@@ -217,9 +217,15 @@ def test_the_suite_runs_each_adapter_by_its_module_path(name, pytester, monkeypa
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDINS), os.environ.get("PYTHONPATH", "")]))
     module, cls, _ = ADAPTERS[name]
     result = pytester.runpytest_subprocess(
-        "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance", f"--backend={module}:{cls}",
-        "--report-json=r.json", "-k", "decode or window or sinks",
-    )  # fmt: skip
+        "-p",
+        "no:cacheprovider",
+        "--pyargs",
+        "pagedattn.conformance",
+        f"--backend={module}:{cls}",
+        "--report-json=r.json",
+        "-k",
+        "decode or window or sinks",
+    )
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["target"]["backend"] == name and "standin" in report["target"]["backend_version"]
     statuses = {c["status"] for c in report["cases"]}

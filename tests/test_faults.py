@@ -46,7 +46,7 @@ def _run(pytester, *args, timeout=None):
     try:
         result = pytester.runpytest_subprocess(
             "-p", "no:cacheprovider", "--report-json=r.json", "--pyargs", *args, timeout=timeout
-        )  # fmt: skip
+        )
     except pytester.TimeoutExpired:
         result = None
     report = json.loads((pytester.path / "r.json").read_text())
@@ -119,14 +119,21 @@ def _check_SegfaultsOnLongDecode(report, result, mode, isolated, pytester):
         assert report["complete"] is True
         assert {i for i, s in decode.items() if s == "crashed"} == SINGLE
         # batch invariance runs each sequence alone: a single-sequence call, which crashes
-        crashed = {c.get("property") for c in cases.values() if c["family"] == "properties" and
-                   c["status"] == "crashed"}  # fmt: skip
+        crashed = {
+            c.get("property") for c in cases.values() if c["family"] == "properties" and c["status"] == "crashed"
+        }
         assert crashed == {"batch_invariance"}
-        assert _by_status(cases) == {"crashed": len(SINGLE) + len(PROP_SPECS), "unsupported": len(PROP_SPECS),
-                                     "passed": N_CASES - len(SINGLE) - 2 * len(PROP_SPECS)}  # fmt: skip
+        assert _by_status(cases) == {
+            "crashed": len(SINGLE) + len(PROP_SPECS),
+            "unsupported": len(PROP_SPECS),
+            "passed": N_CASES - len(SINGLE) - 2 * len(PROP_SPECS),
+        }
         if isolated:
-            assert all("killed by SIGSEGV" in decode_case["message"] for decode_case in cases.values()
-                       if decode_case["status"] == "crashed")  # fmt: skip
+            assert all(
+                "killed by SIGSEGV" in decode_case["message"]
+                for decode_case in cases.values()
+                if decode_case["status"] == "crashed"
+            )
         return
     # plain: the process died under the first single-sequence case
     assert report["complete"] is False
@@ -140,10 +147,15 @@ def _check_SegfaultsOnLongDecode(report, result, mode, isolated, pytester):
     shown = pytester.run(sys.executable, "-m", "pagedattn", "report", "r.json")
     assert shown.ret == 1
     shown.stdout.fnmatch_lines(
-        ["*unfinished run*", "decode*fp32*", f"{N_CASES} cases:*1 crashed*not_run*",
-         "the run did not finish; it died while running *test_decode*: rerun with --isolate*",
-         "crashed: *: the process died while running this case*", "  replay: pytest *--isolate*"]
-    )  # fmt: skip
+        [
+            "*unfinished run*",
+            "decode*fp32*",
+            f"{N_CASES} cases:*1 crashed*not_run*",
+            "the run did not finish; it died while running *test_decode*: rerun with --isolate*",
+            "crashed: *: the process died while running this case*",
+            "  replay: pytest *--isolate*",
+        ]
+    )
 
 
 def _check_HangsOnLongDecode(report, result, mode, isolated, pytester):
@@ -152,11 +164,15 @@ def _check_HangsOnLongDecode(report, result, mode, isolated, pytester):
         assert report["complete"] is True
         decode = _statuses(report)
         assert {i for i, s in decode.items() if s == "timed_out"} == SINGLE
-        timed_out = {c.get("property") for c in cases.values() if c["family"] == "properties" and
-                     c["status"] == "timed_out"}  # fmt: skip
+        timed_out = {
+            c.get("property") for c in cases.values() if c["family"] == "properties" and c["status"] == "timed_out"
+        }
         assert timed_out == {"batch_invariance"}  # it runs each sequence alone
-        assert _by_status(cases) == {"timed_out": len(SINGLE) + len(PROP_SPECS), "unsupported": len(PROP_SPECS),
-                                     "passed": N_CASES - len(SINGLE) - 2 * len(PROP_SPECS)}  # fmt: skip
+        assert _by_status(cases) == {
+            "timed_out": len(SINGLE) + len(PROP_SPECS),
+            "unsupported": len(PROP_SPECS),
+            "passed": N_CASES - len(SINGLE) - 2 * len(PROP_SPECS),
+        }
         return
     # not guarded: the test killed the run; the case(s) it hung in are crashed, the rest accounted for
     assert result is None and report["complete"] is False
@@ -242,20 +258,28 @@ def test_an_adapter_skip_is_unsupported_with_its_reason(pytester, bad):
 
 
 def test_expectations_xfail_xpass_and_stale(pytester, bad):
-    (pytester.path / "exp.json").write_text(json.dumps({"expected_failures": [
-        {"case": "decode-*-L300", "reason": "crashes on single-sequence batches"},
-        {"case": "decode-gqa2-bs16-d64-fp32-L70-B3", "reason": "believed broken"},
-        {"case": "prefill-*", "reason": "no such case in this run"},
-    ]}))  # fmt: skip
+    (pytester.path / "exp.json").write_text(
+        json.dumps(
+            {
+                "expected_failures": [
+                    {"case": "decode-*-L300", "reason": "crashes on single-sequence batches"},
+                    {"case": "decode-gqa2-bs16-d64-fp32-L70-B3", "reason": "believed broken"},
+                    {"case": "prefill-*", "reason": "no such case in this run"},
+                ]
+            }
+        )
+    )
     result, report = _run(
         pytester, DECODE, f"--backend={bad}:SegfaultsOnLongDecode", "--isolate", "--expectations=exp.json"
     )
     result.assert_outcomes(passed=N_DECODE - N_SINGLE - 1, xfailed=N_SINGLE, xpassed=1)
     assert result.ret == 0
-    result.stdout.fnmatch_lines([
-        "*unexpected pass (listed in --expectations): decode-gqa2-bs16-d64-fp32-L70-B3*",
-        "*stale expectation: 'prefill-*' matched no case*",
-    ])  # fmt: skip
+    result.stdout.fnmatch_lines(
+        [
+            "*unexpected pass (listed in --expectations): decode-gqa2-bs16-d64-fp32-L70-B3*",
+            "*stale expectation: 'prefill-*' matched no case*",
+        ]
+    )
     assert report["expectations"]["unexpected_passes"] == ["decode-gqa2-bs16-d64-fp32-L70-B3"]
     assert [e["case"] for e in report["expectations"]["stale"]] == ["prefill-*"]
 
@@ -288,7 +312,7 @@ def test_isolation_carries_the_variants_and_the_lse(pytester):
     plain = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", *args, "--report-json=a.json")
     isolated = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pyargs", *args, "--isolate", "--report-json=b.json"
-    )  # fmt: skip
+    )
     assert plain.ret == isolated.ret == 0
 
     def verdicts(name):
@@ -301,8 +325,9 @@ def test_isolation_carries_the_variants_and_the_lse(pytester):
 
 @pytest.mark.slow
 def test_when_xdist_stops_replacing_workers_the_rest_is_not_run(pytester, bad):
-    result, report = _run(pytester, *SUBSET, f"--backend={bad}:SegfaultsOnLongDecode", "-n", "2",
-                          "--max-worker-restart=0")  # fmt: skip
+    result, report = _run(
+        pytester, *SUBSET, f"--backend={bad}:SegfaultsOnLongDecode", "-n", "2", "--max-worker-restart=0"
+    )
     assert result.ret != 0
     cases = _accounted(report)
     statuses = _by_status(cases)

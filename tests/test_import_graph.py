@@ -10,8 +10,17 @@ import pytest
 PKG = Path(__file__).parent.parent / "pagedattn"
 SIMULATOR = ("pagedattn.kernels.tlsim", "pagedattn.kernels.tlsim_programs")
 #: adapters proper (a backend each); the other modules of adapters/ are shared helpers
-ADAPTERS = ("reference", "sdpa", "flex", "tlsim", "triton", "contrib.vllm", "contrib.sglang", "contrib.flashinfer",
-            "contrib.flash_attn")  # fmt: skip
+ADAPTERS = (
+    "reference",
+    "sdpa",
+    "flex",
+    "tlsim",
+    "triton",
+    "contrib.vllm",
+    "contrib.sglang",
+    "contrib.flashinfer",
+    "contrib.flash_attn",
+)
 
 
 def _imports(path: Path) -> set[str]:

@@ -52,8 +52,19 @@ def test_the_proxy_has_exactly_its_backends_optional_methods(pair):
 def test_remote_capabilities_answer_every_claim_the_suite_reads(pair):
     backend, proxy = pair
     mine, theirs = backend.capabilities, proxy.capabilities
-    for name in ("dtypes", "operations", "variants", "devices", "fp32_precision", "qk_precision",
-                 "tolerance_factor", "notes", "max_seq_len", "decode_only", "default_scale_only"):  # fmt: skip
+    for name in (
+        "dtypes",
+        "operations",
+        "variants",
+        "devices",
+        "fp32_precision",
+        "qk_precision",
+        "tolerance_factor",
+        "notes",
+        "max_seq_len",
+        "decode_only",
+        "default_scale_only",
+    ):
         assert getattr(theirs, name) == getattr(mine, name), name
     assert theirs.limit_lines() == mine.limit_lines() and theirs.describe() == mine.describe()
     for name in ("determinism", "batch_invariance", "placement_invariance"):
@@ -64,8 +75,7 @@ def test_remote_capabilities_answer_every_claim_the_suite_reads(pair):
 def test_the_search_runs_under_isolation(tmp_path):
     proxy = isolated_backend("reference", "cpu", 120.0)
     try:
-        suite = Suite(backend=proxy, backend_spec="reference", device="cpu", profile="quick",
-                      replay_dir=str(tmp_path))  # fmt: skip
+        suite = Suite(backend=proxy, backend_spec="reference", device="cpu", profile="quick", replay_dir=str(tmp_path))
         node = types.SimpleNamespace(user_properties=[])
         SearchRun(suite, node, SearchItem(0, 2, 3), budget_s=20.0).run()
     finally:

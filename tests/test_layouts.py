@@ -10,8 +10,19 @@ from pagedattn.oracle import bits_equal, gather_history, paged_attention_referen
 SPECS = [
     CaseSpec("t", ((37, 1), (20, 20), (33, 5)), head_dim=64, block_size=16, layout="permuted", dtype=dt)
     for dt in (torch.float32, torch.float16, torch.bfloat16)
-] + [CaseSpec("t", ((9, 2), (12, 1)), head_dim=80, block_size=3, num_heads=8, num_kv_heads=1, layout="shared",
-              shared_blocks=2, dtype=torch.bfloat16)]  # fmt: skip
+] + [
+    CaseSpec(
+        "t",
+        ((9, 2), (12, 1)),
+        head_dim=80,
+        block_size=3,
+        num_heads=8,
+        num_kv_heads=1,
+        layout="shared",
+        shared_blocks=2,
+        dtype=torch.bfloat16,
+    )
+]
 
 
 def _same_problem(a, b):

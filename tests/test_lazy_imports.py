@@ -53,8 +53,9 @@ def test_pytest_without_backend_does_not_import_torch(pytester):
 
 
 def test_a_conformance_session_loads_torch(pytester):
-    result, loaded = _spied(pytester, "--pyargs", "pagedattn.conformance.test_decode", "--backend=reference",
-                            "--collect-only", "-q")  # fmt: skip
+    result, loaded = _spied(
+        pytester, "--pyargs", "pagedattn.conformance.test_decode", "--backend=reference", "--collect-only", "-q"
+    )
     assert result.ret == 0, result.stdout.str()
     assert loaded["plugin"] and "torch" in loaded["heavy"]
 

@@ -212,8 +212,9 @@ def test_variant_oracle_matches_naive_loop(spec):
 
 
 def _f64(case):
-    return case.replace(query=case.query.double(), key_cache=case.key_cache.double(),
-                        value_cache=case.value_cache.double())  # fmt: skip
+    return case.replace(
+        query=case.query.double(), key_cache=case.key_cache.double(), value_cache=case.value_cache.double()
+    )
 
 
 def test_window_of_one_returns_the_own_value():
@@ -279,7 +280,12 @@ def test_fp8_reads_the_stored_bytes_times_the_scales(kv):
     case = make_case([(9, 1), (7, 7)], num_heads=2, num_kv_heads=1, dtype=torch.float32)
     q8 = case.replace(key_cache=case.key_cache.to(kv), value_cache=case.value_cache.to(kv), k_scale=0.3, v_scale=2.5)
     # the same bytes, dequantized by hand into a float64 cache
-    dq = q8.replace(query=case.query.double(), key_cache=q8.key_cache.double() * 0.3,
-                    value_cache=q8.value_cache.double() * 2.5, k_scale=1.0, v_scale=1.0)  # fmt: skip
+    dq = q8.replace(
+        query=case.query.double(),
+        key_cache=q8.key_cache.double() * 0.3,
+        value_cache=q8.value_cache.double() * 2.5,
+        k_scale=1.0,
+        v_scale=1.0,
+    )
     assert torch.equal(paged_attention_reference(q8), paged_attention_reference(dq))
     assert _rel_err(paged_attention_reference(q8), paged_attention_reference(case)) > 1e-3  # quantized != original

@@ -48,8 +48,13 @@ def _source_copy(tmp_path: Path) -> Path:
     """The source tree without build leftovers: building in the checkout itself would leave
     an egg-info there that shadows the installed metadata (entry points) for the checkout."""
     src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".tox", "build", "dist", "*.egg-info",
-                                                             "__pycache__", ".pagedattn", ".hypothesis"))  # fmt: skip
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(
+            ".git", ".tox", "build", "dist", "*.egg-info", "__pycache__", ".pagedattn", ".hypothesis"
+        ),
+    )
     return src
 
 
@@ -57,10 +62,21 @@ def _source_copy(tmp_path: Path) -> Path:
 def test_wheel_installs_and_runs_the_suite(tmp_path):
     dist = tmp_path / "dist"
     build = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist),
-         str(_source_copy(tmp_path))],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(dist),
+            str(_source_copy(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert build.returncode == 0, build.stderr[-3000:]
     wheel = next(dist.glob("pagedattn_conformance-*.whl"))
     env_dir = tmp_path / "venv"
@@ -69,26 +85,50 @@ def test_wheel_installs_and_runs_the_suite(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST", "PYTHONPATH", "TRITON"))}
     # torch from this machine's local CPU build (pip finds it on disk); the rest from the index or cache
     for args in (["torch==2.13.0"], ["numpy", "pytest", "hypothesis"], ["--no-deps", str(wheel)]):
-        proc = subprocess.run([py, "-m", "pip", "install", "-q", *args], capture_output=True, text=True, env=env,
-                              timeout=900)  # fmt: skip
+        proc = subprocess.run(
+            [py, "-m", "pip", "install", "-q", *args], capture_output=True, text=True, env=env, timeout=900
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
     run = subprocess.run(
-        [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance",
-         "--backend=reference", "--profile=quick"],
-        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900,
-    )  # fmt: skip
+        [
+            py,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--pyargs",
+            "pagedattn.conformance",
+            "--backend=reference",
+            "--profile=quick",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=900,
+    )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
     assert "pagedattn conformance: reference" in run.stdout
-    where = subprocess.run([py, "-c", "import pagedattn, pagedattn.conformance as c; print(c.__file__)"],
-                           capture_output=True, text=True, env=env, cwd=tmp_path)  # fmt: skip
+    where = subprocess.run(
+        [py, "-c", "import pagedattn, pagedattn.conformance as c; print(c.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
     assert str(env_dir) in where.stdout, f"not the installed copy: {where.stdout}"
 
 
 def test_sdist_builds(tmp_path):
     pytest.importorskip("build", reason="sdist building needs the 'build' package (test extra)")
     src = _source_copy(tmp_path)
-    proc = subprocess.run([sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path), str(src)],
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "build", "--sdist", "--no-isolation", "-o", str(tmp_path), str(src)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     sdist = next(tmp_path.glob("pagedattn_conformance-*.tar.gz"))
     import tarfile
@@ -133,11 +173,18 @@ def test_python_m_pagedattn_report_prints_a_report_table(tmp_path, capsys):
     from pagedattn.record import CaseRecord, Status
 
     book = RecordBook(str(tmp_path / "r.json"), header={"target": {"backend": "x", "runs_on": "x (cpu)"}})
-    book.records["a"] = CaseRecord("a", "decode-a-fp32", "decode", "fp32", status=Status.PASSED,
-                                   metrics={"budget_used": 0.25})  # fmt: skip
-    book.records["b"] = CaseRecord("b", "decode-b-fp32", "decode", "fp32", status=Status.CRASHED,
-                                   message="decode-b-fp32 [attention]: the backend process was killed by SIGSEGV",
-                                   replay="pytest conformance --replay x.pt")  # fmt: skip
+    book.records["a"] = CaseRecord(
+        "a", "decode-a-fp32", "decode", "fp32", status=Status.PASSED, metrics={"budget_used": 0.25}
+    )
+    book.records["b"] = CaseRecord(
+        "b",
+        "decode-b-fp32",
+        "decode",
+        "fp32",
+        status=Status.CRASHED,
+        message="decode-b-fp32 [attention]: the backend process was killed by SIGSEGV",
+        replay="pytest conformance --replay x.pt",
+    )
     book.records["c"] = CaseRecord("c", "decode-c-fp32", "decode", "fp32")  # not_run
     book.running.add("b")
     book.flush()

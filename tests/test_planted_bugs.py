@@ -86,8 +86,16 @@ def test_correct_baseline_passes(pytester):
 #: The default run's representatives, one per kind of mistake (precision, masking, layout,
 #: a property, immutability, a variant, a split history, the lse); every bug runs against
 #: the whole quick profile under -m slow, CI's second step.
-REPRESENTATIVE = ("exp_bf16", "tail_unmasked", "contiguous_blocks", "nondeterministic", "writes_cache",
-                  "window_off_by_one", "sink_dropped_in_split", "lse_log2")  # fmt: skip
+REPRESENTATIVE = (
+    "exp_bf16",
+    "tail_unmasked",
+    "contiguous_blocks",
+    "nondeterministic",
+    "writes_cache",
+    "window_off_by_one",
+    "sink_dropped_in_split",
+    "lse_log2",
+)
 
 
 @pytest.mark.parametrize("bug", REPRESENTATIVE)

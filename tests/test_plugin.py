@@ -43,9 +43,16 @@ def test_header_names_backend_and_versions(pytester):
     claims = (
         "*claims: operations attention, gather, write_cache; variants alibi_slopes, fp8_e4m3, fp8_e5m2, sliding_window"
     )
-    result.stdout.fnmatch_lines(["pagedattn *: backend sdpa torch *", "*runs on: sdpa (cpu)*", "*torch *, triton *",
-                                 "*guard: none: a crash or a hang of the backend ends the run*--isolate*",
-                                 claims, "pagedattn: * cases in * configurations*"])  # fmt: skip
+    result.stdout.fnmatch_lines(
+        [
+            "pagedattn *: backend sdpa torch *",
+            "*runs on: sdpa (cpu)*",
+            "*torch *, triton *",
+            "*guard: none: a crash or a hang of the backend ends the run*--isolate*",
+            claims,
+            "pagedattn: * cases in * configurations*",
+        ]
+    )
 
 
 def test_unknown_backend_lists_the_available_ones(pytester):
@@ -100,8 +107,10 @@ def test_a_raising_backend_fails_its_cases_and_is_reported(pytester, bad):
     report = json.loads((pytester.path / "r.json").read_text())
     assert {c["status"] for c in report["cases"]} == {"failed"}
     for c in report["cases"]:
-        assert c["message"].startswith(f"{c['id']} [attention]: the backend raised RuntimeError: kernel launch "
-                                       "failed: too many resources requested (at bad_backends.py:")  # fmt: skip
+        assert c["message"].startswith(
+            f"{c['id']} [attention]: the backend raised RuntimeError: kernel launch "
+            "failed: too many resources requested (at bad_backends.py:"
+        )
         assert "\n  replay: pytest " in c["message"] and c["replay"] in c["message"]
         assert 'raise RuntimeError("kernel launch failed' in c["traceback"]
     result.stdout.fnmatch_lines(["*Traceback (most recent call last)*", "*raise RuntimeError(*"])  # --tb=long
@@ -109,8 +118,15 @@ def test_a_raising_backend_fails_its_cases_and_is_reported(pytester, bad):
 
 def test_declined_invariance_is_unsupported_and_probed(pytester, bad):
     reason = "invariance 'batch_invariance' not claimed (decode and mixed batches take different kernels)"
-    result = _run(pytester, PROPS, f"--backend={bad}:DeclinesBatchInvariance", "-k", "invariance or determinism",
-                  "--report-json=r.json", "--probe-unclaimed=1")  # fmt: skip
+    result = _run(
+        pytester,
+        PROPS,
+        f"--backend={bad}:DeclinesBatchInvariance",
+        "-k",
+        "invariance or determinism",
+        "--report-json=r.json",
+        "--probe-unclaimed=1",
+    )
     assert result.ret == 0
     report = json.loads((pytester.path / "r.json").read_text())
     batch = [c for c in report["cases"] if c["property"] == "batch_invariance" and "mixed" in c["id"]]
@@ -133,8 +149,14 @@ def test_replay_reproduces_a_failure(pytester, bad):
 
 
 def test_json_report_schema(pytester):
-    result = _run(pytester, DECODE, "pagedattn.conformance.test_gather", "--backend=reference", "--report-json=r.json",
-                  "--junitxml=j.xml")  # fmt: skip
+    result = _run(
+        pytester,
+        DECODE,
+        "pagedattn.conformance.test_gather",
+        "--backend=reference",
+        "--report-json=r.json",
+        "--junitxml=j.xml",
+    )
     assert result.ret == 0
     report = json.loads((pytester.path / "r.json").read_text())
     assert report["schema"] == "pagedattn-report/2"
@@ -146,8 +168,20 @@ def test_json_report_schema(pytester):
     assert set(report["target"]) >= {"backend", "backend_version", "runs_on", "device", "torch", "triton", "profile"}
     assert report["target"]["backend"] == "reference"
     case = next(c for c in report["cases"] if c["family"] == "decode")
-    assert set(case) >= {"id", "family", "dtype", "status", "metrics", "nodeid", "configuration", "operation",
-                         "message", "replay", "traceback", "duration_s"}  # fmt: skip
+    assert set(case) >= {
+        "id",
+        "family",
+        "dtype",
+        "status",
+        "metrics",
+        "nodeid",
+        "configuration",
+        "operation",
+        "message",
+        "replay",
+        "traceback",
+        "duration_s",
+    }
     assert case["configuration"].endswith("|plain|attention")
     assert set(case["metrics"]["worst"]) == {
         "seq",
@@ -252,8 +286,15 @@ def test_jit_runs_one_configuration_per_worker_warmed_once_and_import_once(pytes
 
 
 def _report(nodeid, when, outcome, facts=None, longrepr=None, **extra):
-    rep = pytest.TestReport(nodeid, ("x.py", 0, nodeid), {}, outcome, longrepr, when,
-                            user_properties=[("pagedattn", facts)] if facts is not None else [])  # fmt: skip
+    rep = pytest.TestReport(
+        nodeid,
+        ("x.py", 0, nodeid),
+        {},
+        outcome,
+        longrepr,
+        when,
+        user_properties=[("pagedattn", facts)] if facts is not None else [],
+    )
     for k, v in extra.items():
         setattr(rep, k, v)
     return rep
@@ -268,8 +309,10 @@ def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
     path = tmp_path / "r.json"
     book = RecordBook(str(path), header={"schema": "test"})
     book.rerun = lambda rec: f"pytest {rec.nodeid} --isolate"
-    ids = {s: f"m.py::test_decode[decode-{s}-fp32]@fp32|kv=fp32|d64|bs16|plain|attention" for s in
-           ("pass", "warn", "skip", "fail", "hang", "crash", "xfail", "never")}  # fmt: skip
+    ids = {
+        s: f"m.py::test_decode[decode-{s}-fp32]@fp32|kv=fp32|d64|bs16|plain|attention"
+        for s in ("pass", "warn", "skip", "fail", "hang", "crash", "xfail", "never")
+    }
     for nodeid in ids.values():
         book.collected(nodeid)
     book.flush()
@@ -288,8 +331,16 @@ def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
     book.flush()
     got = {c["id"]: c for c in json.loads(path.read_text())["cases"]}
     status = {i.split("-")[1]: c["status"] for i, c in got.items()}
-    assert status == {"pass": "passed", "warn": "warned", "skip": "unsupported", "fail": "failed",
-                      "hang": "timed_out", "crash": "crashed", "xfail": "xfailed", "never": "not_run"}  # fmt: skip
+    assert status == {
+        "pass": "passed",
+        "warn": "warned",
+        "skip": "unsupported",
+        "fail": "failed",
+        "hang": "timed_out",
+        "crash": "crashed",
+        "xfail": "xfailed",
+        "never": "not_run",
+    }
     assert got["decode-skip-fp32"]["reason"] == "dtype not claimed"
     assert got["decode-never-fp32"]["reason"] == "never run: the run ended before this case"
     assert (

@@ -112,8 +112,10 @@ def tf32_flash(case, mode: str) -> torch.Tensor:
     q and k rounded to TF32 before q.k; the weights ``exp(s - m)`` (fp32) and v rounded to
     TF32 before P.V; the denominator summed from the unrounded weights. Every variant: the
     oracle's own blocks provide the masked, capped, biased scores of the rounded inputs."""
-    rounded = case.replace(query=_tf32(case.query, mode), key_cache=_tf32(case.key_cache, mode)
-                           if case.kv_dtype == torch.float32 else case.key_cache)  # fmt: skip
+    rounded = case.replace(
+        query=_tf32(case.query, mode),
+        key_cache=_tf32(case.key_cache, mode) if case.kv_dtype == torch.float32 else case.key_cache,
+    )
     out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=torch.float32)
     for c in iter_chunks(rounded):
         l_rel = torch.exp(c.lse - c.row_max)[..., None]  # the denominator in units of the max, sink included
@@ -130,8 +132,10 @@ FP32_QUICK = [s for s in ATTENTION_SPECS if s.dtype == torch.float32]
 def test_tf32_flash_kernels_use_well_under_the_tf32_bound(mode):
     """Both operands of both dots in TF32, truncated or rounded: under 0.6 of the bound on
     every fp32 quick case (the H200 kernels the old model put at 1.26-1.87 truncate)."""
-    worst = max((check_attention(tf32_flash(s.build(), mode), s.build(), precision="tf32").budget_used, s.id)
-                for s in FP32_QUICK)  # fmt: skip
+    worst = max(
+        (check_attention(tf32_flash(s.build(), mode), s.build(), precision="tf32").budget_used, s.id)
+        for s in FP32_QUICK
+    )
     assert worst[0] < 0.6, f"TF32 flash emulation ({mode}) uses {worst[0]:.3g} of the TF32 bound on {worst[1]}"
 
 
@@ -327,8 +331,17 @@ def test_a_sink_that_takes_nearly_every_weight_leaves_the_keys_their_share():
     """Found by the search (tlsim, fp32): one key under a sink that holds all but 1e-18 of
     the weight. The keys' share must come from their own sum: 1 - p_sink is exactly 0
     in float64 there, which zeroed the score term and failed a correct kernel at 14x."""
-    spec = CaseSpec("search", ((1, 1), (1, 1)), num_heads=4, num_kv_heads=1, head_dim=48, block_size=1,
-                    scale=1.0, query_gain=4.0, sinks=True)  # fmt: skip
+    spec = CaseSpec(
+        "search",
+        ((1, 1), (1, 1)),
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=48,
+        block_size=1,
+        scale=1.0,
+        query_gain=4.0,
+        sinks=True,
+    )
     case = spec.build()
     check = check_attention(streamed_attention(case, 16), case)
     assert check.passed and not check.warning, str(check)

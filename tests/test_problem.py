@@ -53,43 +53,87 @@ BOTH, KERNEL = "both", "kernel"  # who rejects it (KERNEL: a kernel limit, a val
 BAD = {
     "query-rank": (BOTH, "query", "rank 3", lambda a: a.update(query=a["query"][0])),
     "key-rank": (BOTH, "key_cache", "rank 4", lambda a: a.update(key_cache=a["key_cache"][0])),
-    "value-shape": (BOTH, "value_cache", "must have the key_cache shape",
-                    lambda a: a.update(value_cache=a["value_cache"][:, :1])),
-    "value-dtype": (BOTH, "value_cache", "must have the key_cache dtype",
-                    lambda a: a.update(value_cache=a["value_cache"].half())),
-    "fp8-k-only": (BOTH, "value_cache", "must have the key_cache dtype",
-                   lambda a: a.update(key_cache=a["key_cache"].to(E4M3))),
+    "value-shape": (
+        BOTH,
+        "value_cache",
+        "must have the key_cache shape",
+        lambda a: a.update(value_cache=a["value_cache"][:, :1]),
+    ),
+    "value-dtype": (
+        BOTH,
+        "value_cache",
+        "must have the key_cache dtype",
+        lambda a: a.update(value_cache=a["value_cache"].half()),
+    ),
+    "fp8-k-only": (
+        BOTH,
+        "value_cache",
+        "must have the key_cache dtype",
+        lambda a: a.update(key_cache=a["key_cache"].to(E4M3)),
+    ),
     "dtype-mix": (BOTH, "key_cache", "must be the query dtype", lambda a: a.update(key_cache=a["key_cache"].half())),
-    "kv-other-dtype": (BOTH, "key_cache", "must be the query dtype",
-                       lambda a: a.update(key_cache=a["key_cache"].half(), value_cache=a["value_cache"].half())),
-    "head-dim": (BOTH, "key_cache", "must have the query head_dim 8, got head_dim 16",
-                 lambda a: a.update(query=a["query"][..., :8].contiguous())),
+    "kv-other-dtype": (
+        BOTH,
+        "key_cache",
+        "must be the query dtype",
+        lambda a: a.update(key_cache=a["key_cache"].half(), value_cache=a["value_cache"].half()),
+    ),
+    "head-dim": (
+        BOTH,
+        "key_cache",
+        "must have the query head_dim 8, got head_dim 16",
+        lambda a: a.update(query=a["query"][..., :8].contiguous()),
+    ),
     "gqa": (BOTH, "query", "multiple of num_kv_heads 2", lambda a: a.update(query=a["query"][:, :3].contiguous())),
     "query-int": (BOTH, "query", "must be float32/float16/bfloat16", lambda a: a.update(query=a["query"].int())),
     "fp8-query": (BOTH, "query", "must be float32/float16/bfloat16", lambda a: a.update(query=a["query"].to(E4M3))),
     "tables-int64": (BOTH, "block_tables", "int32", lambda a: a.update(block_tables=a["block_tables"].long())),
     "seqlens-int64": (BOTH, "seq_lens", "int32", lambda a: a.update(seq_lens=a["seq_lens"].long())),
     "loc-float": (BOTH, "query_start_loc", "int32", lambda a: a.update(query_start_loc=a["query_start_loc"].float())),
-    "tables-rows": (BOTH, "block_tables", "a row per sequence (2 in seq_lens)",
-                    lambda a: a.update(block_tables=a["block_tables"][:1])),
-    "loc-len": (BOTH, "query_start_loc", "num_seqs + 1 = 3",
-                lambda a: a.update(query_start_loc=a["query_start_loc"][:2])),
+    "tables-rows": (
+        BOTH,
+        "block_tables",
+        "a row per sequence (2 in seq_lens)",
+        lambda a: a.update(block_tables=a["block_tables"][:1]),
+    ),
+    "loc-len": (
+        BOTH,
+        "query_start_loc",
+        "num_seqs + 1 = 3",
+        lambda a: a.update(query_start_loc=a["query_start_loc"][:2]),
+    ),
     "loc-start": (BOTH, "query_start_loc", "start at 0", _set(query_start_loc=_i32(1, 2, 4))),
     "loc-end": (BOTH, "query_start_loc", "end at num_tokens = 4", _set(query_start_loc=_i32(0, 1, 3))),
     "loc-decreasing": (BOTH, "query_start_loc", "never decrease", _set(query_start_loc=_i32(0, 5, 4))),
     "empty-query": (BOTH, "query_start_loc", ">= 1 new token", _set(query_start_loc=_i32(0, 0, 4))),
     "seq-shorter-than-query": (BOTH, "seq_lens", "below its query length 3", _set(seq_lens=_i32(2, 5))),
     "too-few-blocks": (BOTH, "block_tables", "needs 5 blocks", _set(seq_lens=_i32(17, 5))),
-    "block-id-negative": (BOTH, "block_tables", "[1, 0] = -1 outside [0, num_blocks=7)",
-                          _entry("block_tables", (1, 0), -1)),
-    "block-id-too-big": (BOTH, "block_tables", "[0, 2] = 1000000 outside [0, num_blocks=7)",
-                         _entry("block_tables", (0, 2), 10**6)),
+    "block-id-negative": (
+        BOTH,
+        "block_tables",
+        "[1, 0] = -1 outside [0, num_blocks=7)",
+        _entry("block_tables", (1, 0), -1),
+    ),
+    "block-id-too-big": (
+        BOTH,
+        "block_tables",
+        "[0, 2] = 1000000 outside [0, num_blocks=7)",
+        _entry("block_tables", (0, 2), 10**6),
+    ),
     "not-a-tensor": (BOTH, "seq_lens", "torch.Tensor", _set(seq_lens=[9, 5])),
     "device": (BOTH, "seq_lens", "one device for all", lambda a: a.update(seq_lens=a["seq_lens"].to("meta"))),
-    "meta": (BOTH, "query", "meta device",
-             lambda a: a.update({k: v.to("meta") for k, v in a.items() if isinstance(v, torch.Tensor)})),
-    "block-size-zero": (BOTH, "key_cache", "block_size (dimension 1) must be >= 1",
-                        lambda a: a.update(key_cache=a["key_cache"][:, :0], value_cache=a["value_cache"][:, :0])),
+    "meta": (
+        BOTH,
+        "query",
+        "meta device",
+        lambda a: a.update({k: v.to("meta") for k, v in a.items() if isinstance(v, torch.Tensor)}),
+    ),
+    "block-size-zero": (
+        BOTH,
+        "key_cache",
+        "block_size (dimension 1) must be >= 1",
+        lambda a: a.update(key_cache=a["key_cache"][:, :0], value_cache=a["value_cache"][:, :0]),
+    ),
     "no-heads": (BOTH, "query", "num_heads (dimension 1) must be >= 1", lambda a: a.update(query=a["query"][:, :0])),
     "scale-zero": (BOTH, "scale", "> 0", _set(scale=0.0)),
     "scale-nan": (BOTH, "scale", "finite", _set(scale=float("nan"))),
@@ -119,20 +163,32 @@ BAD = {
     "v-scale-zero": (BOTH, "v_scale", "> 0", _set(v_scale=0.0)),
     "v-scale-inf": (BOTH, "v_scale", "finite float > 0", _set(v_scale=float("inf"))),
     # the kernel's own limits: a valid case that this kernel cannot take
-    "query-fp64": (KERNEL, "query", "must be float32/float16/bfloat16, got torch.float64",
-                   lambda a: a.update(**{k: a[k].double() for k in ("query", "key_cache", "value_cache")})),
+    "query-fp64": (
+        KERNEL,
+        "query",
+        "must be float32/float16/bfloat16, got torch.float64",
+        lambda a: a.update(**{k: a[k].double() for k in ("query", "key_cache", "value_cache")}),
+    ),
     "strided-d": (KERNEL, "query", "contiguous", lambda a: a.update(query=_strided(a["query"]))),
-    "strided-table": (KERNEL, "block_tables", "contiguous",
-                      lambda a: a.update(block_tables=_strided(a["block_tables"]))),
+    "strided-table": (
+        KERNEL,
+        "block_tables",
+        "contiguous",
+        lambda a: a.update(block_tables=_strided(a["block_tables"])),
+    ),
     "strided-alibi": (KERNEL, "alibi_slopes", "contiguous", _set(alibi_slopes=torch.ones(8)[::2])),
     "scale-over-fp32": (KERNEL, "scale", "fp32's normal range", _set(scale=1e39)),
     "scale-under-fp32": (KERNEL, "scale", "fp32's normal range", _set(scale=1e-40)),
-    "scale-times-k-scale": (KERNEL, "k_scale", "scale * k_scale must be inside fp32's normal range",
-                            _fp8(scale=1e20, k_scale=1e20)),
+    "scale-times-k-scale": (
+        KERNEL,
+        "k_scale",
+        "scale * k_scale must be inside fp32's normal range",
+        _fp8(scale=1e20, k_scale=1e20),
+    ),
     "default-scale-times-k-scale": (KERNEL, "k_scale", "fp32's normal range", _fp8(k_scale=2e39)),
     "v-scale-over-fp32": (KERNEL, "v_scale", "fp32's normal range", _fp8(v_scale=3.5e38)),
     "window-over-int32": (KERNEL, "sliding_window", "2**31 - 1", _set(sliding_window=2**31)),
-}  # fmt: skip
+}
 
 _TENSORS = ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "query_start_loc")
 
@@ -178,10 +234,23 @@ def test_check_variants_alone_names_field_and_bound(name):
 
 def test_check_variants_returns_the_checked_variants():
     args = _args()
-    var = host.check_variants(args["query"], args["key_cache"].to(E4M3), scale=0.3, k_scale=1e30, v_scale=2.0,
-                              sliding_window=7, logits_soft_cap=5, return_lse=1)  # fmt: skip
+    var = host.check_variants(
+        args["query"],
+        args["key_cache"].to(E4M3),
+        scale=0.3,
+        k_scale=1e30,
+        v_scale=2.0,
+        sliding_window=7,
+        logits_soft_cap=5,
+        return_lse=1,
+    )
     assert (var.k_scale, var.v_scale, var.sliding_window, var.logits_soft_cap, var.return_lse) == (
-        1e30, 2.0, 7, 5.0, True)  # fmt: skip
+        1e30,
+        2.0,
+        7,
+        5.0,
+        True,
+    )
     assert isinstance(var.logits_soft_cap, float)
 
 
@@ -206,8 +275,15 @@ def test_bad_input_names_field_and_bound(name, caller):
 def test_both_callers_accept_the_base_and_its_variants(caller):
     args = _args()
     CALLERS[caller](args)
-    _fp8(scale=np.float64(0.3), k_scale=1e30, v_scale=2.0, sliding_window=3, logits_soft_cap=5.0,
-         alibi_slopes=torch.ones(4), sinks=torch.zeros(4))(args)  # fmt: skip
+    _fp8(
+        scale=np.float64(0.3),
+        k_scale=1e30,
+        v_scale=2.0,
+        sliding_window=3,
+        logits_soft_cap=5.0,
+        alibi_slopes=torch.ones(4),
+        sinks=torch.zeros(4),
+    )(args)
     CALLERS[caller](args)
 
 
@@ -258,17 +334,25 @@ def _slots_args() -> dict:
 BOTH_OPS, WRITE = ("gather_slots", "write_slots"), ("write_slots",)
 # name: (operations that must refuse it, field, text of the bound, change)
 BAD_SLOTS = {
-    "slot-past-the-pool": (BOTH_OPS, "slot_mapping", "got slots from 0 to 28",
-                           _set(slot_mapping=torch.tensor([0, 28, 5]))),
+    "slot-past-the-pool": (
+        BOTH_OPS,
+        "slot_mapping",
+        "got slots from 0 to 28",
+        _set(slot_mapping=torch.tensor([0, 28, 5])),
+    ),
     "slots-list": (BOTH_OPS, "slot_mapping", "torch.Tensor", _set(slot_mapping=[0, 1, 2])),
     "slots-float": (BOTH_OPS, "slot_mapping", "int32 or int64", _set(slot_mapping=torch.tensor([0.0, 1.0, 2.0]))),
     "slots-2d": (BOTH_OPS, "slot_mapping", "[n] int32 or int64", _set(slot_mapping=torch.tensor([[0, 1, 2]]))),
-    "slots-device": (BOTH_OPS, "slot_mapping", "pool's device",
-                     _set(slot_mapping=torch.tensor([0, 1, 2], device="meta"))),
+    "slots-device": (
+        BOTH_OPS,
+        "slot_mapping",
+        "pool's device",
+        _set(slot_mapping=torch.tensor([0, 1, 2], device="meta")),
+    ),
     "new-rows": (WRITE, "new", "of shape (3, 2, 16)", _set(new=torch.zeros(2, 2, 16))),
     "new-dtype": (WRITE, "new", "torch.float32", _set(new=torch.zeros(3, 2, 16, dtype=torch.float16))),
     "pool-strided": (WRITE, "pool", "contiguous", lambda a: a.update(pool=_strided(a["pool"]))),
-}  # fmt: skip
+}
 SLOT_OPS = {
     "gather_slots": lambda a: tlsim_programs.gather_slots(a["pool"], a["slot_mapping"]),
     "write_slots": lambda a: tlsim_programs.write_slots(a["pool"], a["slot_mapping"], a["new"]),

@@ -75,8 +75,13 @@ def _exec(source):
 
 
 def _suite(backend, tmp_path, profile="quick"):
-    return Suite(backend=backend, backend_spec="planted.py:X", device="cpu", profile=profile,
-                 replay_dir=str(tmp_path / "failures"))  # fmt: skip
+    return Suite(
+        backend=backend,
+        backend_spec="planted.py:X",
+        device="cpu",
+        profile=profile,
+        replay_dir=str(tmp_path / "failures"),
+    )
 
 
 def _node():
@@ -144,8 +149,17 @@ def test_every_smaller_failure_is_saved_at_once_and_the_smallest_reported(tmp_pa
     real_save = search.save_case
 
     def save(case, path, **meta):
-        saved.append((sum(case.seq_lens_list), sum(case.query_lens), case.num_seqs, case.num_heads, case.head_dim,
-                      len(case.variants), case.block_size))  # fmt: skip
+        saved.append(
+            (
+                sum(case.seq_lens_list),
+                sum(case.query_lens),
+                case.num_seqs,
+                case.num_heads,
+                case.head_dim,
+                len(case.variants),
+                case.block_size,
+            )
+        )
         real_save(case, path, **meta)
 
     monkeypatch.setattr(search, "save_case", save)
@@ -222,8 +236,16 @@ def test_search_items_find_save_and_replay(pytester):
     the suite's shape (no test source, no Suite repr, no hypothesis banner), no hypothesis
     warning, and a replay that fails again."""
     pytester.makepyfile(planted=PLANTED)
-    args = ["-p", "no:cacheprovider", "-W", "error::hypothesis.errors.HypothesisWarning", "--pyargs",
-            "pagedattn.conformance.test_search", "--report-json=report.json", "--search-budget=10"]  # fmt: skip
+    args = [
+        "-p",
+        "no:cacheprovider",
+        "-W",
+        "error::hypothesis.errors.HypothesisWarning",
+        "--pyargs",
+        "pagedattn.conformance.test_search",
+        "--report-json=report.json",
+        "--search-budget=10",
+    ]
     result = pytester.runpytest_inprocess(*args, "--backend=planted.py:RaisesOnLongHistories", "-k", "seed1")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
@@ -266,8 +288,13 @@ def test_fresh_draws_take_only_claimed_axes(tmp_path):
 
 
 def test_items_per_profile_each_in_its_own_xdist_group(pytester):
-    items, _ = pytester.inline_genitems("--pyargs", "pagedattn.conformance.test_search", "--backend=reference",
-                                        "--profile=standard", "--search-examples=10")  # fmt: skip
+    items, _ = pytester.inline_genitems(
+        "--pyargs",
+        "pagedattn.conformance.test_search",
+        "--backend=reference",
+        "--profile=standard",
+        "--search-examples=10",
+    )
     assert [i.name for i in items] == [f"test_search[seed{k}]" for k in range(search.ITEMS["standard"])]
     groups = [m.args[0] for i in items for m in i.iter_markers("xdist_group")]
     assert groups == [f"search-seed{k}" for k in range(len(items))]

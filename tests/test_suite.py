@@ -27,8 +27,18 @@ def test_a_specs_configuration_is_its_built_cases(family):
 
 
 def test_the_compile_key_spells_dtypes_shape_variants_and_operation():
-    spec = CaseSpec("decode", ((40, 1),), num_heads=4, num_kv_heads=2, head_dim=64, block_size=16,
-                    dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, sinks=True, sliding_window=8)  # fmt: skip
+    spec = CaseSpec(
+        "decode",
+        ((40, 1),),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=64,
+        block_size=16,
+        dtype=torch.bfloat16,
+        kv_dtype=torch.float8_e4m3fn,
+        sinks=True,
+        sliding_window=8,
+    )
     assert Configuration.of_spec(spec).key("lse") == "bf16|kv=fp8_e4m3|d64|bs16|fp8_e4m3+sinks+sliding_window|lse"
     plain = CaseSpec("decode", ((40, 1),), num_heads=4, num_kv_heads=4, head_dim=80, block_size=13)
     assert Configuration.of_spec(plain).key("attention") == "fp32|kv=fp32|d80|bs13|plain|attention"

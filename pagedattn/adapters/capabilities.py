@@ -166,8 +166,9 @@ class Capabilities:
                 return self._why("devices", f"device '{dev}' not claimed")
         missing = set(variants) - set(self.variants)
         if missing:
-            return self._why("variants", f"variant{'s' if len(missing) > 1 else ''} {', '.join(sorted(missing))} "
-                                         "not claimed")  # fmt: skip
+            return self._why(
+                "variants", f"variant{'s' if len(missing) > 1 else ''} {', '.join(sorted(missing))} not claimed"
+            )
         return None
 
     def invariance_reason(self, name: str) -> str | None:
@@ -200,14 +201,18 @@ class Capabilities:
             q_lens = case.query_lens
             b = max(range(len(q_lens)), key=q_lens.__getitem__)
             if q_lens[b] > 1:
-                return self._why("decode_only", f"decode-only: sequence {b} has {q_lens[b]} query tokens, "
-                                                "the backend takes one per sequence")  # fmt: skip
+                return self._why(
+                    "decode_only",
+                    f"decode-only: sequence {b} has {q_lens[b]} query tokens, the backend takes one per sequence",
+                )
         if self.default_scale_only:
             default = float(case.head_dim) ** -0.5
             # a scale written as 1/sqrt(D) instead of D**-0.5 may differ in the last bit: still the default
             if abs(case.scale - default) > 1e-12 * default:
-                return self._why("default_scale_only", f"default scale only: scale {case.scale:.6g} is not "
-                                 f"head_dim ** -0.5 = {default:.6g}")  # fmt: skip
+                return self._why(
+                    "default_scale_only",
+                    f"default scale only: scale {case.scale:.6g} is not head_dim ** -0.5 = {default:.6g}",
+                )
         for ex in self.exclusions:
             if ex.matches(case, operation):
                 return f"excluded ({ex.match_text()}): {ex.reason}"
@@ -255,8 +260,12 @@ class Capabilities:
         if self.case_filter is not None:
             lines.append(self._why("case_filter", f"case filter: {doc_line(self.case_filter)}"))
         if self.qk_precision == "input":
-            lines.append(self._why("qk_precision", "q·k precision: products rounded to the input dtype, "
-                                   "summed in fp32 (qk_precision 'input')"))  # fmt: skip
+            lines.append(
+                self._why(
+                    "qk_precision",
+                    "q·k precision: products rounded to the input dtype, summed in fp32 (qk_precision 'input')",
+                )
+            )
         return lines
 
     def describe(self) -> dict[str, Any]:

@@ -157,8 +157,16 @@ class FlexBackend:
 
         block_mask = self._fa.create_block_mask(mask_mod, 1, None, case.num_tokens, k_pool.shape[2], device=dev)
         q = case.query.transpose(0, 1).unsqueeze(0)  # [1, Hq, T, D]
-        result = self._kernel(dev)(q, k_pool, v_pool, score_mod=score_mod, block_mask=block_mask, scale=case.scale,
-                                   enable_gqa=True, return_lse=return_lse)  # fmt: skip
+        result = self._kernel(dev)(
+            q,
+            k_pool,
+            v_pool,
+            score_mod=score_mod,
+            block_mask=block_mask,
+            scale=case.scale,
+            enable_gqa=True,
+            return_lse=return_lse,
+        )
         if not return_lse:
             return result[0].transpose(0, 1).contiguous()  # [T, Hq, D]
         out, lse = result

@@ -44,10 +44,12 @@ class TritonBackend:
         if self.interpreter and version < MIN_INTERPRETER_TRITON:
             self.capabilities = Capabilities(
                 devices=frozenset(),
-                notes={"devices": f"triton {triton.__version__}'s interpreter cannot run this kernel; "
-                       "use triton >= 3.6 (pip install 'triton>=3.6') or a GPU"},
+                notes={
+                    "devices": f"triton {triton.__version__}'s interpreter cannot run this kernel; "
+                    "use triton >= 3.6 (pip install 'triton>=3.6') or a GPU"
+                },
                 **claims,
-            )  # fmt: skip
+            )
         elif self.interpreter:
             self.capabilities = Capabilities(
                 devices=frozenset({"cpu"}), notes={"devices": "Triton interpreter: tensors on the CPU"}, **claims

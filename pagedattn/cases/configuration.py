@@ -51,8 +51,15 @@ class Configuration(NamedTuple):
     @classmethod
     def of_spec(cls, spec: CaseSpec) -> Configuration:
         """The configuration of a grid spec, without building its case."""
-        return cls(spec.dtype, spec.head_dim, spec.block_size, spec.num_heads, spec.num_kv_heads, spec.kv_dtype,
-                   frozenset(spec.variants & set(SWITCHED)))  # fmt: skip
+        return cls(
+            spec.dtype,
+            spec.head_dim,
+            spec.block_size,
+            spec.num_heads,
+            spec.num_kv_heads,
+            spec.kv_dtype,
+            frozenset(spec.variants & set(SWITCHED)),
+        )
 
     @classmethod
     def of(cls, spec: CaseSpec) -> Configuration:
@@ -63,8 +70,15 @@ class Configuration(NamedTuple):
     def of_case(cls, case: PagedCase) -> Configuration:
         """The configuration of a built case."""
         kv = None if case.kv_dtype == case.dtype else case.kv_dtype
-        return cls(case.dtype, case.head_dim, case.block_size, case.num_heads, case.num_kv_heads, kv,
-                   frozenset(case.variants & set(SWITCHED)))  # fmt: skip
+        return cls(
+            case.dtype,
+            case.head_dim,
+            case.block_size,
+            case.num_heads,
+            case.num_kv_heads,
+            kv,
+            frozenset(case.variants & set(SWITCHED)),
+        )
 
     @property
     def all_variants(self) -> frozenset[str]:
@@ -77,8 +91,15 @@ class Configuration(NamedTuple):
 
     def sort_key(self) -> tuple[object, ...]:
         """Simplest first, so that a draw shrinks towards it."""
-        return (len(self.all_variants), self.num_heads, self.head_dim, self.block_size, DTYPES.index(self.dtype),
-                str(self.kv_dtype), sorted(self.variants))  # fmt: skip
+        return (
+            len(self.all_variants),
+            self.num_heads,
+            self.head_dim,
+            self.block_size,
+            DTYPES.index(self.dtype),
+            str(self.kv_dtype),
+            sorted(self.variants),
+        )
 
     def key(self, operation: str) -> str:
         """The compile key of the configuration run as ``operation``, e.g.

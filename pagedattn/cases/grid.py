@@ -169,16 +169,46 @@ def _sliding_window(profile: str) -> list[CaseSpec]:
     for dt in (F32, BF16):  # a window ending inside a split, and one starting several splits in
         out.append(CaseSpec("sliding_window", SPLIT, num_heads=8, sliding_window=700, dtype=dt))
         out.append(CaseSpec("sliding_window", SPLIT, num_heads=8, sliding_window=77, dtype=dt))
-    out.append(CaseSpec("sliding_window", ((70, 13),), num_heads=8, num_kv_heads=1, head_dim=80, block_size=13,
-                        layout="permuted", sliding_window=30, dtype=BF16))  # fmt: skip
+    out.append(
+        CaseSpec(
+            "sliding_window",
+            ((70, 13),),
+            num_heads=8,
+            num_kv_heads=1,
+            head_dim=80,
+            block_size=13,
+            layout="permuted",
+            sliding_window=30,
+            dtype=BF16,
+        )
+    )
     if profile != "quick":
         for dt in DTYPES:
-            out.append(CaseSpec("sliding_window", ((4000, 1), (3000, 300), (600, 600)), num_heads=16, num_kv_heads=4,
-                                head_dim=128, layout="permuted", sliding_window=1024, dtype=dt))  # fmt: skip
+            out.append(
+                CaseSpec(
+                    "sliding_window",
+                    ((4000, 1), (3000, 300), (600, 600)),
+                    num_heads=16,
+                    num_kv_heads=4,
+                    head_dim=128,
+                    layout="permuted",
+                    sliding_window=1024,
+                    dtype=dt,
+                )
+            )
     if profile == "thorough":
         for dt in DTYPES:
-            out.append(CaseSpec("sliding_window", ((32768, 1), (8192, 8192)), num_heads=8, num_kv_heads=1, head_dim=128,
-                                sliding_window=4096, dtype=dt))  # fmt: skip
+            out.append(
+                CaseSpec(
+                    "sliding_window",
+                    ((32768, 1), (8192, 8192)),
+                    num_heads=8,
+                    num_kv_heads=1,
+                    head_dim=128,
+                    sliding_window=4096,
+                    dtype=dt,
+                )
+            )
     return out
 
 
@@ -187,14 +217,27 @@ def _logits_soft_cap(profile: str) -> list[CaseSpec]:
     for dt in DTYPES:
         # a realistic cap (Gemma 2 uses 50) on a prefill, and a small one the scores saturate
         out.append(CaseSpec("logits_soft_cap", ((33, 33), (40, 7)), logits_soft_cap=50.0, query_gain=8.0, dtype=dt))
-        out.append(CaseSpec("logits_soft_cap", ((24, 24), (45, 1)), block_size=8, logits_soft_cap=2.5, query_gain=4.0,
-                            dtype=dt))  # fmt: skip
+        out.append(
+            CaseSpec(
+                "logits_soft_cap", ((24, 24), (45, 1)), block_size=8, logits_soft_cap=2.5, query_gain=4.0, dtype=dt
+            )
+        )
     for dt in (F32, BF16):
         out.append(CaseSpec("logits_soft_cap", SPLIT, num_heads=8, logits_soft_cap=5.0, query_gain=4.0, dtype=dt))
     if profile != "quick":
         for dt in DTYPES:
-            out.append(CaseSpec("logits_soft_cap", ((2000, 1), (700, 700)), num_heads=16, num_kv_heads=8, head_dim=128,
-                                logits_soft_cap=30.0, query_gain=8.0, dtype=dt))  # fmt: skip
+            out.append(
+                CaseSpec(
+                    "logits_soft_cap",
+                    ((2000, 1), (700, 700)),
+                    num_heads=16,
+                    num_kv_heads=8,
+                    head_dim=128,
+                    logits_soft_cap=30.0,
+                    query_gain=8.0,
+                    dtype=dt,
+                )
+            )
     return out
 
 
@@ -204,12 +247,22 @@ def _alibi_slopes(profile: str) -> list[CaseSpec]:
         out.append(CaseSpec("alibi_slopes", ((33, 33), (40, 7), (17, 1)), num_heads=8, alibi_slopes=True, dtype=dt))
     for dt in (F32, BF16):
         out.append(CaseSpec("alibi_slopes", SPLIT, num_heads=8, alibi_slopes=True, dtype=dt))
-    out.append(CaseSpec("alibi_slopes", ((30, 4),), num_heads=8, num_kv_heads=1, block_size=3, alibi_slopes=True,
-                        dtype=F32))  # fmt: skip
+    out.append(
+        CaseSpec("alibi_slopes", ((30, 4),), num_heads=8, num_kv_heads=1, block_size=3, alibi_slopes=True, dtype=F32)
+    )
     if profile != "quick":
         for dt in DTYPES:
-            out.append(CaseSpec("alibi_slopes", ((3000, 1), (900, 900)), num_heads=16, num_kv_heads=16, head_dim=128,
-                                alibi_slopes=True, dtype=dt))  # fmt: skip
+            out.append(
+                CaseSpec(
+                    "alibi_slopes",
+                    ((3000, 1), (900, 900)),
+                    num_heads=16,
+                    num_kv_heads=16,
+                    head_dim=128,
+                    alibi_slopes=True,
+                    dtype=dt,
+                )
+            )
     return out
 
 
@@ -222,8 +275,11 @@ def _sinks(profile: str) -> list[CaseSpec]:
     out.append(CaseSpec("sinks", ((1, 1), (2, 1)), num_heads=4, num_kv_heads=1, sinks=True, dtype=F32, tag="short"))
     if profile != "quick":
         for dt in DTYPES:
-            out.append(CaseSpec("sinks", ((4000, 1), (1000, 1000)), num_heads=64, num_kv_heads=8, head_dim=64,
-                                sinks=True, dtype=dt))  # fmt: skip
+            out.append(
+                CaseSpec(
+                    "sinks", ((4000, 1), (1000, 1000)), num_heads=64, num_kv_heads=8, head_dim=64, sinks=True, dtype=dt
+                )
+            )
     return out
 
 
@@ -236,13 +292,25 @@ def _fp8(profile: str) -> list[CaseSpec]:
     out.append(CaseSpec("fp8", ((40, 1), (25, 25)), kv_dtype=E5M2, dtype=F16, k_scale=3.0, v_scale=0.25))
     for dt in (F32, BF16):
         out.append(CaseSpec("fp8", SPLIT, num_heads=8, kv_dtype=E4M3, dtype=dt, **scales))
-    out.append(CaseSpec("fp8", ((30, 5),), head_dim=80, block_size=13, layout="permuted", kv_dtype=E4M3,
-                        dtype=BF16, **scales))  # fmt: skip
+    out.append(
+        CaseSpec("fp8", ((30, 5),), head_dim=80, block_size=13, layout="permuted", kv_dtype=E4M3, dtype=BF16, **scales)
+    )
     if profile != "quick":
         for dt in (F16, BF16):
             for kv in (E4M3, E5M2):
-                out.append(CaseSpec("fp8", ((4000, 1), (1000, 100), (600, 600)), num_heads=32, num_kv_heads=8,
-                                    head_dim=128, layout="permuted", kv_dtype=kv, dtype=dt, **scales))  # fmt: skip
+                out.append(
+                    CaseSpec(
+                        "fp8",
+                        ((4000, 1), (1000, 100), (600, 600)),
+                        num_heads=32,
+                        num_kv_heads=8,
+                        head_dim=128,
+                        layout="permuted",
+                        kv_dtype=kv,
+                        dtype=dt,
+                        **scales,
+                    )
+                )
     return out
 
 
@@ -284,14 +352,47 @@ def _combined(profile: str) -> list[CaseSpec]:
     out = []
     for dt in DTYPES:
         # gpt-oss: GQA 8:1, head_dim 64, a 128-key window and sinks (on alternate layers)
-        out.append(CaseSpec("combined", ((300, 1), (150, 150), (200, 20)), num_heads=16, num_kv_heads=2,
-                            block_size=16, layout="permuted", sliding_window=128, sinks=True, dtype=dt))  # fmt: skip
+        out.append(
+            CaseSpec(
+                "combined",
+                ((300, 1), (150, 150), (200, 20)),
+                num_heads=16,
+                num_kv_heads=2,
+                block_size=16,
+                layout="permuted",
+                sliding_window=128,
+                sinks=True,
+                dtype=dt,
+            )
+        )
         # Gemma 2: soft-capped scores in a sliding window
-        out.append(CaseSpec("combined", ((100, 1), (60, 60), (90, 11)), num_heads=8, num_kv_heads=4, head_dim=128,
-                            sliding_window=32, logits_soft_cap=50.0, query_gain=8.0, dtype=dt))  # fmt: skip
+        out.append(
+            CaseSpec(
+                "combined",
+                ((100, 1), (60, 60), (90, 11)),
+                num_heads=8,
+                num_kv_heads=4,
+                head_dim=128,
+                sliding_window=32,
+                logits_soft_cap=50.0,
+                query_gain=8.0,
+                dtype=dt,
+            )
+        )
     for dt in (F16, BF16):  # a quantized cache under a window with sinks
-        out.append(CaseSpec("combined", SPLIT, num_heads=8, sliding_window=600, sinks=True, kv_dtype=E4M3,
-                            k_scale=0.37, v_scale=1.9, dtype=dt))  # fmt: skip
+        out.append(
+            CaseSpec(
+                "combined",
+                SPLIT,
+                num_heads=8,
+                sliding_window=600,
+                sinks=True,
+                kv_dtype=E4M3,
+                k_scale=0.37,
+                v_scale=1.9,
+                dtype=dt,
+            )
+        )
     # a decode row and a continuation with context; histories many windows long, and the
     # small ALiBi slopes (down to 2^-8 with 8 heads) leave far keys a real share, so a
     # dropped window shows in every row. Few in bf16: the properties run every bf16 case
@@ -299,8 +400,18 @@ def _combined(profile: str) -> list[CaseSpec]:
         out.append(CaseSpec("combined", ((200, 1), (90, 30)), num_heads=8, num_kv_heads=2, **pair))
     if profile != "quick":
         for dt in DTYPES:
-            out.append(CaseSpec("combined", ((8000, 1), (2000, 2000), (3000, 100)), num_heads=64, num_kv_heads=8,
-                                layout="permuted", sliding_window=128, sinks=True, dtype=dt))  # fmt: skip
+            out.append(
+                CaseSpec(
+                    "combined",
+                    ((8000, 1), (2000, 2000), (3000, 100)),
+                    num_heads=64,
+                    num_kv_heads=8,
+                    layout="permuted",
+                    sliding_window=128,
+                    sinks=True,
+                    dtype=dt,
+                )
+            )
     return out
 
 

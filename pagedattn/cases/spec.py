@@ -89,12 +89,19 @@ class CaseSpec:
             raise ProblemError("CaseSpec", "layout", f"must be one of {LAYOUTS}, got {self.layout!r}")
         if self.layout == "shared":
             if len(self.seqs) < 2 or self.shared_blocks < 1:
-                raise ProblemError("CaseSpec", "shared_blocks", "must be >= 1 with two sequences or more under "
-                                   f"layout 'shared', got {self.shared_blocks} with {len(self.seqs)}")  # fmt: skip
+                raise ProblemError(
+                    "CaseSpec",
+                    "shared_blocks",
+                    "must be >= 1 with two sequences or more under "
+                    f"layout 'shared', got {self.shared_blocks} with {len(self.seqs)}",
+                )
             full = min(s for s, _ in self.seqs[:2]) // self.block_size
             if self.shared_blocks > full:
-                raise ProblemError("CaseSpec", "shared_blocks", f"must be <= the {full} full blocks both sequences "
-                                   f"have, got {self.shared_blocks}")  # fmt: skip
+                raise ProblemError(
+                    "CaseSpec",
+                    "shared_blocks",
+                    f"must be <= the {full} full blocks both sequences have, got {self.shared_blocks}",
+                )
 
     @property
     def variants(self) -> frozenset[str]:

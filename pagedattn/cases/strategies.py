@@ -73,8 +73,13 @@ def case_specs(
     if configurations:
         cfg = draw(st.sampled_from(list(configurations)), label="configuration")
         on: Collection[str] = cfg.variants
-        shape: dict = dict(num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-                           block_size=cfg.block_size, dtype=cfg.dtype)  # fmt: skip
+        shape: dict = dict(
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            block_size=cfg.block_size,
+            dtype=cfg.dtype,
+        )
         fp8 = [_FP8_NAMES[cfg.kv_dtype]] if cfg.kv_dtype is not None else []
     else:
         num_kv_heads = draw(st.sampled_from([1, 2]), label="num_kv_heads")

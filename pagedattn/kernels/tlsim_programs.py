@@ -98,8 +98,17 @@ def gather_slots(pool: torch.Tensor, slot_mapping: torch.Tensor, tile: int = 16)
     row = pool[0, 0].numel()
     n = slot_mapping.shape[0]
     out = torch.empty(n, *pool.shape[2:], dtype=pool.dtype, device=pool.device)
-    tl.launch(tl.cdiv(n, tile), _slots_kernel, pool.view(-1), slot_mapping.to(torch.int64), out.view(-1), n,
-              ROW=row, TILE=tile, WRITE=False)  # fmt: skip
+    tl.launch(
+        tl.cdiv(n, tile),
+        _slots_kernel,
+        pool.view(-1),
+        slot_mapping.to(torch.int64),
+        out.view(-1),
+        n,
+        ROW=row,
+        TILE=tile,
+        WRITE=False,
+    )
     return out
 
 
@@ -116,8 +125,17 @@ def write_slots(pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tenso
         )
     row = pool[0, 0].numel()
     n = slot_mapping.shape[0]
-    tl.launch(tl.cdiv(n, tile), _slots_kernel, pool.view(-1), slot_mapping.to(torch.int64),
-              new.contiguous().view(-1), n, ROW=row, TILE=tile, WRITE=True)  # fmt: skip
+    tl.launch(
+        tl.cdiv(n, tile),
+        _slots_kernel,
+        pool.view(-1),
+        slot_mapping.to(torch.int64),
+        new.contiguous().view(-1),
+        n,
+        ROW=row,
+        TILE=tile,
+        WRITE=True,
+    )
 
 
 # ----------------------------------------------------------- fused attention

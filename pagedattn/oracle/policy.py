@@ -270,8 +270,12 @@ def attention_lse_error_bounds(
     on the case's device (natural log; see ``PagedCase`` for the definition)."""
     T, H, D = case.num_tokens, case.num_heads, case.head_dim
     kw: dict[str, Any] = dict(dtype=torch.float64, device=case.device)
-    ref, bound, ref_lse, bound_lse = torch.empty(T, H, D, **kw), torch.empty(T, H, D, **kw), \
-        torch.empty(T, H, **kw), torch.empty(T, H, **kw)  # fmt: skip
+    ref, bound, ref_lse, bound_lse = (
+        torch.empty(T, H, D, **kw),
+        torch.empty(T, H, D, **kw),
+        torch.empty(T, H, **kw),
+        torch.empty(T, H, **kw),
+    )
     for blk in chunk_bounds(case, precision, qk_precision):
         ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = blk[1:]
     return ref, bound, ref_lse, bound_lse

@@ -213,8 +213,9 @@ def iter_chunks(
                 sink_probs, key_share = sink_w / denom, keys_w / denom
             probs /= denom[..., None]
             lse = row_max + torch.log(denom)
-            yield Chunk(b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, key_share, alibi, floor,
-                        v_all)  # fmt: skip
+            yield Chunk(
+                b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, key_share, alibi, floor, v_all
+            )
             del scores, probs  # before the next block's are allocated: one block alive at a time
 
 

@@ -128,8 +128,9 @@ def check_attention(
         tolerance_factor: an explicit loosening (> 1) or tightening, shown in the report.
     """
     validate_precisions(precision, qk_precision)
-    common: dict[str, Any] = dict(precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor,
-                                  case_summary=repr(case))  # fmt: skip
+    common: dict[str, Any] = dict(
+        precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor, case_summary=repr(case)
+    )
     problem = _output_problem(output, case)
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
@@ -160,16 +161,25 @@ def check_attention_lse(
         ``(output_check, lse_check)``.
     """
     validate_precisions(precision, qk_precision)
-    common: dict[str, Any] = dict(precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor,
-                                  case_summary=repr(case))  # fmt: skip
+    common: dict[str, Any] = dict(
+        precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor, case_summary=repr(case)
+    )
     p_out = _output_problem(output, case)
-    p_lse = _structural(lse, case, (case.num_tokens, case.num_heads), torch.float32, "[num_tokens, num_heads]",
-                        "float32")  # fmt: skip
+    p_lse = _structural(
+        lse, case, (case.num_tokens, case.num_heads), torch.float32, "[num_tokens, num_heads]", "float32"
+    )
     if p_out or p_lse:
-        out_check = AttentionCheck(False, False, float("inf"), problem=p_out or "not judged: the log-sum-exp "
-                                   "was rejected", **common)  # fmt: skip
-        lse_check = AttentionCheck(False, False, float("inf"), problem=p_lse or "not judged: the output was "
-                                   "rejected", what="log-sum-exp", **common)  # fmt: skip
+        out_check = AttentionCheck(
+            False, False, float("inf"), problem=p_out or "not judged: the log-sum-exp was rejected", **common
+        )
+        lse_check = AttentionCheck(
+            False,
+            False,
+            float("inf"),
+            problem=p_lse or "not judged: the output was rejected",
+            what="log-sum-exp",
+            **common,
+        )
         return out_check, lse_check
     v_out, v_lse = _Verdict(), _Verdict()
     for blk in chunk_bounds(case, precision, qk_precision):
@@ -183,8 +193,14 @@ def _scaled(bound: torch.Tensor, tolerance_factor: float) -> torch.Tensor:
 
 
 def _output_problem(output: Any, case: PagedCase) -> str:
-    return _structural(output, case, (case.num_tokens, case.num_heads, case.head_dim), case.dtype,
-                       "[num_tokens, num_heads, head_dim]", "the query dtype")  # fmt: skip
+    return _structural(
+        output,
+        case,
+        (case.num_tokens, case.num_heads, case.head_dim),
+        case.dtype,
+        "[num_tokens, num_heads, head_dim]",
+        "the query dtype",
+    )
 
 
 def _structural(t: Any, case: PagedCase, shape: tuple, dtype: torch.dtype, shape_doc: str, dtype_doc: str) -> str:

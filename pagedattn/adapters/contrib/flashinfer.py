@@ -169,21 +169,54 @@ class FlashInferBackend:
             wrapper = self._fi.BatchDecodeWithPagedKVCacheWrapper(
                 ws, self.kv_layout, use_tensor_cores=case.gqa_ratio > CUDA_CORE_MAX_GROUP
             )
-            wrapper.plan(*pages, case.num_heads, case.num_kv_heads, case.head_dim, case.block_size,
-                         pos_encoding_mode=pos_encoding, sm_scale=case.scale, **common)  # fmt: skip
+            wrapper.plan(
+                *pages,
+                case.num_heads,
+                case.num_kv_heads,
+                case.head_dim,
+                case.block_size,
+                pos_encoding_mode=pos_encoding,
+                sm_scale=case.scale,
+                **common,
+            )
             call_args: tuple = ()
         elif route == "prefill":
             wrapper = self._fi.BatchPrefillWithPagedKVCacheWrapper(ws, self.kv_layout, backend=backend)
-            wrapper.plan(a["qo_indptr"], *pages, case.num_heads, case.num_kv_heads, case.head_dim, case.block_size,
-                         causal=True, pos_encoding_mode=pos_encoding, sm_scale=case.scale, **common)  # fmt: skip
+            wrapper.plan(
+                a["qo_indptr"],
+                *pages,
+                case.num_heads,
+                case.num_kv_heads,
+                case.head_dim,
+                case.block_size,
+                causal=True,
+                pos_encoding_mode=pos_encoding,
+                sm_scale=case.scale,
+                **common,
+            )
             call_args = ()
         else:
             wrapper = self._fi.BatchAttentionWithAttentionSinkWrapper(
-                ws, self.kv_layout, backend=backend, q_data_type=case.dtype, kv_data_type=case.kv_dtype,
-                head_dim_qk=case.head_dim, head_dim_vo=case.head_dim, window_left=window_left,
-            )  # fmt: skip
-            wrapper.plan(a["qo_indptr"], *pages, case.num_heads, case.num_kv_heads, case.head_dim, case.block_size,
-                         causal=True, sm_scale=case.scale, **common)  # fmt: skip
+                ws,
+                self.kv_layout,
+                backend=backend,
+                q_data_type=case.dtype,
+                kv_data_type=case.kv_dtype,
+                head_dim_qk=case.head_dim,
+                head_dim_vo=case.head_dim,
+                window_left=window_left,
+            )
+            wrapper.plan(
+                a["qo_indptr"],
+                *pages,
+                case.num_heads,
+                case.num_kv_heads,
+                case.head_dim,
+                case.block_size,
+                causal=True,
+                sm_scale=case.scale,
+                **common,
+            )
             # The sink kernel reads sm_scale from its own argument list and never sees
             # run(k_scale=): the key scale is folded in here
             sm_scale = case.scale * (case.k_scale if fp8 else 1.0)

@@ -34,11 +34,26 @@ PAGE_BLOCK_MULTIPLE = 256
 
 
 def flash_attn_with_kvcache(
-    q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None, cache_seqlens=None,
-    cache_batch_idx=None, cache_leftpad=None, block_table=None, softmax_scale=None, causal=False,
-    window_size=(-1, -1), softcap=0.0, rotary_interleaved=True, alibi_slopes=None, num_splits=0,
+    q,
+    k_cache,
+    v_cache,
+    k=None,
+    v=None,
+    rotary_cos=None,
+    rotary_sin=None,
+    cache_seqlens=None,
+    cache_batch_idx=None,
+    cache_leftpad=None,
+    block_table=None,
+    softmax_scale=None,
+    causal=False,
+    window_size=(-1, -1),
+    softcap=0.0,
+    rotary_interleaved=True,
+    alibi_slopes=None,
+    num_splits=0,
     return_softmax_lse=False,
-):  # fmt: skip
+):
     if k is not None or v is not None or rotary_cos is not None or cache_batch_idx is not None:
         raise NotImplementedError("the stand-in covers reading a paged cache only")
     if q.dtype not in (torch.float16, torch.bfloat16) or k_cache.dtype != q.dtype:

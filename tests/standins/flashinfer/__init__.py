@@ -59,9 +59,21 @@ def _unpack(paged_kv_cache, kv_layout: str) -> tuple[torch.Tensor, torch.Tensor]
 
 
 def _attend(
-    q, k_pages, v_pages, qo_indptr, kv_indptr, kv_indices, last_page_len, *, sm_scale, causal, window_left,
-    soft_cap, alibi_slopes, sink,
-):  # fmt: skip
+    q,
+    k_pages,
+    v_pages,
+    qo_indptr,
+    kv_indptr,
+    kv_indices,
+    last_page_len,
+    *,
+    sm_scale,
+    causal,
+    window_left,
+    soft_cap,
+    alibi_slopes,
+    sink,
+):
     """The kernels' semantics, float32: ``(out [T, Hq, D] float32, lse [T, Hq] base 2)``."""
     T, Hq, D = q.shape
     page_size, Hkv = k_pages.shape[1], k_pages.shape[2]
@@ -116,9 +128,25 @@ class _PagedWrapper:
         self._workspace = float_workspace_buffer
         self._plan: dict | None = None
 
-    def _store_plan(self, qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim,
-                    page_size, *, causal, pos_encoding_mode, window_left, logits_soft_cap, sm_scale,
-                    q_data_type, kv_data_type):  # fmt: skip
+    def _store_plan(
+        self,
+        qo_indptr,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        *,
+        causal,
+        pos_encoding_mode,
+        window_left,
+        logits_soft_cap,
+        sm_scale,
+        q_data_type,
+        kv_data_type,
+    ):
         for t, name in ((indptr, "indptr"), (indices, "indices"), (last_page_len, "last_page_len")):
             if t.dtype != torch.int32:
                 raise ValueError(f"{name} must have dtype torch.int32, got {t.dtype}")
@@ -136,12 +164,22 @@ class _PagedWrapper:
         if backend == "fa3" and kv_dtype != q_dtype:
             raise RuntimeError(f"fa3 paged prefill: no GMMA for {q_dtype} queries with a {kv_dtype} cache")
         self._plan = dict(
-            qo_indptr=qo_indptr, kv_indptr=indptr, kv_indices=indices, last_page_len=last_page_len,
-            num_qo_heads=num_qo_heads, num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size,
-            causal=causal, alibi=pos_encoding_mode == "ALIBI", window_left=window_left,
-            soft_cap=logits_soft_cap or 0.0, sm_scale=sm_scale if sm_scale is not None else head_dim**-0.5,
-            q_dtype=q_dtype, kv_dtype=kv_dtype,
-        )  # fmt: skip
+            qo_indptr=qo_indptr,
+            kv_indptr=indptr,
+            kv_indices=indices,
+            last_page_len=last_page_len,
+            num_qo_heads=num_qo_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            page_size=page_size,
+            causal=causal,
+            alibi=pos_encoding_mode == "ALIBI",
+            window_left=window_left,
+            soft_cap=logits_soft_cap or 0.0,
+            sm_scale=sm_scale if sm_scale is not None else head_dim**-0.5,
+            q_dtype=q_dtype,
+            kv_dtype=kv_dtype,
+        )
 
     def _run(self, q, paged_kv_cache, *, sm_scale, sink, k_scale, v_scale, return_lse):
         plan = self._plan
@@ -156,10 +194,20 @@ class _PagedWrapper:
             sm_scale *= k_scale
         slopes = utils._get_cache_alibi_slopes_buf(q.shape[1], q.device) if plan["alibi"] else None
         out, lse = _attend(
-            q, k, v, plan["qo_indptr"], plan["kv_indptr"], plan["kv_indices"], plan["last_page_len"],
-            sm_scale=sm_scale, causal=plan["causal"], window_left=plan["window_left"], soft_cap=plan["soft_cap"],
-            alibi_slopes=slopes, sink=sink,
-        )  # fmt: skip
+            q,
+            k,
+            v,
+            plan["qo_indptr"],
+            plan["kv_indptr"],
+            plan["kv_indices"],
+            plan["last_page_len"],
+            sm_scale=sm_scale,
+            causal=plan["causal"],
+            window_left=plan["window_left"],
+            soft_cap=plan["soft_cap"],
+            alibi_slopes=slopes,
+            sink=sink,
+        )
         out = out.to(q.dtype)
         if v_scale is not None:  # after the kernel, in the output dtype
             out *= v_scale
@@ -169,70 +217,212 @@ class _PagedWrapper:
 class BatchDecodeWithPagedKVCacheWrapper(_PagedWrapper):
     """Decode: one query per request, ``q`` ``[batch_size, Hq, D]``."""
 
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False,
-                 paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None,
-                 backend="auto", jit_args=None):  # fmt: skip
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        use_tensor_cores=False,
+        paged_kv_indptr_buffer=None,
+        paged_kv_indices_buffer=None,
+        paged_kv_last_page_len_buffer=None,
+        backend="auto",
+        jit_args=None,
+    ):
         super().__init__(float_workspace_buffer, kv_layout, "fa2")
         self.use_tensor_cores = use_tensor_cores
 
-    def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-             pos_encoding_mode="NONE", window_left=-1, logits_soft_cap=None, q_data_type="float16",
-             kv_data_type=None, data_type=None, sm_scale=None, rope_scale=None, rope_theta=None,
-             non_blocking=True, block_tables=None, seq_lens=None, fixed_split_size=None,
-             disable_split_kv=False):  # fmt: skip
+    def plan(
+        self,
+        indptr,
+        indices,
+        last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim,
+        page_size,
+        pos_encoding_mode="NONE",
+        window_left=-1,
+        logits_soft_cap=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        data_type=None,
+        sm_scale=None,
+        rope_scale=None,
+        rope_theta=None,
+        non_blocking=True,
+        block_tables=None,
+        seq_lens=None,
+        fixed_split_size=None,
+        disable_split_kv=False,
+    ):
         group = num_qo_heads // num_kv_heads
         if not self.use_tensor_cores and group not in _CUDA_CORE_GROUPS:
             raise RuntimeError(f"Unsupported group_size: {group}")
         batch = len(last_page_len)
         qo_indptr = torch.arange(batch + 1, dtype=torch.int32, device=indptr.device)
-        self._store_plan(qo_indptr, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-                         causal=False, pos_encoding_mode=pos_encoding_mode, window_left=window_left,
-                         logits_soft_cap=logits_soft_cap, sm_scale=sm_scale, q_data_type=q_data_type,
-                         kv_data_type=kv_data_type)  # fmt: skip
+        self._store_plan(
+            qo_indptr,
+            indptr,
+            indices,
+            last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            causal=False,
+            pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+        )
 
-    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
-            return_lse=False, enable_pdl=None, window_left=None, sinks=None, q_len_per_req=1):  # fmt: skip
+    def run(
+        self,
+        q,
+        paged_kv_cache,
+        *args,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+        lse=None,
+        return_lse=False,
+        enable_pdl=None,
+        window_left=None,
+        sinks=None,
+        q_len_per_req=1,
+    ):
         # sinks= is accepted and ignored: only the trtllm-gen path (not on Hopper) reads it
         assert self._plan is not None
-        return self._run(q, paged_kv_cache, sm_scale=self._plan["sm_scale"], sink=None, k_scale=k_scale,
-                         v_scale=v_scale, return_lse=return_lse)  # fmt: skip
+        return self._run(
+            q,
+            paged_kv_cache,
+            sm_scale=self._plan["sm_scale"],
+            sink=None,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            return_lse=return_lse,
+        )
 
 
 class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
     """Prefill / append / mixed batches: ``q`` ``[qo_indptr[-1], Hq, D]``."""
 
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
-                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
-                 custom_mask_buf=None, mask_indptr_buf=None, backend="auto", jit_args=None,
-                 jit_kwargs=None):  # fmt: skip
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        qo_indptr_buf=None,
+        paged_kv_indptr_buf=None,
+        paged_kv_indices_buf=None,
+        paged_kv_last_page_len_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+        backend="auto",
+        jit_args=None,
+        jit_kwargs=None,
+    ):
         super().__init__(float_workspace_buffer, kv_layout, backend)
 
-    def plan(self, qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-             num_kv_heads, head_dim_qk, page_size, head_dim_vo=None, custom_mask=None, packed_custom_mask=None,
-             causal=False, pos_encoding_mode="NONE", use_fp16_qk_reduction=False, sm_scale=None, window_left=-1,
-             logits_soft_cap=None, rope_scale=None, rope_theta=None, q_data_type="float16", kv_data_type=None,
-             non_blocking=True, **kwargs):  # fmt: skip
-        self._store_plan(qo_indptr, paged_kv_indptr, paged_kv_indices, paged_kv_last_page_len, num_qo_heads,
-                         num_kv_heads, head_dim_qk, page_size, causal=causal, pos_encoding_mode=pos_encoding_mode,
-                         window_left=window_left, logits_soft_cap=logits_soft_cap, sm_scale=sm_scale,
-                         q_data_type=q_data_type, kv_data_type=kv_data_type)  # fmt: skip
+    def plan(
+        self,
+        qo_indptr,
+        paged_kv_indptr,
+        paged_kv_indices,
+        paged_kv_last_page_len,
+        num_qo_heads,
+        num_kv_heads,
+        head_dim_qk,
+        page_size,
+        head_dim_vo=None,
+        custom_mask=None,
+        packed_custom_mask=None,
+        causal=False,
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        sm_scale=None,
+        window_left=-1,
+        logits_soft_cap=None,
+        rope_scale=None,
+        rope_theta=None,
+        q_data_type="float16",
+        kv_data_type=None,
+        non_blocking=True,
+        **kwargs,
+    ):
+        self._store_plan(
+            qo_indptr,
+            paged_kv_indptr,
+            paged_kv_indices,
+            paged_kv_last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim_qk,
+            page_size,
+            causal=causal,
+            pos_encoding_mode=pos_encoding_mode,
+            window_left=window_left,
+            logits_soft_cap=logits_soft_cap,
+            sm_scale=sm_scale,
+            q_data_type=q_data_type,
+            kv_data_type=kv_data_type,
+        )
 
-    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
-            return_lse=False, enable_pdl=None, window_left=None, sinks=None):  # fmt: skip
+    def run(
+        self,
+        q,
+        paged_kv_cache,
+        *args,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+        lse=None,
+        return_lse=False,
+        enable_pdl=None,
+        window_left=None,
+        sinks=None,
+    ):
         # sinks= is accepted and ignored, as on the fa2/fa3 paths of 0.5.3 on Hopper
         assert self._plan is not None
-        return self._run(q, paged_kv_cache, sm_scale=self._plan["sm_scale"], sink=None, k_scale=k_scale,
-                         v_scale=v_scale, return_lse=return_lse)  # fmt: skip
+        return self._run(
+            q,
+            paged_kv_cache,
+            sm_scale=self._plan["sm_scale"],
+            sink=None,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            return_lse=return_lse,
+        )
 
 
 class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper):
     """The prefill wrapper with a per-head sink logit: ``run(q, kv, sink [Hq] float32, sm_scale)``."""
 
-    def __init__(self, float_workspace_buffer, kv_layout="NHD", use_cuda_graph=False, qo_indptr_buf=None,
-                 paged_kv_indptr_buf=None, paged_kv_indices_buf=None, paged_kv_last_page_len_buf=None,
-                 custom_mask_buf=None, mask_indptr_buf=None, backend="auto", pos_encoding_mode="NONE",
-                 use_fp16_qk_reduction=False, q_data_type=torch.bfloat16, kv_data_type=torch.bfloat16,
-                 head_dim_qk=128, head_dim_vo=128, window_left=-1):  # fmt: skip
+    def __init__(
+        self,
+        float_workspace_buffer,
+        kv_layout="NHD",
+        use_cuda_graph=False,
+        qo_indptr_buf=None,
+        paged_kv_indptr_buf=None,
+        paged_kv_indices_buf=None,
+        paged_kv_last_page_len_buf=None,
+        custom_mask_buf=None,
+        mask_indptr_buf=None,
+        backend="auto",
+        pos_encoding_mode="NONE",
+        use_fp16_qk_reduction=False,
+        q_data_type=torch.bfloat16,
+        kv_data_type=torch.bfloat16,
+        head_dim_qk=128,
+        head_dim_vo=128,
+        window_left=-1,
+    ):
         super().__init__(float_workspace_buffer, kv_layout, backend=backend)
         self._compiled_window = window_left >= 0
 
@@ -246,8 +436,22 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
         if (self._plan["window_left"] >= 0) != self._compiled_window:
             raise ValueError("window_left in plan() disagrees with the one the wrapper was built for")
 
-    def run(self, q, paged_kv_cache, *args, q_scale=None, k_scale=None, v_scale=None, out=None, lse=None,
-            return_lse=False, enable_pdl=None, window_left=None, sinks=None):  # fmt: skip
+    def run(
+        self,
+        q,
+        paged_kv_cache,
+        *args,
+        q_scale=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+        lse=None,
+        return_lse=False,
+        enable_pdl=None,
+        window_left=None,
+        sinks=None,
+    ):
         sink, sm_scale = args  # the variant's own arguments; k_scale is not read on this path
-        return self._run(q, paged_kv_cache, sm_scale=float(sm_scale), sink=sink, k_scale=None, v_scale=v_scale,
-                         return_lse=return_lse)  # fmt: skip
+        return self._run(
+            q, paged_kv_cache, sm_scale=float(sm_scale), sink=sink, k_scale=None, v_scale=v_scale, return_lse=return_lse
+        )
