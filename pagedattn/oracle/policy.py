@@ -43,6 +43,7 @@ import torch
 
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.reference import iter_chunks
+from pagedattn.problem import ProblemError
 
 # --------------------------------------------------------------------- constants
 U_FP32 = 2.0**-24
@@ -121,11 +122,12 @@ def _u(dtype: torch.dtype) -> float:
     return 2.0 ** -DTYPE_TABLE[dtype].significand
 
 
-def validate_precisions(precision: str, qk_precision: str) -> None:
+def validate_precisions(precision: str, qk_precision: str, owner: str = "attention_error_bound") -> None:
+    """Raises ``ProblemError`` (``{owner}.precision: must be one of ...``) for an unknown name."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise ProblemError(owner, "precision", f"must be one of {PRECISIONS}, got {precision!r}")
     if qk_precision not in QK_PRECISIONS:
-        raise ValueError(f"qk_precision must be one of {QK_PRECISIONS}, got {qk_precision!r}")
+        raise ProblemError(owner, "qk_precision", f"must be one of {QK_PRECISIONS}, got {qk_precision!r}")
 
 
 def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
