@@ -24,15 +24,12 @@ from pagedattn.faults import BackendFault, backend_files, describe_exception
 from pagedattn.oracle import PagedCase, bits_equal, check_attention, check_attention_lse, check_bitexact, paged_gather
 from pagedattn.oracle.bitexact import BitCheck, bits_view
 from pagedattn.oracle.verdict import AttentionCheck
-from pagedattn.record import FACTS_KEY, note, noted
+from pagedattn.record import note, noted
 from pagedattn.replay import ReplayFiles
 
-__all__ = ["PagedAttnWarning", "Suite", "case_configuration", "dtype_name", "guarded", "record", "recorded"]
+__all__ = ["PagedAttnWarning", "Suite", "case_configuration", "guarded"]
 
-RECORD_KEY = FACTS_KEY
-# the suite attaches facts; the RecordBook (pagedattn.book) decides each case's status
-record = note
-recorded = noted
+# the suite attaches facts (pagedattn.record.note); the RecordBook (pagedattn.book) decides each case's status
 
 #: the suite's own random stream of a case (``case_seed(case_id, stream)``): the slots and
 #: rows of a cache write; the permutation of the placement-invariance property

@@ -22,8 +22,8 @@ from pagedattn.adapters.exclusion import (
     frozen_set,
     spec_text,
 )
-from pagedattn.oracle.case import VARIANTS, PagedCase
-from pagedattn.problem import ProblemError
+from pagedattn.oracle.case import PagedCase
+from pagedattn.problem import VARIANTS, ProblemError
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,12 @@ from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
 from typing import Any, cast
 
-from pagedattn.adapters.protocol import INVARIANCES, Backend, Capabilities
+from pagedattn.adapters.capabilities import Capabilities
+from pagedattn.adapters.exclusion import INVARIANCES
+from pagedattn.adapters.protocol import Backend
 
 #: the optional methods of the contract (``pagedattn.adapters.protocol``: ``SupportsGather``, ...)
 OPTIONAL_METHODS = ("gather", "write_cache", "paged_attention_lse", "warmup")
-#: the invariances in the order the report lists them
-_INVARIANCE_ORDER = ("determinism", "batch_invariance", "placement_invariance")
-assert set(_INVARIANCE_ORDER) == INVARIANCES
 
 GROUP = "pagedattn.backends"
 
@@ -148,7 +147,7 @@ def backend_info(backend: Backend) -> dict[str, Any]:
         "target": getattr(backend, "target", None),
         "capabilities": caps.describe(),
         "limit_lines": list(caps.limit_lines()),
-        "invariances": {n: caps.invariance_reason(n) for n in _INVARIANCE_ORDER},
+        "invariances": {n: caps.invariance_reason(n) for n in sorted(INVARIANCES)},
         "notes": dict(caps.notes),
         "dtypes": [str(d).replace("torch.", "") for d in caps.dtypes],
         "operations": sorted(caps.operations),

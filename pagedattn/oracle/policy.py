@@ -281,25 +281,3 @@ def attention_lse_error_bounds(
     for blk in chunk_bounds(case, precision, qk_precision):
         ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = blk[1:]
     return ref, bound, ref_lse, bound_lse
-
-
-#: the verdict objects and the checks lived here until issue 18; ``from pagedattn.oracle.policy
-#: import check_attention`` keeps working (lazily: verdict imports this module)
-_MOVED = {
-    "AttentionCheck": "verdict",
-    "check_attention": "verdict",
-    "check_attention_lse": "verdict",
-    "BitCheck": "bitexact",
-    "bits_dtype": "bitexact",
-    "bits_equal": "bitexact",
-    "bits_view": "bitexact",
-    "check_bitexact": "bitexact",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(f"pagedattn.oracle.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
