@@ -12,7 +12,6 @@ from pagedattn.adapters.exclusion import (
     CORE_DTYPES,
     INVARIANCES,
     OPERATIONS,
-    QK_PRECISIONS,
     Exclusion,
     IntSpec,
     admits,
@@ -23,7 +22,13 @@ from pagedattn.adapters.exclusion import (
     spec_text,
 )
 from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.policy import PRECISIONS, QK_PRECISIONS
 from pagedattn.problem import VARIANTS, ProblemError
+
+
+def _either(names: tuple[str, ...]) -> str:
+    """``'fp32' or 'input'``."""
+    return " or ".join(repr(n) for n in names)
 
 
 @dataclass(frozen=True)
@@ -93,12 +98,14 @@ class Capabilities:
     qk_precision: str = "fp32"
 
     def __post_init__(self) -> None:
-        if self.fp32_precision not in ("ieee", "tf32"):
+        if self.fp32_precision not in PRECISIONS:
             raise ProblemError(
-                "Capabilities", "fp32_precision", f"must be 'ieee' or 'tf32', got {self.fp32_precision!r}"
+                "Capabilities", "fp32_precision", f"must be {_either(PRECISIONS)}, got {self.fp32_precision!r}"
             )
         if self.qk_precision not in QK_PRECISIONS:
-            raise ProblemError("Capabilities", "qk_precision", f"must be 'fp32' or 'input', got {self.qk_precision!r}")
+            raise ProblemError(
+                "Capabilities", "qk_precision", f"must be {_either(QK_PRECISIONS)}, got {self.qk_precision!r}"
+            )
         unknown = set(self.operations) - OPERATIONS
         if unknown:
             raise ProblemError(

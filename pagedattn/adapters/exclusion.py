@@ -19,9 +19,6 @@ OPERATIONS = frozenset({"attention", "gather", "write_cache", "lse"})
 #: the same input gives the same bits twice; a sequence's output does not depend on its
 #: neighbours in the batch; permuting the physical blocks changes no bit
 INVARIANCES = frozenset({"determinism", "batch_invariance", "placement_invariance"})
-#: how q·k is formed: ``fp32`` products and sum (or TF32 per ``fp32_precision``), or
-#: ``input``: each product rounded to the input dtype, the sum in fp32
-QK_PRECISIONS = ("fp32", "input")
 
 IntSpec = Collection[int] | Callable[[int], bool] | None
 _EMPTY = "must be None or non-empty (an empty collection matches no case; None matches any), got an empty collection"

@@ -19,10 +19,21 @@ from typing import Any, cast
 
 from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.adapters.exclusion import INVARIANCES
-from pagedattn.adapters.protocol import Backend
+from pagedattn.adapters.protocol import Backend, SupportsGather, SupportsLse, SupportsWarmup, SupportsWriteCache
 
-#: the optional methods of the contract (``pagedattn.adapters.protocol``: ``SupportsGather``, ...)
-OPTIONAL_METHODS = ("gather", "write_cache", "paged_attention_lse", "warmup")
+
+def _protocol_methods(protocol: type) -> tuple[str, ...]:
+    """The methods a protocol of ``pagedattn.adapters.protocol`` declares (not inherited)."""
+    return tuple(n for n, v in vars(protocol).items() if inspect.isfunction(v) and not n.startswith("_"))
+
+
+#: the optional methods of the contract, named by their protocols: what ``backend_info``
+#: reports and the isolated proxy forwards. Not here: ``SupportsOut`` (an argument of the
+#: required ``paged_attention``, reported as ``accepts_out``) and ``SupportsClose`` (the
+#: proxy closes its own child, and the child closes the backend).
+OPTIONAL_METHODS = tuple(
+    m for p in (SupportsGather, SupportsWriteCache, SupportsLse, SupportsWarmup) for m in _protocol_methods(p)
+)
 
 GROUP = "pagedattn.backends"
 

@@ -96,7 +96,11 @@ C_ACC = 2.0
 #: kernel can land there on exotic hardware rounding; a real bug lands far beyond.
 WARN_FACTOR = 2.0
 
+#: how fp32 dot products round their operands (``Capabilities.fp32_precision``):
+#: ``ieee`` (exact fp32 products) or ``tf32`` (operands rounded to TF32 first)
 PRECISIONS = ("ieee", "tf32")
+#: how q·k is formed (``Capabilities.qk_precision``): ``fp32`` products and sum (or TF32
+#: per ``fp32_precision``), or ``input``: each product rounded to the input dtype, the sum in fp32
 QK_PRECISIONS = ("fp32", "input")
 #: float64 score-sized tensors of one block alive at once while the bound is formed (the
 #: oracle's scores and weights, the weights in float32, a correction of subnormal weights):
