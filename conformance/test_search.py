@@ -11,7 +11,8 @@ lives in ``pagedattn.search``.
 
 import pytest
 
-from pagedattn.search import SearchRun, budget_seconds, search_items
+from pagedattn.search import SearchRun
+from pagedattn.search_plan import budget_seconds, search_items
 
 FAMILY = "search"
 

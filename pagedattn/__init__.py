@@ -17,12 +17,11 @@ from typing import TYPE_CHECKING, Any
 from pagedattn._version import __version__
 
 if TYPE_CHECKING:
+    from pagedattn.adapters.capabilities import Capabilities
+    from pagedattn.adapters.exclusion import INVARIANCES, Exclusion
     from pagedattn.adapters.protocol import (
-        INVARIANCES,
         Backend,
-        Capabilities,
         Claims,
-        Exclusion,
         SupportsClose,
         SupportsGather,
         SupportsLse,
@@ -42,10 +41,10 @@ if TYPE_CHECKING:
 
 #: each lazy public name and the module that defines it
 _LAZY = {
-    "INVARIANCES": "pagedattn.adapters.protocol",
+    "INVARIANCES": "pagedattn.adapters.exclusion",
     "Backend": "pagedattn.adapters.protocol",
-    "Capabilities": "pagedattn.adapters.protocol",
-    "Exclusion": "pagedattn.adapters.protocol",
+    "Capabilities": "pagedattn.adapters.capabilities",
+    "Exclusion": "pagedattn.adapters.exclusion",
     "Claims": "pagedattn.adapters.protocol",
     "SupportsClose": "pagedattn.adapters.protocol",
     "SupportsGather": "pagedattn.adapters.protocol",

@@ -240,7 +240,9 @@ class IsolatedBackend:
     child process. Its optional methods are exactly the child backend's: the classes
     ``isolated_backend`` returns add them (``_IsolatedLse``, ``_IsolatedGather``,
     ``_IsolatedWriteCache``, ``_IsolatedWarmup``), so ``isinstance(proxy, SupportsGather)``
-    answers as for the backend itself."""
+    answers as for the backend itself. Beyond the contract, ``generation`` counts the child
+    processes started (a restart after a crash or a hang starts the next): the suite warms
+    each configuration up once per generation, since a warm-up is lost with its child."""
 
     def __init__(self, child: _Child):
         self._child = child

@@ -22,7 +22,6 @@ import pytest
 # that need them, once --backend is given
 from pagedattn import collection, recorder, report
 from pagedattn.book import RecordBook
-from pagedattn.expectations import glob_match as _glob  # noqa: F401  (its home before; tests import it here)
 from pagedattn.expectations import load_expectations
 from pagedattn.options import DEFAULT_TIMEOUT_S, NO_LIMIT, PROFILES, case_timeout, positive_seconds
 from pagedattn.record import note

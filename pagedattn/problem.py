@@ -36,8 +36,10 @@ _DIMS = {
 
 
 class ProblemError(ValueError):
-    """An input outside the canonical problem: ``{owner}.{field}: {problem}``. ``field``
-    names the argument at fault (the same one whichever caller found it)."""
+    """An input outside the canonical problem, or outside the rules of the other inputs
+    the package validates (``Capabilities``, ``Exclusion``, the policy's keywords): the
+    one error template, ``{owner}.{field}: must ..., got ...``. ``field`` names the
+    argument at fault (the same one whichever caller found it)."""
 
     def __init__(self, owner: str, field: str, problem: str):
         super().__init__(f"{owner}.{field}: {problem}")
@@ -179,7 +181,7 @@ def check_tensors(
             raise ProblemError(owner, name, f"must be on the query's device {dev} (one device for all), got {x.device}")
     if dev.type == "meta":
         # the checks below read the lengths and tables, and the oracle reads everything
-        raise ProblemError(owner, "query", "must hold values: the meta device holds none (use cpu or cuda)")
+        raise ProblemError(owner, "query", "must hold values (use cpu or cuda), got the meta device, which holds none")
 
     # shapes
     if k.shape != v.shape:
@@ -193,9 +195,11 @@ def check_tensors(
     for name, dims in _DIMS.items():
         for i, dim in enumerate(dims):
             if t[name].shape[i] < 1:
-                raise ProblemError(owner, name, f"{dim} (dimension {i}) must be >= 1, got shape {tuple(t[name].shape)}")
+                raise ProblemError(
+                    owner, name, f"must have {dim} (dimension {i}) >= 1, got shape {tuple(t[name].shape)}"
+                )
     if Hq % Hkv != 0:
-        raise ProblemError(owner, "query", f"num_heads must be a multiple of num_kv_heads {Hkv}, got {Hq}")
+        raise ProblemError(owner, "query", f"must have num_heads a multiple of num_kv_heads {Hkv}, got {Hq}")
     B = t["seq_lens"].shape[0]
     if B < 1:
         raise ProblemError(owner, "seq_lens", "must hold at least one sequence, got none")

@@ -34,20 +34,11 @@ from pagedattn.cases import CaseSpec, save_case
 from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.strategies import case_specs
 from pagedattn.faults import BackendFault
-from pagedattn.options import positive_seconds  # noqa: F401  (its home before; tests import it here)
 from pagedattn.oracle import PagedCase, check_attention
 from pagedattn.oracle.verdict import AttentionCheck
-from pagedattn.search_plan import (  # noqa: F401  (the conformance module and the tests import them here)
-    ITEMS,
-    Pace,
-    SearchItem,
-    budget_seconds,
-    free_axes,
-    grid_configurations,
-    search_items,
-    spec_work,
-)
-from pagedattn.suite import PagedAttnWarning, Suite, record
+from pagedattn.record import note
+from pagedattn.search_plan import Pace, SearchItem, free_axes, grid_configurations, spec_work
+from pagedattn.suite import PagedAttnWarning, Suite
 
 FAMILY = "search"
 # Cases that once exposed a bug in a kernel under test, kept forever (run first, by item 0).
@@ -123,7 +114,7 @@ class SearchRun:
         start = time.monotonic()
         self._deadline = start + self.budget_s / self.item.count
         # in the record from the start, so that a fault of the search itself is reported too
-        record(self.node, id=self.item.id, family=FAMILY, dtype="mixed", operation="attention", status="error")
+        note(self.node, id=self.item.id, family=FAMILY, dtype="mixed", operation="attention", status="error")
         caps, dtypes = self.suite.caps, self._dtypes()
         reason = caps.unsupported_reason(device=self.suite.device) or (
             None if dtypes else "the backend claims none of fp32/fp16/bf16"
@@ -220,9 +211,9 @@ class SearchRun:
         pristine = case.clone()
         backend = self.suite.backend
         try:
-            if isinstance(backend, SupportsWarmup) and Configuration.of(spec) not in self.warmed:
+            if isinstance(backend, SupportsWarmup) and Configuration.of_spec(spec) not in self.warmed:
                 # a JIT backend compiles a new configuration here, outside any --case-timeout
-                self.warmed.add(Configuration.of(spec))
+                self.warmed.add(Configuration.of_spec(spec))
                 backend.warmup(case.clone())
             out = backend.paged_attention(case)
         except pytest.skip.Exception:  # the backend declined this case at run time
@@ -272,7 +263,7 @@ class SearchRun:
             fields.update(status=check.status, worst_case=repr(spec))
         else:
             fields.update(status="passed")
-        record(self.node, **fields, **({"metrics": check.metrics()} if check is not None else {}))
+        note(self.node, **fields, **({"metrics": check.metrics()} if check is not None else {}))
         if reason:
             pytest.skip(f"unsupported: {reason}")
         if self.smallest is not None:

@@ -33,7 +33,7 @@ def budget_seconds(option: float | None, device: str) -> float:
 
 def grid_configurations(profile: str, caps: Claims) -> list[Configuration]:
     """The configurations of the profile's attention grid that ``caps`` claims, simplest first."""
-    found = {Configuration.of(s) for f in _ATTENTION_FAMILIES for s in grid(profile, f)}
+    found = {Configuration.of_spec(s) for f in _ATTENTION_FAMILIES for s in grid(profile, f)}
     claimed = [
         c
         for c in found

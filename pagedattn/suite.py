@@ -21,18 +21,16 @@ from pagedattn.adapters.protocol import Backend, Claims, SupportsWarmup
 from pagedattn.cases.configuration import Configuration, dtype_name
 from pagedattn.cases.spec import case_seed
 from pagedattn.faults import BackendFault, backend_files, describe_exception
+from pagedattn.isolation import IsolatedBackend
 from pagedattn.oracle import PagedCase, bits_equal, check_attention, check_attention_lse, check_bitexact, paged_gather
 from pagedattn.oracle.bitexact import BitCheck, bits_view
 from pagedattn.oracle.verdict import AttentionCheck
-from pagedattn.record import FACTS_KEY, note, noted
+from pagedattn.record import note, noted
 from pagedattn.replay import ReplayFiles
 
-__all__ = ["PagedAttnWarning", "Suite", "case_configuration", "dtype_name", "guarded", "record", "recorded"]
+__all__ = ["PagedAttnWarning", "Suite", "case_configuration", "guarded"]
 
-RECORD_KEY = FACTS_KEY
-# the suite attaches facts; the RecordBook (pagedattn.book) decides each case's status
-record = note
-recorded = noted
+# the suite attaches facts (pagedattn.record.note); the RecordBook (pagedattn.book) decides each case's status
 
 #: the suite's own random stream of a case (``case_seed(case_id, stream)``): the slots and
 #: rows of a cache write; the permutation of the placement-invariance property
@@ -156,7 +154,9 @@ class Suite:
         --isolate), before the case's own timed call: a JIT compile is not a hang."""
         if operation not in ("attention", "lse") or not isinstance(self.backend, SupportsWarmup):
             return
-        key = (getattr(self.backend, "generation", 0), case_configuration(case, operation))
+        # a warm-up is lost with the isolated child it ran in: key it by the child's generation
+        generation = self.backend.generation if isinstance(self.backend, IsolatedBackend) else 0
+        key = (generation, case_configuration(case, operation))
         if key not in self._warmed:
             self.call("warmup", case.clone())
             self._warmed.add(key)

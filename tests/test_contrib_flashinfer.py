@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from pagedattn import PagedCase
-from pagedattn.adapters.protocol import Capabilities
+from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.cases.grid import grid
-from pagedattn.oracle.policy import check_attention, check_attention_lse
+from pagedattn.oracle.verdict import check_attention, check_attention_lse
 
 STANDINS = Path(__file__).parent / "standins"
 PACKAGES = ("flashinfer", "flash_attn")

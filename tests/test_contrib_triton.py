@@ -19,7 +19,7 @@ import torch
 from pagedattn.adapters.loading import load_backend
 from pagedattn.cases import CaseSpec
 from pagedattn.cases.grid import grid
-from pagedattn.oracle.policy import check_attention
+from pagedattn.oracle.verdict import check_attention
 
 STANDINS = Path(__file__).parent / "standins"
 ADAPTERS = {

@@ -19,8 +19,10 @@ from pagedattn.adapters.protocol import (
     SupportsWriteCache,
 )
 from pagedattn.isolation import IsolatedBackend, isolated_backend
-from pagedattn.search import SearchItem, SearchRun
-from pagedattn.suite import Suite, recorded
+from pagedattn.record import noted
+from pagedattn.search import SearchRun
+from pagedattn.search_plan import SearchItem
+from pagedattn.suite import Suite
 
 OPTIONAL = (SupportsGather, SupportsLse, SupportsWarmup, SupportsWriteCache)
 CORRECT = os.path.join(os.path.dirname(__file__), "bad_backends.py") + ":Correct"
@@ -80,14 +82,15 @@ def test_the_search_runs_under_isolation(tmp_path):
         SearchRun(suite, node, SearchItem(0, 2, 3), budget_s=20.0).run()
     finally:
         proxy.close()
-    rec = recorded(node)
+    rec = noted(node)
     assert rec["status"] == "passed" and rec["examples"] >= 1, rec
 
 
 def test_the_bundled_backends_meet_the_typed_contract() -> None:
     """Checked twice: by mypy (this function is typed: the assignments are the claim) and at
     run time (the protocols are runtime-checkable)."""
-    from pagedattn.adapters.protocol import Capabilities, Claims
+    from pagedattn.adapters.capabilities import Capabilities
+    from pagedattn.adapters.protocol import Claims
     from pagedattn.adapters.reference import ReferenceBackend
     from pagedattn.adapters.tlsim import TLSimBackend
 

@@ -149,7 +149,7 @@ def test_memory_cap_is_validated(monkeypatch):
     from pagedattn.oracle import reference
 
     monkeypatch.setenv(reference.MAX_BYTES_ENV, "lots")
-    with pytest.raises(ValueError, match="PAGEDATTN_ORACLE_MAX_BYTES must be a number of bytes"):
+    with pytest.raises(ValueError, match="os.environ.PAGEDATTN_ORACLE_MAX_BYTES: must be a number of bytes"):
         reference.max_bytes()
     monkeypatch.setenv(reference.MAX_BYTES_ENV, "1000")
     with pytest.raises(ValueError, match="at least 1 MiB"):

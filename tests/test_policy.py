@@ -198,9 +198,9 @@ def test_a_declared_input_dtype_score_is_judged_by_its_promise():
 def test_precision_keywords_are_validated():
     case = ATTENTION_SPECS[0].build()
     out = paged_attention_reference(case).to(case.dtype)
-    with pytest.raises(ValueError, match="qk_precision must be one of"):
+    with pytest.raises(ValueError, match=r"check_attention\.qk_precision: must be one of"):
         check_attention(out, case, qk_precision="bf16")
-    with pytest.raises(ValueError, match="precision must be one of"):
+    with pytest.raises(ValueError, match=r"check_attention_lse\.precision: must be one of"):
         check_attention_lse(out, torch.zeros(case.num_tokens, case.num_heads), case, precision="fp16")
 
 

@@ -131,10 +131,10 @@ BAD = {
     "block-size-zero": (
         BOTH,
         "key_cache",
-        "block_size (dimension 1) must be >= 1",
+        "must have block_size (dimension 1) >= 1",
         lambda a: a.update(key_cache=a["key_cache"][:, :0], value_cache=a["value_cache"][:, :0]),
     ),
-    "no-heads": (BOTH, "query", "num_heads (dimension 1) must be >= 1", lambda a: a.update(query=a["query"][:, :0])),
+    "no-heads": (BOTH, "query", "must have num_heads (dimension 1) >= 1", lambda a: a.update(query=a["query"][:, :0])),
     "scale-zero": (BOTH, "scale", "> 0", _set(scale=0.0)),
     "scale-nan": (BOTH, "scale", "finite", _set(scale=float("nan"))),
     "scale-string": (BOTH, "scale", "finite float > 0, got '0.25' of type str", _set(scale="0.25")),

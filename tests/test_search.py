@@ -13,11 +13,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pagedattn.search as search
+import pagedattn.search_plan as search_plan
 from pagedattn import Capabilities
 from pagedattn.cases import CaseSpec, load_case, strategies
-from pagedattn.cases.strategies import Configuration, case_specs
-from pagedattn.search import SearchItem, SearchRun, grid_configurations, positive_seconds, search_items, spec_size
-from pagedattn.suite import Suite, recorded
+from pagedattn.cases.configuration import Configuration
+from pagedattn.cases.strategies import case_specs
+from pagedattn.options import positive_seconds
+from pagedattn.record import noted
+from pagedattn.search import SearchRun, spec_size
+from pagedattn.search_plan import SearchItem, grid_configurations, search_items
+from pagedattn.suite import Suite
 
 # Planted backends, written into each pytester directory (tests/bad_backends.py is another helper's).
 PLANTED = '''
@@ -90,7 +95,7 @@ def _node():
 
 # ---------------------------------------------------------------- in process
 def test_items_split_the_draws_and_half_stay_on_the_grid():
-    for profile, count in search.ITEMS.items():
+    for profile, count in search_plan.ITEMS.items():
         items = search_items(profile, 100)
         assert [i.index for i in items] == list(range(count)) and sum(i.max_examples for i in items) >= 100
         assert [i.id for i in items][:2] == ["search-seed0", "search-seed1"]
@@ -103,8 +108,8 @@ def test_budget_option_accepts_positive_finite_seconds_only():
     for bad in ("0", "-1", "inf", "nan", "ten"):
         with pytest.raises(ValueError, match="positive, finite seconds"):
             positive_seconds(bad)
-    assert search.budget_seconds(None, "cuda:1") == 60.0 and search.budget_seconds(None, "cpu") == 30.0
-    assert search.budget_seconds(4.0, "cpu") == 4.0
+    assert search_plan.budget_seconds(None, "cuda:1") == 60.0 and search_plan.budget_seconds(None, "cpu") == 30.0
+    assert search_plan.budget_seconds(4.0, "cpu") == 4.0
 
 
 def test_grid_configurations_are_the_claimed_ones_simplest_first():
@@ -127,7 +132,7 @@ CONFIGS = grid_configurations("quick", Capabilities(variants=frozenset({"sliding
 @given(st.data())
 def test_draws_on_configurations_stay_on_them(data):
     spec = data.draw(case_specs("quick", configurations=CONFIGS))
-    assert Configuration.of(spec) in CONFIGS
+    assert Configuration.of_spec(spec) in CONFIGS
     assert spec.build().num_seqs == len(spec.seqs)
 
 
@@ -170,7 +175,7 @@ def test_every_smaller_failure_is_saved_at_once_and_the_smallest_reported(tmp_pa
         run.run()
     assert run.smallest is not None
     spec = run.smallest[0]
-    rec = recorded(node)
+    rec = noted(node)
     assert rec["status"] == "failed" and rec["worst_case"] == repr(spec) and rec["examples"] >= 1
     assert saved and saved[-1] == spec_size(spec) and saved == sorted(set(saved), reverse=True), saved
     # shrunk to the bug's edge: one decode sequence of 31 tokens in a group of 4 or more
@@ -187,7 +192,7 @@ def test_budget_bounds_the_search(tmp_path):
     start = time.monotonic()
     SearchRun(_suite(_planted().Slow(), tmp_path), node, SearchItem(0, 2, 1000), budget_s=2.0).run()
     elapsed = time.monotonic() - start
-    rec = recorded(node)
+    rec = noted(node)
     assert rec["status"] == "passed" and rec["budget_s"] == 1.0 and rec["examples"] >= 1, rec
     # one draw (0.2 s of sleep plus the oracle) may start just before the budget ends
     assert elapsed < 5 * 1.0, f"a 1 s share of the budget took {elapsed:.1f} s"
@@ -195,7 +200,7 @@ def test_budget_bounds_the_search(tmp_path):
 
 
 def test_pace_estimates_from_the_large_draws():
-    pace = search.Pace()
+    pace = search_plan.Pace()
     assert pace.estimate(10**9) == 0.0  # nothing known yet: any draw may run
     pace.add(100, 0.1)
     pace.add(1000, 1.0)
@@ -207,7 +212,7 @@ def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path):
     start = time.monotonic()
     SearchRun(_suite(_planted().SlowOnLargeCases(), tmp_path), node, SearchItem(1, 2, 1000), budget_s=3.0).run()
     elapsed = time.monotonic() - start
-    rec = recorded(node)
+    rec = noted(node)
     assert rec["status"] == "passed" and rec["skipped_too_large"] >= 1, rec
     assert elapsed < 2 * 1.5, f"a 1.5 s share took {elapsed:.1f} s: a large draw overran it"
 
@@ -218,7 +223,7 @@ def test_a_raising_backend_is_a_failure_with_a_replay(tmp_path):
     with pytest.raises(pytest.fail.Exception, match=r"the backend raised RuntimeError: kernel launch failed"):
         run.run()
     assert run.smallest is not None and run.smallest[0].seqs == ((41, 1),), run.smallest[0]
-    assert "--replay" in recorded(node)["replay"]
+    assert "--replay" in noted(node)["replay"]
 
 
 def test_unclaimed_everything_is_unsupported(tmp_path):
@@ -227,7 +232,7 @@ def test_unclaimed_everything_is_unsupported(tmp_path):
     node = _node()
     with pytest.raises(pytest.skip.Exception, match="claims none of fp32/fp16/bf16"):
         SearchRun(_suite(backend, tmp_path), node, SearchItem(0, 2, 10), budget_s=5.0).run()
-    assert recorded(node)["status"] == "unsupported"
+    assert noted(node)["status"] == "unsupported"
 
 
 # --------------------------------------------------------------- end to end
@@ -273,16 +278,16 @@ def test_fresh_draws_take_only_claimed_axes(tmp_path):
     still gets fresh draws, all claimed."""
     backend = _planted().Correct()
     backend.capabilities = Capabilities(head_dims={128}, block_sizes={16}, max_gqa_ratio=2)
-    axes, why = search.free_axes(backend.capabilities)
+    axes, why = search_plan.free_axes(backend.capabilities)
     assert why is None and axes == {"head_dims": [128], "block_sizes": [16], "gqa_ratios": [1, 2]}
     warmed = []
     backend.warmup = lambda c: warmed.append((c.dtype, c.head_dim, c.block_size, c.num_heads, c.num_kv_heads))
     node = _node()
     SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 6), budget_s=60.0).run()
-    assert recorded(node)["status"] == "passed" and recorded(node)["examples"] == 6, recorded(node)
+    assert noted(node)["status"] == "passed" and noted(node)["examples"] == 6, noted(node)
     # the optional warmup: once per configuration, so a JIT compiles outside --case-timeout
     assert warmed and len(warmed) == len(set(warmed)) and all(w[1:3] == (128, 16) for w in warmed), warmed
-    assert search.free_axes(Capabilities(block_sizes={7}))[1] == (
+    assert search_plan.free_axes(Capabilities(block_sizes={7}))[1] == (
         "the backend claims none of the block sizes [1, 2, 3, 4, 8, 13, 16, 32, 128]"
     )
 
@@ -295,7 +300,7 @@ def test_items_per_profile_each_in_its_own_xdist_group(pytester):
         "--profile=standard",
         "--search-examples=10",
     )
-    assert [i.name for i in items] == [f"test_search[seed{k}]" for k in range(search.ITEMS["standard"])]
+    assert [i.name for i in items] == [f"test_search[seed{k}]" for k in range(search_plan.ITEMS["standard"])]
     groups = [m.args[0] for i in items for m in i.iter_markers("xdist_group")]
     assert groups == [f"search-seed{k}" for k in range(len(items))]
     assert [i.callspec.params["search_item"].max_examples for i in items] == [3] * len(items)  # 10 shared by 4

@@ -12,7 +12,6 @@ from pagedattn.adapters.exclusion import (
     CORE_DTYPES,
     INVARIANCES,
     OPERATIONS,
-    QK_PRECISIONS,
     Exclusion,
     IntSpec,
     admits,
@@ -22,7 +21,14 @@ from pagedattn.adapters.exclusion import (
     frozen_set,
     spec_text,
 )
-from pagedattn.oracle.case import VARIANTS, PagedCase
+from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.policy import PRECISIONS, QK_PRECISIONS
+from pagedattn.problem import VARIANTS, ProblemError
+
+
+def _either(names: tuple[str, ...]) -> str:
+    """``'fp32' or 'input'``."""
+    return " or ".join(repr(n) for n in names)
 
 
 @dataclass(frozen=True)
@@ -92,40 +98,53 @@ class Capabilities:
     qk_precision: str = "fp32"
 
     def __post_init__(self) -> None:
-        if self.fp32_precision not in ("ieee", "tf32"):
-            raise ValueError(f"Capabilities.fp32_precision must be 'ieee' or 'tf32', got {self.fp32_precision!r}")
+        if self.fp32_precision not in PRECISIONS:
+            raise ProblemError(
+                "Capabilities", "fp32_precision", f"must be {_either(PRECISIONS)}, got {self.fp32_precision!r}"
+            )
         if self.qk_precision not in QK_PRECISIONS:
-            raise ValueError(f"Capabilities.qk_precision must be 'fp32' or 'input', got {self.qk_precision!r}")
+            raise ProblemError(
+                "Capabilities", "qk_precision", f"must be {_either(QK_PRECISIONS)}, got {self.qk_precision!r}"
+            )
         unknown = set(self.operations) - OPERATIONS
         if unknown:
-            raise ValueError(f"Capabilities.operations: unknown {sorted(unknown)}, known {sorted(OPERATIONS)}")
+            raise ProblemError(
+                "Capabilities", "operations", f"must be among {sorted(OPERATIONS)}, got unknown {sorted(unknown)}"
+            )
         unknown = set(self.variants) - set(VARIANTS)
         if unknown:
-            raise ValueError(f"Capabilities.variants: unknown {sorted(unknown)}, known {list(VARIANTS)}")
+            raise ProblemError(
+                "Capabilities", "variants", f"must be among {list(VARIANTS)}, got unknown {sorted(unknown)}"
+            )
         if not self.tolerance_factor > 0:
-            raise ValueError(f"Capabilities.tolerance_factor must be > 0, got {self.tolerance_factor}")
+            raise ProblemError("Capabilities", "tolerance_factor", f"must be > 0, got {self.tolerance_factor}")
         for name in ("head_dims", "block_sizes"):
             check_int_spec("Capabilities", name, getattr(self, name))
         object.__setattr__(self, "invariances", frozen_set("Capabilities", "invariances", self.invariances))
         unknown = set(self.invariances) - INVARIANCES
         if unknown:
-            raise ValueError(f"Capabilities.invariances: unknown {sorted(unknown)}, known {sorted(INVARIANCES)}")
+            raise ProblemError(
+                "Capabilities", "invariances", f"must be among {sorted(INVARIANCES)}, got unknown {sorted(unknown)}"
+            )
         for name in sorted(INVARIANCES - self.invariances):
             if not str(self.notes.get(name, "")).strip():
-                raise ValueError(f"Capabilities.invariances: '{name}' is not claimed, so notes['{name}'] must say why")
+                raise ProblemError(
+                    "Capabilities", "notes", f"must say why each unclaimed invariance is not, got no notes['{name}']"
+                )
         for name in ("decode_only", "default_scale_only"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"Capabilities.{name} must be True or False, got {getattr(self, name)!r}")
+                raise ProblemError("Capabilities", name, f"must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.exclusions, (str, Exclusion)) or not isinstance(self.exclusions, Collection):
-            raise ValueError(f"Capabilities.exclusions must be a tuple of Exclusion, got {self.exclusions!r}")
+            raise ProblemError("Capabilities", "exclusions", f"must be a tuple of Exclusion, got {self.exclusions!r}")
         object.__setattr__(self, "exclusions", tuple(self.exclusions))
         for i, ex in enumerate(self.exclusions):
             if not isinstance(ex, Exclusion):
-                raise ValueError(f"Capabilities.exclusions[{i}] must be an Exclusion, got {type(ex).__name__}")
+                raise ProblemError("Capabilities", f"exclusions[{i}]", f"must be an Exclusion, got {type(ex).__name__}")
         if self.case_filter is not None and not callable(self.case_filter):
-            raise ValueError(
-                f"Capabilities.case_filter must be None or a callable (case, operation) -> str | None, "
-                f"got {type(self.case_filter).__name__}"
+            raise ProblemError(
+                "Capabilities",
+                "case_filter",
+                f"must be None or a callable (case, operation) -> str | None, got {type(self.case_filter).__name__}",
             )
 
     def _why(self, key: str, text: str) -> str:
@@ -175,7 +194,7 @@ class Capabilities:
         """``None`` when invariance ``name`` (from ``INVARIANCES``) is claimed; else
         ``"invariance '<name>' not claimed (<notes[name]>)"``."""
         if name not in INVARIANCES:
-            raise ValueError(f"invariance_reason: unknown invariance {name!r}, known {sorted(INVARIANCES)}")
+            raise ProblemError("invariance_reason", "name", f"must be one of {sorted(INVARIANCES)}, got {name!r}")
         if name in self.invariances:
             return None
         return self._why(name, f"invariance '{name}' not claimed")
@@ -220,7 +239,7 @@ class Capabilities:
             reason = self.case_filter(case, operation)
             if reason is not None and not isinstance(reason, str):
                 raise TypeError(
-                    f"Capabilities.case_filter must return a reason (str) or None, got {type(reason).__name__}"
+                    f"Capabilities.case_filter: must return a reason (str) or None, got {type(reason).__name__}"
                 )
             if reason:
                 return self._why("case_filter", f"case_filter: {reason}")

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from pagedattn.oracle.case import VARIANTS, PagedCase
+from pagedattn.oracle.case import PagedCase
+from pagedattn.problem import VARIANTS, ProblemError
 
 CORE_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 #: ``lse``: ``paged_attention_lse(case) -> (out, lse)``, the output and its log-sum-exp
@@ -18,11 +19,9 @@ OPERATIONS = frozenset({"attention", "gather", "write_cache", "lse"})
 #: the same input gives the same bits twice; a sequence's output does not depend on its
 #: neighbours in the batch; permuting the physical blocks changes no bit
 INVARIANCES = frozenset({"determinism", "batch_invariance", "placement_invariance"})
-#: how q·k is formed: ``fp32`` products and sum (or TF32 per ``fp32_precision``), or
-#: ``input``: each product rounded to the input dtype, the sum in fp32
-QK_PRECISIONS = ("fp32", "input")
 
 IntSpec = Collection[int] | Callable[[int], bool] | None
+_EMPTY = "must be None or non-empty (an empty collection matches no case; None matches any), got an empty collection"
 
 
 def admits(spec: IntSpec, value: int) -> bool:
@@ -57,21 +56,21 @@ def check_int_spec(owner: str, name: str, spec: IntSpec, *, allow_empty: bool = 
     if spec is None or (callable(spec) and not isinstance(spec, Collection)):
         return
     if not isinstance(spec, Collection) or isinstance(spec, str):
-        raise ValueError(f"{owner}.{name} must be None, a collection of ints or a predicate int -> bool, got {spec!r}")
+        raise ProblemError(owner, name, f"must be None, a collection of ints or a predicate int -> bool, got {spec!r}")
     if isinstance(spec, range):  # ints by construction, and possibly far too long to walk
         if not allow_empty and len(spec) == 0:
-            raise ValueError(f"{owner}.{name}: an empty collection matches no case; leave it None to match any")
+            raise ProblemError(owner, name, _EMPTY)
         return
     bad = [x for x in spec if isinstance(x, bool) or not isinstance(x, int)]
     if bad:
-        raise ValueError(f"{owner}.{name}: every entry must be an int, got {bad!r}")
+        raise ProblemError(owner, name, f"must hold ints only, got {bad!r}")
     if not allow_empty and len(spec) == 0:
-        raise ValueError(f"{owner}.{name}: an empty collection matches no case; leave it None to match any")
+        raise ProblemError(owner, name, _EMPTY)
 
 
 def frozen_set(owner: str, name: str, value: Any) -> frozenset:
     if isinstance(value, str) or not isinstance(value, Collection):
-        raise ValueError(f"{owner}.{name} must be a set, got {value!r}")
+        raise ProblemError(owner, name, f"must be a set, got {value!r}")
     return frozenset(value)
 
 
@@ -110,26 +109,32 @@ class Exclusion:
 
     def __post_init__(self) -> None:
         if not isinstance(self.reason, str) or not self.reason.strip():
-            raise ValueError(f"Exclusion.reason must be a non-empty string, got {self.reason!r}")
+            raise ProblemError("Exclusion", "reason", f"must be a non-empty string, got {self.reason!r}")
         for name in ("variants", "dtypes", "kv_dtypes", "operations"):
             object.__setattr__(self, name, frozen_set("Exclusion", name, getattr(self, name)))
         unknown = set(self.variants) - set(VARIANTS)
         if unknown:
-            raise ValueError(f"Exclusion.variants: unknown {sorted(unknown)}, known {list(VARIANTS)}")
+            raise ProblemError(
+                "Exclusion", "variants", f"must be among {list(VARIANTS)}, got unknown {sorted(unknown)}"
+            )
         unknown = set(self.operations) - OPERATIONS
         if unknown:
-            raise ValueError(f"Exclusion.operations: unknown {sorted(unknown)}, known {sorted(OPERATIONS)}")
+            raise ProblemError(
+                "Exclusion", "operations", f"must be among {sorted(OPERATIONS)}, got unknown {sorted(unknown)}"
+            )
         for name in ("dtypes", "kv_dtypes"):
             bad = [d for d in getattr(self, name) if not isinstance(d, torch.dtype)]
             if bad:
-                raise ValueError(f"Exclusion.{name}: every entry must be a torch.dtype, got {bad!r}")
+                raise ProblemError("Exclusion", name, f"must hold torch.dtype entries only, got {bad!r}")
         for name in ("block_sizes", "head_dims", "gqa_ratios"):
             check_int_spec("Exclusion", name, getattr(self, name), allow_empty=False)
         if self.multi_token is not None and not isinstance(self.multi_token, bool):
-            raise ValueError(f"Exclusion.multi_token must be True, False or None, got {self.multi_token!r}")
+            raise ProblemError("Exclusion", "multi_token", f"must be True, False or None, got {self.multi_token!r}")
         if not self._given():
+            # no single field is at fault: the template without one
             raise ValueError(
-                f"Exclusion({self.reason!r}): give at least one field to match; one with none would exclude every case"
+                f"Exclusion({self.reason!r}): must give at least one field to match (one with none would exclude "
+                "every case), got only the reason"
             )
 
     def _given(self) -> dict[str, Any]:

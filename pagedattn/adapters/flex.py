@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from pagedattn.adapters.protocol import Capabilities
+from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.indexing import index_rows, token_to_seq
 from pagedattn.oracle import VARIANTS, PagedCase
 

@@ -17,13 +17,23 @@ from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
 from typing import Any, cast
 
-from pagedattn.adapters.protocol import INVARIANCES, Backend, Capabilities
+from pagedattn.adapters.capabilities import Capabilities
+from pagedattn.adapters.exclusion import INVARIANCES
+from pagedattn.adapters.protocol import Backend, SupportsGather, SupportsLse, SupportsWarmup, SupportsWriteCache
 
-#: the optional methods of the contract (``pagedattn.adapters.protocol``: ``SupportsGather``, ...)
-OPTIONAL_METHODS = ("gather", "write_cache", "paged_attention_lse", "warmup")
-#: the invariances in the order the report lists them
-_INVARIANCE_ORDER = ("determinism", "batch_invariance", "placement_invariance")
-assert set(_INVARIANCE_ORDER) == INVARIANCES
+
+def _protocol_methods(protocol: type) -> tuple[str, ...]:
+    """The methods a protocol of ``pagedattn.adapters.protocol`` declares (not inherited)."""
+    return tuple(n for n, v in vars(protocol).items() if inspect.isfunction(v) and not n.startswith("_"))
+
+
+#: the optional methods of the contract, named by their protocols: what ``backend_info``
+#: reports and the isolated proxy forwards. Not here: ``SupportsOut`` (an argument of the
+#: required ``paged_attention``, reported as ``accepts_out``) and ``SupportsClose`` (the
+#: proxy closes its own child, and the child closes the backend).
+OPTIONAL_METHODS = tuple(
+    m for p in (SupportsGather, SupportsWriteCache, SupportsLse, SupportsWarmup) for m in _protocol_methods(p)
+)
 
 GROUP = "pagedattn.backends"
 
@@ -148,7 +158,7 @@ def backend_info(backend: Backend) -> dict[str, Any]:
         "target": getattr(backend, "target", None),
         "capabilities": caps.describe(),
         "limit_lines": list(caps.limit_lines()),
-        "invariances": {n: caps.invariance_reason(n) for n in _INVARIANCE_ORDER},
+        "invariances": {n: caps.invariance_reason(n) for n in sorted(INVARIANCES)},
         "notes": dict(caps.notes),
         "dtypes": [str(d).replace("torch.", "") for d in caps.dtypes],
         "operations": sorted(caps.operations),

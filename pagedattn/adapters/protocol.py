@@ -3,7 +3,8 @@ protocol each: ``SupportsOut``, ``SupportsLse``, ``SupportsGather``, ``SupportsW
 ``SupportsWarmup``, ``SupportsClose``), and what the suite reads of its claims (``Claims``).
 
 The claims themselves are ``Capabilities`` (``pagedattn.adapters.capabilities``) and
-``Exclusion`` (``pagedattn.adapters.exclusion``), also importable from here.
+``Exclusion`` with ``INVARIANCES`` (``pagedattn.adapters.exclusion``); an adapter may import
+them from here, with the contract (or from ``pagedattn``).
 """
 
 from __future__ import annotations
@@ -14,19 +15,15 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from pagedattn.adapters.capabilities import Capabilities
-from pagedattn.adapters.exclusion import CORE_DTYPES, INVARIANCES, OPERATIONS, QK_PRECISIONS, Exclusion, IntSpec
+from pagedattn.adapters.exclusion import INVARIANCES, Exclusion
 from pagedattn.oracle.case import PagedCase
 
 __all__ = [
-    "CORE_DTYPES",
     "INVARIANCES",
-    "OPERATIONS",
-    "QK_PRECISIONS",
     "Backend",
     "Capabilities",
     "Claims",
     "Exclusion",
-    "IntSpec",
     "SupportsClose",
     "SupportsGather",
     "SupportsLse",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from pagedattn._version import __version__
-from pagedattn.adapters.protocol import Capabilities
+from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.oracle import VARIANTS, PagedCase, paged_attention_reference_lse, paged_gather, write_cache_by_indexing
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from pagedattn.adapters.protocol import Capabilities
+from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.oracle import PagedCase, gather_history, paged_gather, write_cache_by_indexing
 from pagedattn.oracle.reference import causal_mask
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from pagedattn._version import __version__
-from pagedattn.adapters.protocol import Capabilities
+from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.kernels import tlsim_programs as programs
 from pagedattn.oracle import VARIANTS, PagedCase
 

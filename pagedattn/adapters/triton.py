@@ -12,8 +12,8 @@ import importlib.util
 import torch
 
 from pagedattn._version import __version__
+from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.adapters.interpreter import arrange_interpreter
-from pagedattn.adapters.protocol import Capabilities
 from pagedattn.oracle import VARIANTS, PagedCase
 
 #: The oldest Triton whose interpreter runs this kernel: 3.5's interpreter rejects a

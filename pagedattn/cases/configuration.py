@@ -14,7 +14,7 @@ from typing import NamedTuple
 import torch
 
 from pagedattn.cases.grid import DTYPES
-from pagedattn.cases.spec import DTYPE_NAMES, KV_DTYPE_NAMES, CaseSpec
+from pagedattn.cases.spec import DTYPE_NAMES, CaseSpec
 from pagedattn.oracle.case import PagedCase
 from pagedattn.problem import FP8_DTYPES
 
@@ -26,7 +26,7 @@ def dtype_name(dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> str:
     """``bf16``; with an fp8 cache, the query and cache dtypes: ``bf16/fp8_e4m3``."""
     name = DTYPE_NAMES.get(dtype, str(dtype).replace("torch.", ""))
     if kv_dtype is not None and kv_dtype != dtype:
-        name += "/" + KV_DTYPE_NAMES.get(kv_dtype, str(kv_dtype).replace("torch.", ""))
+        name += "/" + FP8_DTYPES.get(kv_dtype, str(kv_dtype).replace("torch.", ""))
     return name
 
 
@@ -60,11 +60,6 @@ class Configuration(NamedTuple):
             spec.kv_dtype,
             frozenset(spec.variants & set(SWITCHED)),
         )
-
-    @classmethod
-    def of(cls, spec: CaseSpec) -> Configuration:
-        """``of_spec``: the name the search and its tests use."""
-        return cls.of_spec(spec)
 
     @classmethod
     def of_case(cls, case: PagedCase) -> Configuration:
@@ -107,6 +102,6 @@ class Configuration(NamedTuple):
         ``configuration``, the order of the run and its ``xdist_group``. The heads are left
         out: cases that differ only in their heads share a key (and one warm-up)."""
         q = DTYPE_NAMES.get(self.dtype, str(self.dtype).replace("torch.", ""))
-        kv = q if self.kv_dtype is None else KV_DTYPE_NAMES.get(self.kv_dtype, str(self.kv_dtype))
+        kv = q if self.kv_dtype is None else FP8_DTYPES.get(self.kv_dtype, str(self.kv_dtype))
         var = "+".join(sorted(self.all_variants)) or "plain"
         return f"{q}|kv={kv}|d{self.head_dim}|bs{self.block_size}|{var}|{operation}"

@@ -19,7 +19,6 @@ from pagedattn.problem import FP8_DTYPES, ProblemError
 LAYOUTS = ("sequential", "permuted", "interleaved", "shared")
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 #: fp8 cache dtypes by their one name (``fp8_e4m3``, ``fp8_e5m2``): ids, reports, variants
-KV_DTYPE_NAMES = FP8_DTYPES
 
 # Extra physical blocks filled with NaN that padding table entries point at.
 _POISON_BLOCKS = 2

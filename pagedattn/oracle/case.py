@@ -13,15 +13,12 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedattn.problem import (  # noqa: F401  (re-exported: the problem's vocabulary, where it was)
+from pagedattn.problem import (
     FP8_DTYPES,
     OPTIONAL_TENSOR_FIELDS,
     SCALAR_FIELDS,
     TENSOR_FIELDS,
-    VARIANTS,
     check_problem,
-    positive_float_problem,
-    sliding_window_problem,
 )
 
 

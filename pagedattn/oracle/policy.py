@@ -43,6 +43,7 @@ import torch
 
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.reference import iter_chunks
+from pagedattn.problem import ProblemError
 
 # --------------------------------------------------------------------- constants
 U_FP32 = 2.0**-24
@@ -95,7 +96,11 @@ C_ACC = 2.0
 #: kernel can land there on exotic hardware rounding; a real bug lands far beyond.
 WARN_FACTOR = 2.0
 
+#: how fp32 dot products round their operands (``Capabilities.fp32_precision``):
+#: ``ieee`` (exact fp32 products) or ``tf32`` (operands rounded to TF32 first)
 PRECISIONS = ("ieee", "tf32")
+#: how q·k is formed (``Capabilities.qk_precision``): ``fp32`` products and sum (or TF32
+#: per ``fp32_precision``), or ``input``: each product rounded to the input dtype, the sum in fp32
 QK_PRECISIONS = ("fp32", "input")
 #: float64 score-sized tensors of one block alive at once while the bound is formed (the
 #: oracle's scores and weights, the weights in float32, a correction of subnormal weights):
@@ -121,11 +126,12 @@ def _u(dtype: torch.dtype) -> float:
     return 2.0 ** -DTYPE_TABLE[dtype].significand
 
 
-def validate_precisions(precision: str, qk_precision: str) -> None:
+def validate_precisions(precision: str, qk_precision: str, owner: str = "attention_error_bound") -> None:
+    """Raises ``ProblemError`` (``{owner}.precision: must be one of ...``) for an unknown name."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+        raise ProblemError(owner, "precision", f"must be one of {PRECISIONS}, got {precision!r}")
     if qk_precision not in QK_PRECISIONS:
-        raise ValueError(f"qk_precision must be one of {QK_PRECISIONS}, got {qk_precision!r}")
+        raise ProblemError(owner, "qk_precision", f"must be one of {QK_PRECISIONS}, got {qk_precision!r}")
 
 
 def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,25 +285,3 @@ def attention_lse_error_bounds(
     for blk in chunk_bounds(case, precision, qk_precision):
         ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = blk[1:]
     return ref, bound, ref_lse, bound_lse
-
-
-#: the verdict objects and the checks lived here until issue 18; ``from pagedattn.oracle.policy
-#: import check_attention`` keeps working (lazily: verdict imports this module)
-_MOVED = {
-    "AttentionCheck": "verdict",
-    "check_attention": "verdict",
-    "check_attention_lse": "verdict",
-    "BitCheck": "bitexact",
-    "bits_dtype": "bitexact",
-    "bits_equal": "bitexact",
-    "bits_view": "bitexact",
-    "check_bitexact": "bitexact",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _MOVED:
-        import importlib
-
-        return getattr(importlib.import_module(f"pagedattn.oracle.{_MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

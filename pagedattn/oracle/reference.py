@@ -23,6 +23,7 @@ import torch
 
 from pagedattn.indexing import index_rows
 from pagedattn.oracle.case import PagedCase
+from pagedattn.problem import ProblemError
 
 #: Working memory of one block of rows (its float64 score-sized tensors), unless
 #: ``PAGEDATTN_ORACLE_MAX_BYTES`` says otherwise: a 32k-token prefill fits in it.
@@ -43,9 +44,9 @@ def max_bytes() -> int:
     try:
         value = int(float(raw))
     except ValueError:
-        raise ValueError(f"{MAX_BYTES_ENV} must be a number of bytes, got {raw!r}") from None
+        raise ProblemError("os.environ", MAX_BYTES_ENV, f"must be a number of bytes, got {raw!r}") from None
     if value < 1 << 20:
-        raise ValueError(f"{MAX_BYTES_ENV} must be at least 1 MiB (1048576), got {value}")
+        raise ProblemError("os.environ", MAX_BYTES_ENV, f"must be at least 1 MiB (1048576), got {value}")
     return value
 
 

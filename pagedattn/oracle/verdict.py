@@ -127,7 +127,7 @@ def check_attention(
             q.k from products rounded to the input dtype).
         tolerance_factor: an explicit loosening (> 1) or tightening, shown in the report.
     """
-    validate_precisions(precision, qk_precision)
+    validate_precisions(precision, qk_precision, "check_attention")
     common: dict[str, Any] = dict(
         precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor, case_summary=repr(case)
     )
@@ -160,7 +160,7 @@ def check_attention_lse(
     Returns:
         ``(output_check, lse_check)``.
     """
-    validate_precisions(precision, qk_precision)
+    validate_precisions(precision, qk_precision, "check_attention_lse")
     common: dict[str, Any] = dict(
         precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor, case_summary=repr(case)
     )
