@@ -134,8 +134,8 @@ class RecordBook:
         if when == "call":  # passed
             metrics = rec.metrics or {}
             rec.status = Status.WARNED if facts.get("warned") or metrics.get("status") == "warned" else Status.PASSED
-            if rec.status is Status.PASSED:
-                rec.message = ""
+            if rec.status is Status.PASSED or rec.message == DIED:  # the start's placeholder goes
+                rec.message = facts.get("message", "") if rec.status is Status.WARNED else ""
             return True
         return False
 

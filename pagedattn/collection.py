@@ -14,12 +14,9 @@ from typing import Any
 import pytest
 
 from pagedattn.expectations import expected_failure
-from pagedattn.record import note, noted
+from pagedattn.record import OPERATIONS, note, noted
 from pagedattn.replay import ReplaySpec
 from pagedattn.session import Run
-
-#: the operation each conformance module runs (the rest run ``attention``)
-OPERATIONS = {"gather": "gather", "cache_write": "write_cache", "lse": "lse"}
 
 
 def need_backend() -> str:

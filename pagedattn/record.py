@@ -139,6 +139,8 @@ class CaseRecord:
 
 # ------------------------------------------------------------- from node ids
 _DTYPES = ("fp32", "fp16", "bf16")
+#: the operation each conformance module runs (the rest run ``attention``)
+OPERATIONS = {"gather": "gather", "cache_write": "write_cache", "lse": "lse"}
 
 
 def split_group(nodeid: str) -> tuple[str, str]:
@@ -164,4 +166,6 @@ def base_record(nodeid: str) -> CaseRecord:
     kv = next((t for t in tokens if t in ("fp8_e4m3", "fp8_e5m2")), None)
     if kv:
         dtype += "/" + kv
-    return CaseRecord(nodeid=plain, id=case_id, family=family, dtype=dtype, configuration=group)
+    # under --dist loadgroup the group is the configuration key, which ends in the operation
+    operation = group.rpartition("|")[2] if group else OPERATIONS.get(family, "attention")
+    return CaseRecord(nodeid=plain, id=case_id, family=family, dtype=dtype, operation=operation, configuration=group)

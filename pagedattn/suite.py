@@ -204,6 +204,8 @@ class Suite:
         warn with the worst one in the warning band."""
         worst = max(verdicts, key=lambda c: (not c.passed, c.budget_used))
         status = "failed" if not all(c.passed for c in verdicts) else worst.status
+        if status == "warned":  # the record says why; a passed case has no message
+            fields.setdefault("message", str(worst))
         note(node, metrics=worst.metrics(), warned=status == "warned", **fields)
         if status == "failed":
             failed = "\n".join(str(c) for c in verdicts if not c.passed)

@@ -348,7 +348,14 @@ def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
         and "rerun with --isolate" in (got["decode-crash-fp32"]["message"])
     )
     assert got["decode-pass-fp32"]["replay"] is None  # the rerun command set at its start is dropped
+    # a warned case keeps no trace of the "process died" placeholder written at its start
+    assert got["decode-warn-fp32"]["message"] == "" and got["decode-pass-fp32"]["message"] == ""
     assert got["decode-pass-fp32"]["nodeid"] == "m.py::test_decode[decode-pass-fp32]"  # no xdist group suffix
     assert got["decode-pass-fp32"]["configuration"] == "fp32|kv=fp32|d64|bs16|plain|attention"
     rec = base_record("::test_property[mixed-gqa2-bs16-d64-bf16-L50-B4-permuted-fp8_e4m3-determinism]")
     assert (rec.family, rec.dtype) == ("properties", "bf16/fp8_e4m3")
+    # a record known only by its node id (a case a killed run never reached) names its operation
+    assert base_record("::test_cache_write[cache_write-gqa2-bs1-d64-fp32]").operation == "write_cache"
+    assert base_record("::test_gather[gather-gqa2-bs1-d64-fp32]").operation == "gather"
+    assert base_record("::test_decode[decode-x-fp32]@fp32|kv=fp32|d64|bs16|plain|lse").operation == "lse"
+    assert base_record("::test_decode[decode-x-fp32]").operation == "attention"

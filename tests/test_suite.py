@@ -9,8 +9,8 @@ import torch
 from pagedattn.cases import grid
 from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.spec import CaseSpec, case_seed
-from pagedattn.collection import OPERATIONS
 from pagedattn.properties import permute_blocks
+from pagedattn.record import OPERATIONS
 from pagedattn.suite import PLACEMENT_STREAM, case_configuration
 
 
