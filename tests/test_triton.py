@@ -383,7 +383,7 @@ from triton.backends.compiler import GPUTarget
 from pagedattn.kernels import host
 from pagedattn.kernels import triton_paged_attention as m
 
-def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None):
+def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None, maxnreg=None):
     names = kernel.arg_names
     sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in names}
     # what the JIT specializes on a GPU: pointers from torch are 16-byte aligned, and an
@@ -394,6 +394,8 @@ def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None):
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     options = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 results = []
@@ -415,12 +417,13 @@ for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
              "KV_FP8": kv_dtype is not None, "F16_DOTS": kv_dtype is not None and dtype == "bfloat16",
              "TABLE_AHEAD": True}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
-            "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM")
+            "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
+            "HEAVY_FIRST")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
         consts.update({k: v for k, v in flags.items() if k in kernel.arg_names})
-        c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages, ints)
+        c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages, ints, cfg.maxnreg)
         # the decode merge (after the counter's reset) must read the partials through L2
         merge = c.asm["ptx"].split("atom.global.gpu.acq_rel.exch")
         waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", c.asm["ptx"])]

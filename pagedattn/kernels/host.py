@@ -271,12 +271,26 @@ class LaunchConfig:
     SPLIT_SIZE: int = 0  # decode launches: keys per split (0: no split) ...
     SPLIT_LONG: int = 0  # ... and per split of a history of at least LONG_FROM keys
     LONG_FROM: int = 0
+    SPLIT_SHORT: int = 0  # ... and per split of a history shorter than SHORT_UNDER keys (0: none)
+    SHORT_UNDER: int = 0
+    EXP2: bool = False  # the softmax in base 2, the scale folded into the exponent's multiply-add
+    MASK_SPLIT: bool = False  # key tiles that every row sees wholly take no mask
+    HEAVY_FIRST: bool = False  # prefill: the longest causal tiles are launched first
     num_warps: int = 4
     num_stages: int = 2
+    maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
 
     @property
     def rows(self) -> int:
         return self.BLOCK_Q * self.GROUP_PAD
+
+    @property
+    def launch_options(self) -> dict[str, int]:
+        """The launch's compile options (``num_warps``, ``num_stages``, ``maxnreg`` when set)."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            opts["maxnreg"] = self.maxnreg
+        return opts
 
 
 @dataclass(frozen=True)
@@ -317,6 +331,7 @@ def plan_launch(
         BLOCK_SIZE=block_size,
         UPCAST=interpreter and dtype == torch.bfloat16,
         IEEE_FP32=True,
+        EXP2=EXP2_SOFTMAX,
     )
     decode_seqs = [b for b, q in enumerate(query_lens) if q == 1]
     other_seqs = [b for b, q in enumerate(query_lens) if q > 1]
@@ -336,6 +351,9 @@ def plan_launch(
             SPLIT_SIZE=SPLIT_SIZE,
             SPLIT_LONG=SPLIT_LONG,
             LONG_FROM=LONG_FROM,
+            SPLIT_SHORT=SPLIT_SHORT,
+            SHORT_UNDER=SHORT_UNDER,
+            MASK_SPLIT=DECODE_MASK_SPLIT,
             num_warps=DECODE_WARPS,
             num_stages=2 if dtype == torch.float32 and d_pad > 128 else DECODE_STAGES,
             **common,
@@ -352,8 +370,11 @@ def plan_launch(
             GROUP_PAD=group_pad,
             BLOCK_Q=block_q,
             BLOCK_N=PREFILL_BLOCK_N // (2 if wide and d_pad > 128 else 1),
-            num_warps=8 if block_q * group_pad >= 128 and d_pad > 64 else 4,
+            MASK_SPLIT=PREFILL_MASK_SPLIT,
+            HEAVY_FIRST=PREFILL_HEAVY_FIRST,
+            num_warps=PREFILL_WARPS or (8 if block_q * group_pad >= 128 and d_pad > 64 else 4),
             num_stages=PREFILL_STAGES if not wide else 2,
+            maxnreg=None if wide else PREFILL_MAXNREG,
             **common,
         )
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
@@ -361,7 +382,11 @@ def plan_launch(
 
 def decode_split(seq_len: int) -> int:
     """Keys per split of a decode history of ``seq_len`` keys (the kernel's rule, in
-    ``_decode_kernel``: ``SPLIT_LONG`` from ``LONG_FROM`` keys on, else ``SPLIT_SIZE``)."""
+    ``_decode_kernel``: ``SPLIT_SHORT`` below ``SHORT_UNDER`` keys, ``SPLIT_LONG`` from
+    ``LONG_FROM`` keys on, else ``SPLIT_SIZE``). It reads that history's length only, so
+    a sequence splits alike in any batch."""
+    if seq_len < SHORT_UNDER:
+        return SPLIT_SHORT
     return SPLIT_LONG if seq_len >= LONG_FROM else SPLIT_SIZE
 
 
@@ -373,6 +398,18 @@ DECODE_STAGES = 3
 SPLIT_SIZE = 512
 SPLIT_LONG = 1024
 LONG_FROM = 16384
+SPLIT_SHORT = 256  # unused while SHORT_UNDER is 0
+SHORT_UNDER = 0
 PREFILL_ROWS = 128
 PREFILL_BLOCK_N = 64
 PREFILL_STAGES = 2
+PREFILL_WARPS = 0  # 0: 8 warps for tiles of >= 128 rows and head_dim > 64, else 4
+PREFILL_MAXNREG: int | None = None  # half-precision prefill only (fp32 tiles are larger)
+
+#: Issue 17's second round (see benchmarks/NOTES.md): the softmax in base 2 with the scale
+#: folded into one multiply-add per score, no mask on key tiles every row sees wholly, and
+#: prefill's longest causal tiles launched first. False gives the kernel of the first round.
+EXP2_SOFTMAX = True
+DECODE_MASK_SPLIT = False
+PREFILL_MASK_SPLIT = True
+PREFILL_HEAVY_FIRST = True
