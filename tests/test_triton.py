@@ -261,6 +261,60 @@ def test_many_splits_merge_within_policy(spec, long_from, max_splits, monkeypatc
     assert check.passed and not check.warning, str(check)
 
 
+@runs_kernel
+def test_short_history_split_tier_within_policy(monkeypatch):
+    """Histories under SHORT_UNDER keys take SPLIT_SHORT-key splits, in the kernel as in
+    ``host.decode_split`` (the plan's scratch is sized by the host's rule)."""
+    for name, value in (("SPLIT_SIZE", 32), ("SPLIT_SHORT", 16), ("SHORT_UNDER", 64), ("DECODE_BLOCK_N", 16)):
+        monkeypatch.setattr(host, name, value)
+    assert [host.decode_split(n) for n in (17, 63, 64, 70)] == [16, 16, 32, 32]
+    case = CaseSpec("t", ((63, 1), (70, 1), (9, 1)), sinks=True, dtype=torch.float16).build().to(DEVICE)
+    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 64, 16, case.dtype, False)
+    assert plan.max_splits == 4, plan  # 63 keys in 16-key splits
+    out, lse = tpa.paged_attention(*_args(case), scale=case.scale, sinks=case.sinks, return_lse=True)
+    c1, c2 = check_attention_lse(out, lse, case)
+    assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+
+
+#: the first round's kernel (every issue-17 second-round switch off), and the switches one by one
+SOFTMAX_PATHS = {
+    "first-round": dict(EXP2_SOFTMAX=False, PREFILL_MASK_SPLIT=False, PREFILL_HEAVY_FIRST=False),
+    "exp2-only": dict(EXP2_SOFTMAX=True, PREFILL_MASK_SPLIT=False, PREFILL_HEAVY_FIRST=False),
+    "all": dict(EXP2_SOFTMAX=True, PREFILL_MASK_SPLIT=True, PREFILL_HEAVY_FIRST=True, DECODE_MASK_SPLIT=True),
+}
+#: prefills long enough that whole key tiles lie below the diagonal (the unmasked tiles),
+#: several query tiles (the heavy-first order), decodes ending in a partial tile; with
+#: sinks and lse (both change units under EXP2), and with soft-cap + ALiBi (the scores
+#: are scaled before the exponent there) over an fp8 cache with fp16 dots
+PATH_CASES = [
+    CaseSpec("t", ((150, 40), (83, 1), (40, 9)), num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, sinks=True,
+             layout="permuted", dtype=torch.float16),
+    CaseSpec("t", ((140, 35), (70, 1)), num_heads=4, num_kv_heads=2, head_dim=32, soft_cap=20.0, alibi=True,
+             dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0),
+    CaseSpec("t", ((150, 40), (83, 1)), num_heads=4, num_kv_heads=2, head_dim=32, sliding_window=50, sinks=True,
+             dtype=torch.float32),
+]  # fmt: skip
+
+
+@runs_kernel
+@pytest.mark.parametrize("path", sorted(SOFTMAX_PATHS))
+@pytest.mark.parametrize("spec", PATH_CASES, ids=lambda s: s.id)
+def test_softmax_paths_within_policy(spec, path, monkeypatch):
+    for name, value in SOFTMAX_PATHS[path].items():
+        monkeypatch.setattr(host, name, value)
+    monkeypatch.setattr(host, "PREFILL_BLOCK_N", 16)  # several whole tiles below the diagonal on a small case
+    monkeypatch.setattr(host, "PREFILL_ROWS", 32)  # and several query tiles
+    case = spec.build().to(DEVICE)
+    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, False)
+    assert plan.other.grid[1] >= 2, "several query tiles"
+    out, lse = tpa.paged_attention(*_args(case), scale=case.scale, sliding_window=case.sliding_window,
+                                   logits_soft_cap=case.logits_soft_cap, alibi_slopes=case.alibi_slopes,
+                                   sinks=case.sinks, k_scale=case.k_scale, v_scale=case.v_scale,
+                                   return_lse=True)  # fmt: skip
+    c1, c2 = check_attention_lse(out, lse, case)
+    assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+
+
 class _Launch:
     """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args)`` records the call."""
 
