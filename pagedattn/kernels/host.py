@@ -365,15 +365,21 @@ def plan_launch(
         rows = max(PREFILL_ROWS // (2 if wide else 1) // (2 if wide and d_pad > 128 else 1), group_pad, MIN_DOT)
         block_q = rows // group_pad
         max_q = max(query_lens[b] for b in other_seqs)
+        block_n = PREFILL_BLOCK_N // (2 if wide and d_pad > 128 else 1)
+        stages = PREFILL_STAGES if not wide else 2
+        # a deeper pipeline only where its K/V buffers fit beside the query tile (16-bit tiles;
+        # head_dim 256 keeps 2 stages); the compile test checks the launch limit
+        if stages > 2 and (rows + 2 * stages * block_n) * d_pad * 2 > PREFILL_SHARED_BUDGET:
+            stages = 2
         other = LaunchConfig(
             grid=(len(other_seqs), -(-max_q // block_q), num_kv_heads),
             GROUP_PAD=group_pad,
             BLOCK_Q=block_q,
-            BLOCK_N=PREFILL_BLOCK_N // (2 if wide and d_pad > 128 else 1),
+            BLOCK_N=block_n,
             MASK_SPLIT=PREFILL_MASK_SPLIT,
             HEAVY_FIRST=PREFILL_HEAVY_FIRST,
             num_warps=PREFILL_WARPS or (8 if block_q * group_pad >= 128 and d_pad > 64 else 4),
-            num_stages=PREFILL_STAGES if not wide else 2,
+            num_stages=stages,
             maxnreg=None if wide else PREFILL_MAXNREG,
             **common,
         )
@@ -402,7 +408,10 @@ SPLIT_SHORT = 256  # unused while SHORT_UNDER is 0
 SHORT_UNDER = 0
 PREFILL_ROWS = 128
 PREFILL_BLOCK_N = 64
-PREFILL_STAGES = 2
+PREFILL_STAGES = 3  # 2 where 3 would not fit (PREFILL_SHARED_BUDGET), and for fp32
+#: bytes of shared memory the prefill's query and K/V buffers may take (of 227 KB on sm_90,
+#: leaving room for the fp8 path's widened V tile and the layout conversions)
+PREFILL_SHARED_BUDGET = 160 * 1024
 PREFILL_WARPS = 0  # 0: 8 warps for tiles of >= 128 rows and head_dim > 64, else 4
 PREFILL_MAXNREG: int | None = None  # half-precision prefill only (fp32 tiles are larger)
 
