@@ -453,7 +453,12 @@ def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None, max
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 results = []
-for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
+defaults = {k: v for k, v in vars(host).items() if k.isupper()}
+for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
+    for k, v in defaults.items():
+        setattr(host, k, v)
+    for k, v in (switches[0] if switches else {}).items():  # host switches of a non-default path
+        setattr(host, k, v)
     plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False)
     # the strides of contiguous tensors of this shape (the block table's width is left unmarked)
     pad, splits = plan.decode.HEAD_DIM_PAD, plan.max_splits
@@ -473,7 +478,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
             "HEAVY_FIRST")
-    cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on]
+    cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
         consts.update({k: v for k, v in flags.items() if k in kernel.arg_names})
@@ -495,7 +500,13 @@ print(json.dumps(results))
 HOPPER_SHARED_MEMORY = 232448
 
 
-# (query dtype, heads, kv heads, head_dim, block size, fp8 cache dtype, every variant on).
+#: the first round's softmax and 2-stage prefill
+FIRST_ROUND = {"EXP2_SOFTMAX": False, "PREFILL_MASK_SPLIT": False, "PREFILL_HEAVY_FIRST": False, "PREFILL_STAGES": 2}
+#: unmasked decode tiles, the short-history split tier, a register cap with 32-key prefill tiles
+SWITCHED = {"DECODE_MASK_SPLIT": True, "SHORT_UNDER": 4096, "SPLIT_SHORT": 128, "PREFILL_MAXNREG": 128,
+            "PREFILL_BLOCK_N": 32}  # fmt: skip
+
+# (query dtype, heads, kv heads, head_dim, block size, fp8 cache dtype, every variant on[, host switches]).
 # The default run compiles a representative third (the widest shared-memory tile, every
 # variant with an fp8 cache, an odd head dim and block size, MQA at block size 1); the
 # rest compile under -m slow, which CI runs as its second step.
@@ -516,6 +527,9 @@ HOPPER_CONFIGS = {
         # the variants: window, soft-cap, ALiBi, sinks, lse; fp8 caches of both formats
         ["bfloat16", 32, 8, 128, 16, None, True],
         ["float16", 8, 2, 64, 16, "float8_e5m2", False],
+        # the selectable paths issue 17's probe times (host switches over the defaults)
+        ["bfloat16", 32, 8, 128, 16, None, True, FIRST_ROUND],
+        ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True, SWITCHED],
     ],
 }
 
