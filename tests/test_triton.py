@@ -276,6 +276,23 @@ def test_short_history_split_tier_within_policy(monkeypatch):
     assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
 
 
+@runs_kernel
+@pytest.mark.parametrize("spec", KERNEL_CASES[-2:], ids=lambda s: s.id)
+def test_fp8_cache_takes_its_own_decode_tiles_and_splits(spec, monkeypatch):
+    """FP8_DECODE_BLOCK_N / FP8_SPLIT_SIZE apply to fp8 caches only (the cache's dtype, not
+    the batch, picks them), in the plan and in the kernel's split rule alike."""
+    monkeypatch.setattr(host, "FP8_DECODE_BLOCK_N", 32)
+    monkeypatch.setattr(host, "FP8_SPLIT_SIZE", 64)
+    case = spec.build().to(DEVICE)
+    sizes = (case.seq_lens_list, case.query_lens, 8, 2, 64, 16, case.dtype, False)
+    fp8, wide = host.plan_launch(*sizes, case.kv_dtype), host.plan_launch(*sizes)
+    assert (fp8.decode.BLOCK_N, fp8.decode.SPLIT_SIZE, fp8.max_splits) == (32, 64, -(-300 // 64))
+    assert (wide.decode.BLOCK_N, wide.decode.SPLIT_SIZE) == (host.DECODE_BLOCK_N, host.SPLIT_SIZE)
+    out = tpa.paged_attention(*_args(case), scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
+    check = check_attention(out, case)
+    assert check.passed and not check.warning, str(check)
+
+
 #: the first round's kernel (every issue-17 second-round switch off), and the switches one by one
 SOFTMAX_PATHS = {
     "first-round": dict(EXP2_SOFTMAX=False, PREFILL_MASK_SPLIT=False, PREFILL_HEAVY_FIRST=False),
@@ -459,7 +476,8 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
         setattr(host, k, v)
     for k, v in (switches[0] if switches else {}).items():  # host switches of a non-default path
         setattr(host, k, v)
-    plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False)
+    plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False,
+                            getattr(torch, kv_dtype or dtype))
     # the strides of contiguous tensors of this shape (the block table's width is left unmarked)
     pad, splits = plan.decode.HEAD_DIM_PAD, plan.max_splits
     ints = {"stride_qt": heads * d, "stride_qh": d, "stride_kb": bs * kv * d, "stride_ks": kv * d, "stride_kh": d,

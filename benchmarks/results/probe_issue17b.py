@@ -69,6 +69,8 @@ KEYS = (
     "DECODE_MASK_SPLIT",
     "PREFILL_MASK_SPLIT",
     "PREFILL_HEAVY_FIRST",
+    "FP8_DECODE_BLOCK_N",
+    "FP8_SPLIT_SIZE",
 )
 DEFAULT = {k: getattr(host, k) for k in KEYS} | {k: getattr(tpa, k) for k in MODULE_KEYS}
 # the defaults this round started from, and the first round's timed kernel
@@ -88,6 +90,8 @@ PREV = dict(
     LONG_FROM=16384,
     PREFILL_BLOCK_N=64,
     TABLE_AHEAD=True,
+    FP8_DECODE_BLOCK_N=0,
+    FP8_SPLIT_SIZE=0,
 )
 R1 = dict(PREV, TABLE_AHEAD=False, LONG_FROM=2**31 - 1)  # fa69cd1 as timed: 512-key splits at every length
 

@@ -319,8 +319,11 @@ def plan_launch(
     block_size: int,
     dtype: torch.dtype,
     interpreter: bool,
+    kv_dtype: torch.dtype | None = None,
 ) -> LaunchPlan:
-    """The launches of one batch, from sizes alone."""
+    """The launches of one batch, from sizes alone (``kv_dtype``: the cache's dtype,
+    ``None`` for the query dtype; an fp8 cache may take its own decode tiles and splits)."""
+    kv_fp8 = kv_dtype in FP8_DTYPES
     group = num_heads // num_kv_heads
     group_pad = next_power_of_2(group)
     d_pad = max(MIN_DOT, next_power_of_2(head_dim))
@@ -342,13 +345,13 @@ def plan_launch(
         # that a single long sequence still fills the GPU, then merge by log-sum-exp
         # a long history takes longer splits: fewer partial states to write and merge, and
         # still enough programs to fill the GPU alone; the choice reads that history's length only
-        max_splits = max(-(-seq_lens[b] // decode_split(seq_lens[b])) for b in decode_seqs)
+        max_splits = max(-(-seq_lens[b] // decode_split(seq_lens[b], kv_fp8)) for b in decode_seqs)
         decode = LaunchConfig(
             grid=(len(decode_seqs), max_splits, num_kv_heads),
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
-            BLOCK_N=DECODE_BLOCK_N,
-            SPLIT_SIZE=SPLIT_SIZE,
+            BLOCK_N=(FP8_DECODE_BLOCK_N or DECODE_BLOCK_N) if kv_fp8 else DECODE_BLOCK_N,
+            SPLIT_SIZE=(FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE,
             SPLIT_LONG=SPLIT_LONG,
             LONG_FROM=LONG_FROM,
             SPLIT_SHORT=SPLIT_SHORT,
@@ -386,14 +389,17 @@ def plan_launch(
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 
 
-def decode_split(seq_len: int) -> int:
+def decode_split(seq_len: int, kv_fp8: bool = False) -> int:
     """Keys per split of a decode history of ``seq_len`` keys (the kernel's rule, in
     ``_decode_kernel``: ``SPLIT_SHORT`` below ``SHORT_UNDER`` keys, ``SPLIT_LONG`` from
-    ``LONG_FROM`` keys on, else ``SPLIT_SIZE``). It reads that history's length only, so
-    a sequence splits alike in any batch."""
+    ``LONG_FROM`` keys on, else ``SPLIT_SIZE``, or ``FP8_SPLIT_SIZE`` over an fp8 cache
+    when set). It reads that history's length and the cache's dtype only, so a sequence
+    splits alike in any batch."""
     if seq_len < SHORT_UNDER:
         return SPLIT_SHORT
-    return SPLIT_LONG if seq_len >= LONG_FROM else SPLIT_SIZE
+    if seq_len >= LONG_FROM:
+        return SPLIT_LONG
+    return (FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE
 
 
 #: Tile shapes (tuned on an H200, see benchmarks/): decode reads BLOCK_N keys a step,
@@ -406,6 +412,8 @@ SPLIT_LONG = 1024
 LONG_FROM = 16384
 SPLIT_SHORT = 256  # unused while SHORT_UNDER is 0
 SHORT_UNDER = 0
+FP8_DECODE_BLOCK_N = 0  # decode over an fp8 cache: 0 takes DECODE_BLOCK_N ...
+FP8_SPLIT_SIZE = 0  # ... and SPLIT_SIZE
 PREFILL_ROWS = 128
 PREFILL_BLOCK_N = 64
 PREFILL_STAGES = 3  # 2 where 3 would not fit (PREFILL_SHARED_BUDGET), and for fp32

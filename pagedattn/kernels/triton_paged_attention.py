@@ -659,7 +659,7 @@ def prepare(
     T, Hq, D = query.shape
     Hkv = key_cache.shape[2]
     plan = plan_launch(lens, [loc[i + 1] - loc[i] for i in range(len(lens))], Hq, Hkv, D,
-                       key_cache.shape[1], query.dtype, interp)  # fmt: skip
+                       key_cache.shape[1], query.dtype, interp, key_cache.dtype)  # fmt: skip
     dev = query.device
     n_dec = len(plan.decode_seqs)
     d_pad = plan.decode.HEAD_DIM_PAD if plan.decode is not None else 0
