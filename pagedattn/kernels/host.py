@@ -383,7 +383,7 @@ def plan_launch(
             HEAVY_FIRST=PREFILL_HEAVY_FIRST,
             num_warps=PREFILL_WARPS or (8 if block_q * group_pad >= 128 and d_pad > 64 else 4),
             num_stages=stages,
-            maxnreg=None if wide else PREFILL_MAXNREG,
+            maxnreg=None if wide or d_pad > 128 else PREFILL_MAXNREG,  # wider tiles would spill
             **common,
         )
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
@@ -421,7 +421,7 @@ PREFILL_STAGES = 3  # 2 where 3 would not fit (PREFILL_SHARED_BUDGET), and for f
 #: leaving room for the fp8 path's widened V tile and the layout conversions)
 PREFILL_SHARED_BUDGET = 160 * 1024
 PREFILL_WARPS = 0  # 0: 8 warps for tiles of >= 128 rows and head_dim > 64, else 4
-PREFILL_MAXNREG: int | None = None  # half-precision prefill only (fp32 tiles are larger)
+PREFILL_MAXNREG: int | None = None  # half-precision prefill, head_dim <= 128 only (larger tiles would spill)
 
 #: Issue 17's second round (see benchmarks/NOTES.md): the softmax in base 2 with the scale
 #: folded into one multiply-add per score, no mask on key tiles every row sees wholly, and
