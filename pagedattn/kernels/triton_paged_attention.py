@@ -17,6 +17,14 @@ sequence's own sizes only, so results never depend on the rest of the batch.
 An fp8 cache is widened tile by tile after its load (``_widen_rows``), to fp16
 for bf16 queries (``_query_rows``).
 
+The softmax runs in base 2 (``EXP2``): the scale, times log2(e), meets the running
+max in one multiply-add per score, and the max and sums stay in base 2 until the
+lse is written. Prefill key tiles that every row of a query tile sees wholly (below
+the causal diagonal) take no mask (``MASK_SPLIT``), and prefill programs take the
+longest causal tiles first (``HEAVY_FIRST``). Each switch is a host constant
+(``host.EXP2_SOFTMAX``, ``PREFILL_MASK_SPLIT``, ...), so the benchmark can time the
+kernel with and without it in one process.
+
 Without a GPU, Triton runs this under its interpreter, which must be switched
 on with ``TRITON_INTERPRET=1`` *before* this module (and triton) is imported:
 the ``triton`` backend arranges that. The interpreter computes bf16 wrongly
