@@ -243,7 +243,15 @@ def run(device: str, out: str | None) -> dict:
     grid = GPU_GRID if device == "cuda" else CPU_GRID
     Hq, Hkv, D = grid["heads"]
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
-    result = {"machine": machine(device), "config": {"dtype": str(dtype), "Hq": Hq, "Hkv": Hkv, "D": D}}
+    from pagedattn.kernels import host
+
+    # the kernel's tile and launch switches as measured (host.py's upper-case constants)
+    from pagedattn.kernels import triton_paged_attention as tpa
+
+    kernel_cfg = {k: v for k, v in vars(host).items() if k.isupper() and isinstance(v, (int, float, type(None)))}
+    kernel_cfg.update(TABLE_AHEAD=tpa.TABLE_AHEAD, F16_DOTS_FOR_FP8=tpa.F16_DOTS_FOR_FP8)
+    result = {"machine": machine(device), "config": {"dtype": str(dtype), "Hq": Hq, "Hkv": Hkv, "D": D},
+              "kernel": kernel_cfg}  # fmt: skip
     result["copy_TBps"] = copy_bandwidth(device)
     decode = []
     for L in grid["decode_L"]:

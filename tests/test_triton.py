@@ -206,6 +206,77 @@ def test_many_splits_merge_within_policy(spec, long_from, max_splits, monkeypatc
     assert check.passed and not check.warning, str(check)
 
 
+@runs_kernel
+def test_short_history_split_tier_within_policy(monkeypatch):
+    """Histories under SHORT_UNDER keys take SPLIT_SHORT-key splits, in the kernel as in
+    ``host.decode_split`` (the plan's scratch is sized by the host's rule)."""
+    for name, value in (("SPLIT_SIZE", 32), ("SPLIT_SHORT", 16), ("SHORT_UNDER", 64), ("DECODE_BLOCK_N", 16)):
+        monkeypatch.setattr(host, name, value)
+    assert [host.decode_split(n) for n in (17, 63, 64, 70)] == [16, 16, 32, 32]
+    case = CaseSpec("t", ((63, 1), (70, 1), (9, 1)), sinks=True, dtype=torch.float16).build().to(DEVICE)
+    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 64, 16, case.dtype, False)
+    assert plan.max_splits == 4, plan  # 63 keys in 16-key splits
+    out, lse = tpa.paged_attention(*_args(case), scale=case.scale, sinks=case.sinks, return_lse=True)
+    c1, c2 = check_attention_lse(out, lse, case)
+    assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+
+
+@runs_kernel
+@pytest.mark.parametrize("spec", KERNEL_CASES[-2:], ids=lambda s: s.id)
+def test_fp8_cache_takes_its_own_decode_tiles_and_splits(spec, monkeypatch):
+    """FP8_DECODE_BLOCK_N / FP8_SPLIT_SIZE apply to fp8 caches only (the cache's dtype, not
+    the batch, picks them), in the plan and in the kernel's split rule alike."""
+    monkeypatch.setattr(host, "FP8_DECODE_BLOCK_N", 32)
+    monkeypatch.setattr(host, "FP8_SPLIT_SIZE", 64)
+    case = spec.build().to(DEVICE)
+    sizes = (case.seq_lens_list, case.query_lens, 8, 2, 64, 16, case.dtype, False)
+    fp8, wide = host.plan_launch(*sizes, case.kv_dtype), host.plan_launch(*sizes)
+    assert (fp8.decode.BLOCK_N, fp8.decode.SPLIT_SIZE, fp8.max_splits) == (32, 64, -(-300 // 64))
+    assert (wide.decode.BLOCK_N, wide.decode.SPLIT_SIZE) == (host.DECODE_BLOCK_N, host.SPLIT_SIZE)
+    out = tpa.paged_attention(*_args(case), scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
+    check = check_attention(out, case)
+    assert check.passed and not check.warning, str(check)
+
+
+#: the first round's kernel (every issue-17 second-round switch off), and the switches one by one
+SOFTMAX_PATHS = {
+    "first-round": dict(EXP2_SOFTMAX=False, PREFILL_MASK_SPLIT=False, PREFILL_HEAVY_FIRST=False),
+    "exp2-only": dict(EXP2_SOFTMAX=True, PREFILL_MASK_SPLIT=False, PREFILL_HEAVY_FIRST=False),
+    "all": dict(EXP2_SOFTMAX=True, PREFILL_MASK_SPLIT=True, PREFILL_HEAVY_FIRST=True, DECODE_MASK_SPLIT=True),
+}
+#: prefills long enough that whole key tiles lie below the diagonal (the unmasked tiles),
+#: several query tiles (the heavy-first order), decodes ending in a partial tile; with
+#: sinks and lse (both change units under EXP2), and with soft-cap + ALiBi (the scores
+#: are scaled before the exponent there) over an fp8 cache with fp16 dots
+PATH_CASES = [
+    CaseSpec("t", ((150, 40), (83, 1), (40, 9)), num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, sinks=True,
+             layout="permuted", dtype=torch.float16),
+    CaseSpec("t", ((140, 35), (70, 1)), num_heads=4, num_kv_heads=2, head_dim=32, soft_cap=20.0, alibi=True,
+             dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0),
+    CaseSpec("t", ((150, 40), (83, 1)), num_heads=4, num_kv_heads=2, head_dim=32, sliding_window=50, sinks=True,
+             dtype=torch.float32),
+]  # fmt: skip
+
+
+@runs_kernel
+@pytest.mark.parametrize("path", sorted(SOFTMAX_PATHS))
+@pytest.mark.parametrize("spec", PATH_CASES, ids=lambda s: s.id)
+def test_softmax_paths_within_policy(spec, path, monkeypatch):
+    for name, value in SOFTMAX_PATHS[path].items():
+        monkeypatch.setattr(host, name, value)
+    monkeypatch.setattr(host, "PREFILL_BLOCK_N", 16)  # several whole tiles below the diagonal on a small case
+    monkeypatch.setattr(host, "PREFILL_ROWS", 32)  # and several query tiles
+    case = spec.build().to(DEVICE)
+    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, False)
+    assert plan.other.grid[1] >= 2, "several query tiles"
+    out, lse = tpa.paged_attention(*_args(case), scale=case.scale, sliding_window=case.sliding_window,
+                                   logits_soft_cap=case.logits_soft_cap, alibi_slopes=case.alibi_slopes,
+                                   sinks=case.sinks, k_scale=case.k_scale, v_scale=case.v_scale,
+                                   return_lse=True)  # fmt: skip
+    c1, c2 = check_attention_lse(out, lse, case)
+    assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+
+
 class _Launch:
     """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args)`` records the call."""
 
@@ -328,7 +399,7 @@ from triton.backends.compiler import GPUTarget
 from pagedattn.kernels import host
 from pagedattn.kernels import triton_paged_attention as m
 
-def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None):
+def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None, maxnreg=None):
     names = kernel.arg_names
     sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in names}
     # what the JIT specializes on a GPU: pointers from torch are 16-byte aligned, and an
@@ -339,11 +410,19 @@ def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None):
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     options = {"num_warps": num_warps, "num_stages": num_stages}
+    if maxnreg is not None:
+        options["maxnreg"] = maxnreg
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 results = []
-for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
-    plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False)
+defaults = {k: v for k, v in vars(host).items() if k.isupper()}
+for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
+    for k, v in defaults.items():
+        setattr(host, k, v)
+    for k, v in (switches[0] if switches else {}).items():  # host switches of a non-default path
+        setattr(host, k, v)
+    plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False,
+                            getattr(torch, kv_dtype or dtype))
     # the strides of contiguous tensors of this shape (the block table's width is left unmarked)
     pad, splits = plan.decode.HEAD_DIM_PAD, plan.max_splits
     ints = {"stride_qt": heads * d, "stride_qh": d, "stride_kb": bs * kv * d, "stride_ks": kv * d, "stride_kh": d,
@@ -360,12 +439,13 @@ for dtype, heads, kv, d, bs, kv_dtype, on in json.loads(sys.argv[1]):
              "KV_FP8": kv_dtype is not None, "F16_DOTS": kv_dtype is not None and dtype == "bfloat16",
              "TABLE_AHEAD": True}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
-            "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM")
-    cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on]
+            "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
+            "HEAVY_FIRST")
+    cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
         consts.update({k: v for k, v in flags.items() if k in kernel.arg_names})
-        c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages, ints)
+        c = compile_one(kernel, types, consts, cfg.num_warps, cfg.num_stages, ints, cfg.maxnreg)
         # the decode merge (after the counter's reset) must read the partials through L2
         merge = c.asm["ptx"].split("atom.global.gpu.acq_rel.exch")
         waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", c.asm["ptx"])]
@@ -383,7 +463,13 @@ print(json.dumps(results))
 HOPPER_SHARED_MEMORY = 232448
 
 
-# (query dtype, heads, kv heads, head_dim, block size, fp8 cache dtype, every variant on).
+#: the first round's softmax and 2-stage prefill
+FIRST_ROUND = {"EXP2_SOFTMAX": False, "PREFILL_MASK_SPLIT": False, "PREFILL_HEAVY_FIRST": False, "PREFILL_STAGES": 2}
+#: unmasked decode tiles, the short-history split tier, a register cap with 32-key prefill tiles
+SWITCHED = {"DECODE_MASK_SPLIT": True, "SHORT_UNDER": 4096, "SPLIT_SHORT": 128, "PREFILL_MAXNREG": 128,
+            "PREFILL_BLOCK_N": 32}  # fmt: skip
+
+# (query dtype, heads, kv heads, head_dim, block size, fp8 cache dtype, every variant on[, host switches]).
 # The default run compiles a representative third (the widest shared-memory tile, every
 # variant with an fp8 cache, an odd head dim and block size, MQA at block size 1); the
 # rest compile under -m slow, which CI runs as its second step.
@@ -404,6 +490,9 @@ HOPPER_CONFIGS = {
         # the variants: window, soft-cap, ALiBi, sinks, lse; fp8 caches of both formats
         ["bfloat16", 32, 8, 128, 16, None, True],
         ["float16", 8, 2, 64, 16, "float8_e5m2", False],
+        # the selectable paths issue 17's probe times (host switches over the defaults)
+        ["bfloat16", 32, 8, 128, 16, None, True, FIRST_ROUND],
+        ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True, SWITCHED],
     ],
 }
 

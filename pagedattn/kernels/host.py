@@ -211,12 +211,26 @@ class LaunchConfig:
     SPLIT_SIZE: int = 0  # decode launches: keys per split (0: no split) ...
     SPLIT_LONG: int = 0  # ... and per split of a history of at least LONG_FROM keys
     LONG_FROM: int = 0
+    SPLIT_SHORT: int = 0  # ... and per split of a history shorter than SHORT_UNDER keys (0: none)
+    SHORT_UNDER: int = 0
+    EXP2: bool = False  # the softmax in base 2, the scale folded into the exponent's multiply-add
+    MASK_SPLIT: bool = False  # key tiles that every row sees wholly take no mask
+    HEAVY_FIRST: bool = False  # prefill: the longest causal tiles are launched first
     num_warps: int = 4
     num_stages: int = 2
+    maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
 
     @property
     def rows(self) -> int:
         return self.BLOCK_Q * self.GROUP_PAD
+
+    @property
+    def launch_options(self) -> dict[str, int]:
+        """The launch's compile options (``num_warps``, ``num_stages``, ``maxnreg`` when set)."""
+        opts = {"num_warps": self.num_warps, "num_stages": self.num_stages}
+        if self.maxnreg is not None:
+            opts["maxnreg"] = self.maxnreg
+        return opts
 
 
 @dataclass(frozen=True)
@@ -245,8 +259,11 @@ def plan_launch(
     block_size: int,
     dtype: torch.dtype,
     interpreter: bool,
+    kv_dtype: torch.dtype | None = None,
 ) -> LaunchPlan:
-    """The launches of one batch, from sizes alone."""
+    """The launches of one batch, from sizes alone (``kv_dtype``: the cache's dtype,
+    ``None`` for the query dtype; an fp8 cache may take its own decode tiles and splits)."""
+    kv_fp8 = kv_dtype in FP8_DTYPES
     group = num_heads // num_kv_heads
     group_pad = next_power_of_2(group)
     d_pad = max(MIN_DOT, next_power_of_2(head_dim))
@@ -257,6 +274,7 @@ def plan_launch(
         BLOCK_SIZE=block_size,
         UPCAST=interpreter and dtype == torch.bfloat16,
         IEEE_FP32=True,
+        EXP2=EXP2_SOFTMAX,
     )
     decode_seqs = [b for b, q in enumerate(query_lens) if q == 1]
     other_seqs = [b for b, q in enumerate(query_lens) if q > 1]
@@ -267,15 +285,18 @@ def plan_launch(
         # that a single long sequence still fills the GPU, then merge by log-sum-exp
         # a long history takes longer splits: fewer partial states to write and merge, and
         # still enough programs to fill the GPU alone; the choice reads that history's length only
-        max_splits = max(-(-seq_lens[b] // decode_split(seq_lens[b])) for b in decode_seqs)
+        max_splits = max(-(-seq_lens[b] // decode_split(seq_lens[b], kv_fp8)) for b in decode_seqs)
         decode = LaunchConfig(
             grid=(len(decode_seqs), max_splits, num_kv_heads),
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
-            BLOCK_N=DECODE_BLOCK_N,
-            SPLIT_SIZE=SPLIT_SIZE,
+            BLOCK_N=(FP8_DECODE_BLOCK_N or DECODE_BLOCK_N) if kv_fp8 else DECODE_BLOCK_N,
+            SPLIT_SIZE=(FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE,
             SPLIT_LONG=SPLIT_LONG,
             LONG_FROM=LONG_FROM,
+            SPLIT_SHORT=SPLIT_SHORT,
+            SHORT_UNDER=SHORT_UNDER,
+            MASK_SPLIT=DECODE_MASK_SPLIT,
             num_warps=DECODE_WARPS,
             num_stages=2 if dtype == torch.float32 and d_pad > 128 else DECODE_STAGES,
             **common,
@@ -287,22 +308,38 @@ def plan_launch(
         rows = max(PREFILL_ROWS // (2 if wide else 1) // (2 if wide and d_pad > 128 else 1), group_pad, MIN_DOT)
         block_q = rows // group_pad
         max_q = max(query_lens[b] for b in other_seqs)
+        block_n = PREFILL_BLOCK_N // (2 if wide and d_pad > 128 else 1)
+        stages = PREFILL_STAGES if not wide else 2
+        # a deeper pipeline only where its K/V buffers fit beside the query tile (16-bit tiles;
+        # head_dim 256 keeps 2 stages); the compile test checks the launch limit
+        if stages > 2 and (rows + 2 * stages * block_n) * d_pad * 2 > PREFILL_SHARED_BUDGET:
+            stages = 2
         other = LaunchConfig(
             grid=(len(other_seqs), -(-max_q // block_q), num_kv_heads),
             GROUP_PAD=group_pad,
             BLOCK_Q=block_q,
-            BLOCK_N=PREFILL_BLOCK_N // (2 if wide and d_pad > 128 else 1),
-            num_warps=8 if block_q * group_pad >= 128 and d_pad > 64 else 4,
-            num_stages=PREFILL_STAGES if not wide else 2,
+            BLOCK_N=block_n,
+            MASK_SPLIT=PREFILL_MASK_SPLIT,
+            HEAVY_FIRST=PREFILL_HEAVY_FIRST,
+            num_warps=PREFILL_WARPS or (8 if block_q * group_pad >= 128 and d_pad > 64 else 4),
+            num_stages=stages,
+            maxnreg=None if wide or d_pad > 128 else PREFILL_MAXNREG,  # wider tiles would spill
             **common,
         )
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 
 
-def decode_split(seq_len: int) -> int:
+def decode_split(seq_len: int, kv_fp8: bool = False) -> int:
     """Keys per split of a decode history of ``seq_len`` keys (the kernel's rule, in
-    ``_decode_kernel``: ``SPLIT_LONG`` from ``LONG_FROM`` keys on, else ``SPLIT_SIZE``)."""
-    return SPLIT_LONG if seq_len >= LONG_FROM else SPLIT_SIZE
+    ``_decode_kernel``: ``SPLIT_SHORT`` below ``SHORT_UNDER`` keys, ``SPLIT_LONG`` from
+    ``LONG_FROM`` keys on, else ``SPLIT_SIZE``, or ``FP8_SPLIT_SIZE`` over an fp8 cache
+    when set). It reads that history's length and the cache's dtype only, so a sequence
+    splits alike in any batch."""
+    if seq_len < SHORT_UNDER:
+        return SPLIT_SHORT
+    if seq_len >= LONG_FROM:
+        return SPLIT_LONG
+    return (FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE
 
 
 #: Tile shapes (tuned on an H200, see benchmarks/): decode reads BLOCK_N keys a step,
@@ -313,6 +350,23 @@ DECODE_STAGES = 3
 SPLIT_SIZE = 512
 SPLIT_LONG = 1024
 LONG_FROM = 16384
+SPLIT_SHORT = 256  # unused while SHORT_UNDER is 0
+SHORT_UNDER = 0
+FP8_DECODE_BLOCK_N = 0  # decode over an fp8 cache: 0 takes DECODE_BLOCK_N ...
+FP8_SPLIT_SIZE = 0  # ... and SPLIT_SIZE
 PREFILL_ROWS = 128
 PREFILL_BLOCK_N = 64
-PREFILL_STAGES = 2
+PREFILL_STAGES = 3  # 2 where 3 would not fit (PREFILL_SHARED_BUDGET), and for fp32
+#: bytes of shared memory the prefill's query and K/V buffers may take (of 227 KB on sm_90,
+#: leaving room for the fp8 path's widened V tile and the layout conversions)
+PREFILL_SHARED_BUDGET = 160 * 1024
+PREFILL_WARPS = 0  # 0: 8 warps for tiles of >= 128 rows and head_dim > 64, else 4
+PREFILL_MAXNREG: int | None = None  # half-precision prefill, head_dim <= 128 only (larger tiles would spill)
+
+#: Issue 17's second round (see benchmarks/NOTES.md): the softmax in base 2 with the scale
+#: folded into one multiply-add per score, no mask on key tiles every row sees wholly, and
+#: prefill's longest causal tiles launched first. False gives the kernel of the first round.
+EXP2_SOFTMAX = True
+DECODE_MASK_SPLIT = False
+PREFILL_MASK_SPLIT = True
+PREFILL_HEAVY_FIRST = True

@@ -17,6 +17,14 @@ sequence's own sizes only, so results never depend on the rest of the batch.
 An fp8 cache is widened tile by tile after its load (``_widen_rows``), to fp16
 for bf16 queries (``_query_rows``).
 
+The softmax runs in base 2 (``EXP2``): the scale, times log2(e), meets the running
+max in one multiply-add per score, and the max and sums stay in base 2 until the
+lse is written. Prefill key tiles that every row of a query tile sees wholly (below
+the causal diagonal) take no mask (``MASK_SPLIT``), and prefill programs take the
+longest causal tiles first (``HEAVY_FIRST``). Each switch is a host constant
+(``host.EXP2_SOFTMAX``, ``PREFILL_MASK_SPLIT``, ...), so the benchmark can time the
+kernel with and without it in one process.
+
 Without a GPU, Triton runs this under its interpreter, which must be switched
 on with ``TRITON_INTERPRET=1`` *before* this module (and triton) is imported:
 the ``triton`` backend arranges that. The interpreter computes bf16 wrongly
@@ -104,6 +112,134 @@ def _widen_rows(x, dtype: tl.constexpr):
 
 
 @triton.jit
+def _attend_tiles(
+    q,
+    m,
+    l_sum,
+    acc,
+    blk_next,
+    k_cache_ptr,
+    v_cache_ptr,
+    table_ptr,
+    kv_head,
+    start,
+    stop,
+    hi,
+    pos,
+    slopes,
+    qk_scale,
+    s_scale,
+    window,
+    soft_cap,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE_FP32: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    TABLE_AHEAD: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EXP2: tl.constexpr,
+):
+    """The key tiles ``start, start + BLOCK_N, .. < stop`` of ``_attend`` (``hi``: the
+    history's end, which bounds every load). Without ``MASKED`` every key of every tile
+    is below ``hi`` and visible to every row: no mask is computed and no row can be
+    empty. ``blk_next`` [BLOCK_N] carries the first tile's block-table entries
+    (``TABLE_AHEAD``); the next loop's come back with the state."""
+    d = tl.arange(0, HEAD_DIM_PAD)
+    dmask = d < HEAD_DIM
+    # FOLD: scores stay unscaled until the exponent, where the scale (with log2(e)) and the
+    # max meet in one fused multiply-add; soft-cap and ALiBi need the scaled score first.
+    FOLD: tl.constexpr = EXP2 and not (USE_SOFTCAP or USE_ALIBI)
+    for j0 in range(start, stop, BLOCK_N):
+        j = j0 + tl.arange(0, BLOCK_N)
+        kmask = j < hi
+        # TABLE_AHEAD: each step loads the next tile's block-table entries, one step ahead. Loaded
+        # in the step that uses them, they make the K and V loads indirect, and triton (3.6 and
+        # 3.9, sm_90) then waits for every copy in flight at the top of each step
+        # (cp.async.wait_group 0): one tile in flight, its latency paid every step. Carried
+        # from the step before, the K and V tiles are multi-buffered (wait_group 2 at 3 stages).
+        if TABLE_AHEAD:
+            blk = blk_next.to(tl.int64)
+            j_next = j + BLOCK_N
+            blk_next = tl.load(table_ptr + j_next // BLOCK_SIZE, mask=j_next < hi, other=0)
+        else:
+            blk = tl.load(table_ptr + j // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
+        slot = j % BLOCK_SIZE
+        k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
+        v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
+        if MASKED:
+            kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
+        else:
+            kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=dmask[:, None], other=0.0)
+            v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
+        if KV_FP8:  # fp8 -> the dots' dtype is exact (fewer exponent and significand bits)
+            kt = kt.to(q.dtype)
+            v = _widen_rows(v, q.dtype)
+        elif UPCAST:
+            kt = kt.to(tl.float32)
+            v = v.to(tl.float32)
+        if IEEE_FP32:
+            s = tl.dot(q, kt, input_precision="ieee")  # [ROWS, BLOCK_N]
+        else:
+            s = tl.dot(q, kt)
+        if not FOLD:
+            s = s * qk_scale[:, None]
+            if USE_SOFTCAP:  # on the scores, before any mask: a masked score stays -inf
+                s = _soft_cap(s, soft_cap)
+            if USE_ALIBI:
+                s += slopes[:, None] * (j[None, :] - pos[:, None]).to(tl.float32)
+            if EXP2:
+                s = s * 1.4426950408889634  # log2(e): the running max and sum are in base 2
+        if MASKED:
+            # masked loads gave zero keys, and a zero key still scores: force them out
+            visible = kmask[None, :]
+            if CAUSAL:
+                visible = visible & (j[None, :] <= pos[:, None])
+            if USE_WINDOW:
+                visible = visible & (j[None, :] > pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
+        if FOLD:
+            # s_scale > 0, so the scaled max is the max of the scaled scores
+            m_new = tl.maximum(m, tl.max(s, 1) * s_scale)
+        else:
+            m_new = tl.maximum(m, tl.max(s, 1))
+        if MASKED:
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+        else:
+            m_safe = m_new  # every row saw a finite score
+        if EXP2:
+            alpha = tl.exp2(m - m_safe)  # rescale what was accumulated under the old max
+            if FOLD:
+                p = tl.exp2(s * s_scale[:, None] - m_safe[:, None])
+            else:
+                p = tl.exp2(s - m_safe[:, None])
+        else:
+            alpha = tl.exp(m - m_safe)
+            p = tl.exp(s - m_safe[:, None])
+        l_sum = l_sum * alpha + tl.sum(p, 1)
+        if IEEE_FP32:
+            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+        else:
+            pv = tl.dot(p.to(v.dtype), v)
+        acc = acc * alpha[:, None] + pv
+        m = m_new
+    return m, l_sum, acc, blk_next
+
+
+@triton.jit
 def _attend(
     q,
     m,
@@ -114,6 +250,7 @@ def _attend(
     table_ptr,
     kv_head,
     lo,
+    full_hi,
     hi,
     pos,
     slopes,
@@ -137,65 +274,40 @@ def _attend(
     USE_ALIBI: tl.constexpr,
     KV_FP8: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EXP2: tl.constexpr,
+    MASK_SPLIT: tl.constexpr,
 ):
     """Online softmax of the rows ``q`` [ROWS, D] over keys ``lo .. hi-1`` of one
     sequence (its block-table row at ``table_ptr``); row ``r`` sees keys ``<= pos[r]``
-    (and ``> pos[r] - window`` with ``USE_WINDOW``). ``qk_scale`` [ROWS] scales each
+    (with ``CAUSAL``; else every key below ``hi``) and ``> pos[r] - window`` with
+    ``USE_WINDOW``. Keys ``lo .. full_hi-1`` (``full_hi - lo`` a multiple of ``BLOCK_N``)
+    are visible to every row: with ``MASK_SPLIT`` their tiles skip the mask. ``qk_scale`` [ROWS] scales each
     row's scores (the softmax scale, an fp8 cache's ``k_scale``, ``_query_rows``'s
-    unscaling); ``slopes`` [ROWS] are the rows' ALiBi slopes (unused without ``USE_ALIBI``)."""
-    d = tl.arange(0, HEAD_DIM_PAD)
-    dmask = d < HEAD_DIM
-    # TABLE_AHEAD: each step loads the next tile's block-table entries, one step ahead. Loaded
-    # in the step that uses them, they make the K and V loads indirect, and triton (3.6 and
-    # 3.9, sm_90) then waits for every copy in flight at the top of each step
-    # (cp.async.wait_group 0): one tile in flight, its latency paid every step. Carried
-    # from the step before, the K and V tiles are multi-buffered (wait_group 2 at 3 stages).
+    unscaling); ``slopes`` [ROWS] are the rows' ALiBi slopes (unused without ``USE_ALIBI``).
+    With ``EXP2`` the returned max ``m`` is in base 2 (natural-log units times log2(e))."""
+    if EXP2 and not (USE_SOFTCAP or USE_ALIBI):
+        s_scale = qk_scale * 1.4426950408889634
+    else:
+        s_scale = qk_scale
     j_next = lo + tl.arange(0, BLOCK_N)
     blk_next = tl.load(table_ptr + j_next // BLOCK_SIZE, mask=j_next < hi, other=0)
-    for j0 in range(lo, hi, BLOCK_N):
-        j = j0 + tl.arange(0, BLOCK_N)
-        kmask = j < hi
-        if TABLE_AHEAD:
-            blk = blk_next.to(tl.int64)
-            j_next = j + BLOCK_N
-            blk_next = tl.load(table_ptr + j_next // BLOCK_SIZE, mask=j_next < hi, other=0)
-        else:
-            blk = tl.load(table_ptr + j // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
-        slot = j % BLOCK_SIZE
-        k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
-        v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
-        kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
-        if KV_FP8:  # fp8 -> the dots' dtype is exact (fewer exponent and significand bits)
-            kt = kt.to(q.dtype)
-            v = _widen_rows(v, q.dtype)
-        elif UPCAST:
-            kt = kt.to(tl.float32)
-            v = v.to(tl.float32)
-        if IEEE_FP32:
-            s = tl.dot(q, kt, input_precision="ieee") * qk_scale[:, None]  # [ROWS, BLOCK_N]
-        else:
-            s = tl.dot(q, kt) * qk_scale[:, None]
-        if USE_SOFTCAP:  # on the scores, before any mask: a masked score stays -inf
-            s = _soft_cap(s, soft_cap)
-        if USE_ALIBI:
-            s += slopes[:, None] * (j[None, :] - pos[:, None]).to(tl.float32)
-        # masked loads gave zero keys, and a zero key still scores: force them out
-        visible = kmask[None, :] & (j[None, :] <= pos[:, None])
-        if USE_WINDOW:
-            visible = visible & (j[None, :] > pos[:, None] - window)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        alpha = tl.exp(m - m_safe)  # rescale what was accumulated under the old max
-        p = tl.exp(s - m_safe[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        if IEEE_FP32:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+    if MASK_SPLIT:  # without it, every tile takes the masked path (full_hi is ignored)
+        m, l_sum, acc, blk_next = _attend_tiles(
+            q, m, l_sum, acc, blk_next, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, lo, full_hi, hi, pos, slopes,
+            qk_scale, s_scale, window, soft_cap, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
+            KV_FP8, TABLE_AHEAD, False, CAUSAL, EXP2,
+        )  # fmt: skip
+        start = full_hi
+    else:
+        start = lo
+    m, l_sum, acc, blk_next = _attend_tiles(
+        q, m, l_sum, acc, blk_next, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, hi, hi, pos, slopes,
+        qk_scale, s_scale, window, soft_cap, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
+        KV_FP8, TABLE_AHEAD, True, CAUSAL, EXP2,
+    )  # fmt: skip
     return m, l_sum, acc
 
 
@@ -249,10 +361,26 @@ def _prefill_kernel(
     F16_DOTS: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    EXP2: tl.constexpr,
+    MASK_SPLIT: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr,
 ):
+    """One tile of ``BLOCK_Q`` query tokens of one sequence times one kv head's query
+    group. ``EXP2``: the softmax in base 2 with the scale folded in (``_attend_tiles``);
+    ``MASK_SPLIT``: the key tiles every row sees wholly take no mask; ``HEAVY_FIRST``:
+    the grid's (q_tile, kv_head) programs are taken in the order of decreasing q_tile,
+    all kv heads of a q_tile together, so the longest (causal) tiles start first and the
+    short ones fill the tail."""
     seq = tl.load(seq_ids_ptr + tl.program_id(0))
-    q_tile = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    if HEAVY_FIRST:
+        n_tiles = tl.num_programs(1)
+        n_heads = tl.num_programs(2)
+        order = tl.program_id(1) + n_tiles * tl.program_id(2)  # the order programs are launched in
+        q_tile = n_tiles - 1 - order // n_heads
+        kv_head = order % n_heads
+    else:
+        q_tile = tl.program_id(1)
+        kv_head = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
@@ -279,24 +407,35 @@ def _prefill_kernel(
         slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([ROWS], tl.float32)
         if USE_SINKS:  # the sink seeds the running softmax: weight exp(sink - m), no value
             m = tl.load(sinks_ptr + head, mask=row_mask, other=float("-inf")).to(tl.float32)
+            if EXP2:
+                m = m * 1.4426950408889634
             l_sum = tl.where(row_mask, 1.0, 0.0)
         else:
             m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
             l_sum = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
+        # keys below the tile's first row's position are visible to every row (no window):
+        # whole tiles of them skip the mask; the rest (the diagonal) is masked
+        full_hi = lo
+        if not USE_WINDOW:
+            full_hi = lo + (context + q_tile * BLOCK_Q + 1 - lo) // BLOCK_N * BLOCK_N
         m, l_sum, acc = _attend(
             q, m, l_sum, acc, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
-            lo, n_keys, pos, slopes, qk_scale, window, soft_cap,
+            lo, full_hi, n_keys, pos, slopes, qk_scale, window, soft_cap,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
-            KV_FP8, TABLE_AHEAD,
+            KV_FP8, TABLE_AHEAD, True, EXP2, MASK_SPLIT,
         )  # fmt: skip
         l_safe = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
         result = acc * (v_scale / l_safe)[:, None]
         o_off = (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
         if WRITE_LSE:
-            tl.store(lse_ptr + (q_start + tok) * stride_lt + head, m + tl.log(l_safe), mask=row_mask)
+            if EXP2:
+                lse = (m + tl.log2(l_safe)) * 0.6931471805599453
+            else:
+                lse = m + tl.log(l_safe)
+            tl.store(lse_ptr + (q_start + tok) * stride_lt + head, lse, mask=row_mask)
 
 
 @triton.jit
@@ -348,6 +487,8 @@ def _decode_kernel(
     SPLIT_SIZE: tl.constexpr,
     SPLIT_LONG: tl.constexpr,
     LONG_FROM: tl.constexpr,
+    SPLIT_SHORT: tl.constexpr,
+    SHORT_UNDER: tl.constexpr,
     UPCAST: tl.constexpr,
     IEEE_FP32: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -358,6 +499,8 @@ def _decode_kernel(
     F16_DOTS: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    EXP2: tl.constexpr,
+    MASK_SPLIT: tl.constexpr,
 ):
     """One split of one decode sequence's history for one kv head's query group; the
     split that finishes last merges them all (one launch: no second kernel to wait for).
@@ -376,6 +519,8 @@ def _decode_kernel(
     if USE_WINDOW:  # the new token's first visible key: splits wholly before it have no work
         first = tl.maximum(0, seq_len - window)
     split_size = tl.where(seq_len >= LONG_FROM, SPLIT_LONG, SPLIT_SIZE)  # host.decode_split
+    if SHORT_UNDER > 0:
+        split_size = tl.where(seq_len < SHORT_UNDER, SPLIT_SHORT, split_size)
     first_split = first // split_size
     n_splits = (seq_len + split_size - 1) // split_size
     lo = split * split_size
@@ -398,12 +543,15 @@ def _decode_kernel(
         m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
         l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+        # the new token sees every key of its split (the window's start is lo already):
+        # only the last, partial tile of a history needs a mask
+        full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
         m, l_sum, acc = _attend(
             q, m, l_sum, acc, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
-            lo, hi, pos, slopes, qk_scale, window, soft_cap,
+            lo, full_hi, hi, pos, slopes, qk_scale, window, soft_cap,
             stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
             BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
-            KV_FP8, TABLE_AHEAD,
+            KV_FP8, TABLE_AHEAD, False, EXP2, MASK_SPLIT,
         )  # fmt: skip
         pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
         pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
@@ -431,23 +579,37 @@ def _decode_kernel(
                 l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
                 acc_s = tl.load(pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
                 m_new = tl.maximum(m, m_s)
-                a = tl.exp(m - m_new)
-                b = tl.exp(m_s - m_new)
+                if EXP2:  # the partial maxima are in base 2
+                    a = tl.exp2(m - m_new)
+                    b = tl.exp2(m_s - m_new)
+                else:
+                    a = tl.exp(m - m_new)
+                    b = tl.exp(m_s - m_new)
                 l_sum = l_sum * a + l_s * b
                 acc = acc * a[:, None] + acc_s * b[:, None]
                 m = m_new
             if USE_SINKS:
                 sink = tl.load(sinks_ptr + head, mask=row_mask, other=0.0)
-                m_new = tl.maximum(m, sink)
-                a = tl.exp(m - m_new)
-                l_sum = l_sum * a + tl.exp(sink - m_new)
+                if EXP2:
+                    sink = sink * 1.4426950408889634
+                    m_new = tl.maximum(m, sink)
+                    a = tl.exp2(m - m_new)
+                    l_sum = l_sum * a + tl.exp2(sink - m_new)
+                else:
+                    m_new = tl.maximum(m, sink)
+                    a = tl.exp(m - m_new)
+                    l_sum = l_sum * a + tl.exp(sink - m_new)
                 acc = acc * a[:, None]
                 m = m_new
             result = acc * (v_scale / l_sum)[:, None]
             o_off = t * stride_ot + head[:, None] * stride_oh + d[None, :]
             tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
             if WRITE_LSE:
-                tl.store(lse_ptr + t * stride_lt + head, m + tl.log(l_sum), mask=row_mask)
+                if EXP2:
+                    lse = (m + tl.log2(l_sum)) * 0.6931471805599453
+                else:
+                    lse = m + tl.log(l_sum)
+                tl.store(lse_ptr + t * stride_lt + head, lse, mask=row_mask)
 
 
 @dataclass
@@ -505,7 +667,7 @@ def prepare(
     T, Hq, D = query.shape
     Hkv = key_cache.shape[2]
     plan = plan_launch(lens, [loc[i + 1] - loc[i] for i in range(len(lens))], Hq, Hkv, D,
-                       key_cache.shape[1], query.dtype, interp)  # fmt: skip
+                       key_cache.shape[1], query.dtype, interp, key_cache.dtype)  # fmt: skip
     dev = query.device
     n_dec = len(plan.decode_seqs)
     d_pad = plan.decode.HEAD_DIM_PAD if plan.decode is not None else 0
@@ -595,8 +757,10 @@ def run(
             target.stride(0), target.stride(1), lse_buf.stride(0),
             GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_N=cfg.BLOCK_N, HEAD_DIM=cfg.HEAD_DIM,
             HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE, SPLIT_SIZE=cfg.SPLIT_SIZE,
-            SPLIT_LONG=cfg.SPLIT_LONG, LONG_FROM=cfg.LONG_FROM,
-            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            SPLIT_LONG=cfg.SPLIT_LONG, LONG_FROM=cfg.LONG_FROM, SPLIT_SHORT=cfg.SPLIT_SHORT,
+            SHORT_UNDER=cfg.SHORT_UNDER,
+            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, EXP2=cfg.EXP2, MASK_SPLIT=cfg.MASK_SPLIT, **flags,
+            **cfg.launch_options,
         )  # fmt: skip
     if plan.other is not None:
         cfg = plan.other
@@ -607,7 +771,8 @@ def run(
             lse_buf.stride(0),
             GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_Q=cfg.BLOCK_Q, BLOCK_N=cfg.BLOCK_N,
             HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE,
-            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, **flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, EXP2=cfg.EXP2, MASK_SPLIT=cfg.MASK_SPLIT,
+            HEAVY_FIRST=cfg.HEAVY_FIRST, **flags, **cfg.launch_options,
         )  # fmt: skip
     if target is not out:
         out.copy_(target)
