@@ -251,8 +251,8 @@ SOFTMAX_PATHS = {
 PATH_CASES = [
     CaseSpec("t", ((150, 40), (83, 1), (40, 9)), num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, sinks=True,
              layout="permuted", dtype=torch.float16),
-    CaseSpec("t", ((140, 35), (70, 1)), num_heads=4, num_kv_heads=2, head_dim=32, soft_cap=20.0, alibi=True,
-             dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0),
+    CaseSpec("t", ((140, 35), (70, 1)), num_heads=4, num_kv_heads=2, head_dim=32, logits_soft_cap=20.0,
+             alibi_slopes=True, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0),
     CaseSpec("t", ((150, 40), (83, 1)), num_heads=4, num_kv_heads=2, head_dim=32, sliding_window=50, sinks=True,
              dtype=torch.float32),
 ]  # fmt: skip

@@ -147,7 +147,9 @@ E5M2_IN = ("new", "bn128", "bn128_sp1024")
 # the oracle on the GPU: the defaults on every case, each other configuration on the cases that exercise it
 CASES = [
     CaseSpec("t", ((1100, 1), (600, 1), (5000, 1)), num_heads=8, sliding_window=77, sinks=True, dtype=torch.bfloat16),
-    CaseSpec("t", ((3000, 1), (17, 1), (40, 7)), num_heads=8, soft_cap=20.0, alibi=True, dtype=torch.float16),
+    CaseSpec(
+        "t", ((3000, 1), (17, 1), (40, 7)), num_heads=8, logits_soft_cap=20.0, alibi_slopes=True, dtype=torch.float16
+    ),
     CaseSpec(
         "t",
         ((2100, 1), (33, 1), (300, 20)),

@@ -10,7 +10,14 @@ from typing import Any
 import torch
 
 from pagedattn.indexing import next_power_of_2
-from pagedattn.problem import ProblemError, check_options, check_per_head, check_tensors, positive_float_problem
+from pagedattn.problem import (
+    FP8_DTYPES,
+    ProblemError,
+    check_options,
+    check_per_head,
+    check_tensors,
+    positive_float_problem,
+)
 
 #: the owner the kernel's errors name: ``paged_attention.seq_lens: must ...``
 OWNER = "paged_attention"
