@@ -13,6 +13,7 @@ from pagedattn.oracle import (
     check_attention_lse,
     check_bitexact,
     paged_attention_reference,
+    paged_attention_reference_lse,
     policy,
 )
 from pagedattn.oracle.reference import gather_history, iter_chunks
@@ -325,6 +326,29 @@ def test_the_verdict_gathered_block_by_block_is_the_whole_one(cap, monkeypatch):
     assert check.budget_used == pytest.approx(float(ratio.max()), rel=1e-12), str(check)
     assert (check.worst_token, check.worst_head, check.worst_channel) == (t, h, d), str(check)
     assert check.num_over == int((ratio > 1).sum()) and check.num_elements == ratio.numel(), str(check)
+
+
+@pytest.mark.parametrize("nan", [False, True], ids=["bug", "nan"])
+def test_the_device_path_reads_once_and_judges_the_same(nan, monkeypatch):
+    """On a device the verdict keeps each block's statistics there and reads them once; the
+    checks of the output and of the log-sum-exp are the same as the per-block reads (forced
+    here on the CPU), over several blocks, with and without non-finite outputs."""
+    from pagedattn.oracle.verdict import _Verdict
+
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
+    case = CaseSpec("t", ((300, 1), (200, 120), (90, 90)), num_heads=4, num_kv_heads=2, dtype=torch.bfloat16).build()
+    out = streamed_attention(case, 16, bug="exp_bf16")
+    _, lse = paged_attention_reference_lse(case)
+    lse = lse.float() + 1e-3
+    if nan:
+        out[5, 1, 3] = out[130, 0, 0] = float("nan")
+        lse[7, 2] = float("inf")
+    results = []
+    for defer in (False, True):
+        monkeypatch.setattr(_Verdict, "defer_on_cpu", defer)
+        results.append((str(check_attention(out, case)), [str(c) for c in check_attention_lse(out, lse, case)]))
+    assert results[0] == results[1]
+    assert ("non-finite" in results[0][0]) == nan, results[0][0]
 
 
 def test_a_sink_that_takes_nearly_every_weight_leaves_the_keys_their_share():

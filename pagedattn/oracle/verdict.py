@@ -217,13 +217,21 @@ def _structural(t: Any, case: PagedCase, shape: tuple, dtype: torch.dtype, shape
 
 class _Verdict:
     """The verdict on an output ``[T, Hq(, D)]`` gathered block of rows by block of rows:
-    counts, and the worst element so far."""
+    counts, and the worst element so far.
+
+    On a device, each block leaves a few scalars there and ``check`` reads them all in one
+    transfer, so a check synchronizes once, not several times per block."""
+
+    #: take the device path on the CPU too (tests compare the two paths)
+    defer_on_cpu = False
 
     def __init__(self) -> None:
         self.budget = -1.0
         self.num_over = self.num_elements = self.num_nonfinite = 0
         self.worst: tuple[int, ...] = ()
         self.value = self.reference = self.bound = float("nan")
+        #: per device block: its first token, its ratio's shape, its statistics (float64 [8])
+        self._blocks: list[tuple[int, tuple[int, ...], torch.Tensor]] = []
 
     def add(
         self, tokens: slice, output: torch.Tensor, ref: torch.Tensor, bound: torch.Tensor, exact_inf: bool = False
@@ -234,20 +242,48 @@ class _Verdict:
         ratio = torch.sub(out, ref).abs_().div_(bound)
         if exact_inf:  # an lse of -inf where the reference is -inf is exact
             ratio.masked_fill_(torch.isinf(ref) & (out == ref), 0.0)
-        flat = int(torch.argmax(ratio))  # a NaN ratio is the largest
-        budget = float(ratio.reshape(-1)[flat])
-        self.num_over += int((ratio > 1.0).sum())
+        flat = torch.argmax(ratio)  # a NaN ratio is the largest
         self.num_elements += ratio.numel()
+        picks = [ratio.reshape(-1)[flat], (ratio > 1.0).sum(), flat]
+        picks += [out.reshape(-1)[flat], ref.reshape(-1)[flat], bound.reshape(-1)[flat]]
+        # on the CPU a read costs nothing: count the non-finite elements only when there are some
+        if ratio.device.type == "cpu" and not self.defer_on_cpu:
+            row = [float(x) for x in picks]
+            if row[0] < float("inf"):
+                row[2:2] = [0.0, 0.0]
+            else:
+                row[2:2] = [float(torch.isnan(ratio).sum()), float((~torch.isfinite(out) & torch.isfinite(ref)).sum())]
+            self._fold(tokens.start, tuple(ratio.shape), row)
+            return
+        # on a device, every read is a synchronization: keep a few scalars, read them all in check()
+        picks[2:2] = [torch.isnan(ratio).sum(), (~torch.isfinite(out) & torch.isfinite(ref)).sum()]
+        stats = torch.stack([x.to(torch.float64) for x in picks])  # counts and indices below 2**53 are exact
+        self._blocks.append((tokens.start, tuple(ratio.shape), stats))
+
+    def _fold(self, start: int, shape: tuple[int, ...], row: list[float]) -> None:
+        """Fold one block's statistics in: ``[worst ratio, #over, #NaN ratios, #non-finite outputs,
+        flat index of the worst, its output, reference and bound]``."""
+        budget, over, nans, nonfinite, flat, value, reference, bound = row
+        self.num_over += int(over)
         if not budget < float("inf"):  # a NaN or infinite output: infinitely over
             budget = float("inf")
-            self.num_over += int(torch.isnan(ratio).sum())
-            self.num_nonfinite += int((~torch.isfinite(out) & torch.isfinite(ref)).sum())
+            self.num_over += int(nans)
+            self.num_nonfinite += int(nonfinite)
         if budget > self.budget:
-            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), ratio.shape))
-            self.budget, self.worst = budget, (idx[0] + tokens.start, *idx[1:])
-            self.value, self.reference, self.bound = float(out[idx]), float(ref[idx]), float(bound[idx])
+            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(int(flat)), shape))
+            self.budget, self.worst = budget, (idx[0] + start, *idx[1:])
+            self.value, self.reference, self.bound = value, reference, bound
+
+    def _settle(self) -> None:
+        """Fold the device blocks' statistics in, in block order (one device-to-host transfer)."""
+        if self._blocks:
+            rows = torch.stack([b[2] for b in self._blocks]).cpu().tolist()
+            for (start, shape, _), row in zip(self._blocks, rows):
+                self._fold(start, shape, row)
+            self._blocks = []
 
     def check(self, case: PagedCase, common: dict) -> AttentionCheck:
+        self._settle()
         t, h = self.worst[0], self.worst[1]
         seq, pos = _token_coords(case, t)
         return AttentionCheck(
