@@ -126,7 +126,9 @@ def test_plan_splits_decode_from_the_rest():
     plan = _plan([5000, 40, 300, 1], [1, 40, 7, 1])
     assert plan.decode_seqs == [0, 3] and plan.other_seqs == [1, 2]
     assert plan.max_splits == -(-5000 // host.SPLIT_SIZE)
-    assert _plan([host.LONG_FROM, 5000], [1, 1]).max_splits == host.LONG_FROM // host.SPLIT_LONG
+    long_and_short = max(host.LONG_FROM // host.SPLIT_LONG, -(-5000 // host.SPLIT_SIZE))
+    assert _plan([host.LONG_FROM, 5000], [1, 1]).max_splits == long_and_short
+    assert _plan([4 * host.LONG_FROM], [1]).max_splits == 4 * host.LONG_FROM // host.SPLIT_LONG
     assert plan.decode.grid == (2, plan.max_splits, 8) and plan.decode.BLOCK_Q == 1
     assert plan.other.grid == (2, -(-40 // plan.other.BLOCK_Q), 8)
     for split in (plan.decode.SPLIT_SIZE, plan.decode.SPLIT_LONG):
@@ -258,9 +260,20 @@ PATH_CASES = [
 ]  # fmt: skip
 
 
+#: found on the H200 (triton 3.6, 2026-11-30; benchmarks/NOTES.md, issue 17): with these 16-key
+#: prefill tiles, the fp8 case's output is 509x its bound on every softmax path while its lse is
+#: right (the P.V side), and it passes on the interpreter. Not isolated yet (head_dim 32, 16-key
+#: tiles or the 3-stage prefill); the default 64-key tiles passed every fp8 case measured there.
+#: strict: the day it passes on a GPU, this mark must go.
+FP8_SMALL_TILE_BUG = pytest.mark.xfail(DEVICE == "cuda", strict=True,
+                                       reason="fp8 prefill, 16-key tiles: wrong on the H200 (issue 17)")  # fmt: skip
+
+
 @runs_kernel
 @pytest.mark.parametrize("path", sorted(SOFTMAX_PATHS))
-@pytest.mark.parametrize("spec", PATH_CASES, ids=lambda s: s.id)
+@pytest.mark.parametrize(
+    "spec", [pytest.param(s, marks=FP8_SMALL_TILE_BUG) if s.kv_dtype else s for s in PATH_CASES], ids=lambda s: s.id
+)
 def test_softmax_paths_within_policy(spec, path, monkeypatch):
     for name, value in SOFTMAX_PATHS[path].items():
         monkeypatch.setattr(host, name, value)
