@@ -156,15 +156,31 @@ def decode_point(B, L, bs, D, Hq, Hkv, dtype, device, kernel):
         err = float((kernel(q, k, v, tables, seq_lens, loc).float() - ref).abs().max())
         err = max(err, float((out.float() - ref).abs().max()))  # the graph's replays wrote ``out``
     return {
-        "B": B, "L": L, "block_size": bs, "head_dim": D, "bytes": nbytes, "prepare_host_us": prepare_us,
-        "ms": {"triton_paged": t_run, "triton_paged_graph": t_graph, "triton_paged_with_checks": t_paged,
-               "triton_prepare": t_prepare, "sdpa_contiguous": t_sdpa, "sdpa_contiguous_graph": t_sdpa_graph,
-               "gather_then_sdpa": t_gather},
-        "TBps": {"triton_paged": nbytes / t_run / 1e9, "triton_paged_graph": nbytes / t_graph / 1e9,
-                 "triton_paged_with_checks": nbytes / t_paged / 1e9, "sdpa_contiguous": nbytes / t_sdpa / 1e9,
-                 "sdpa_contiguous_graph": nbytes / t_sdpa_graph / 1e9, "gather_then_sdpa": nbytes / t_gather / 1e9},
+        "B": B,
+        "L": L,
+        "block_size": bs,
+        "head_dim": D,
+        "bytes": nbytes,
+        "prepare_host_us": prepare_us,
+        "ms": {
+            "triton_paged": t_run,
+            "triton_paged_graph": t_graph,
+            "triton_paged_with_checks": t_paged,
+            "triton_prepare": t_prepare,
+            "sdpa_contiguous": t_sdpa,
+            "sdpa_contiguous_graph": t_sdpa_graph,
+            "gather_then_sdpa": t_gather,
+        },
+        "TBps": {
+            "triton_paged": nbytes / t_run / 1e9,
+            "triton_paged_graph": nbytes / t_graph / 1e9,
+            "triton_paged_with_checks": nbytes / t_paged / 1e9,
+            "sdpa_contiguous": nbytes / t_sdpa / 1e9,
+            "sdpa_contiguous_graph": nbytes / t_sdpa_graph / 1e9,
+            "gather_then_sdpa": nbytes / t_gather / 1e9,
+        },
         "max_abs_err_vs_fp32_sdpa": err,
-    }  # fmt: skip
+    }
 
 
 def prefill_point(new, cached, Hq, Hkv, D, dtype, device, kernel, label):
@@ -185,14 +201,20 @@ def prefill_point(new, cached, Hq, Hkv, D, dtype, device, kernel, label):
         from torch.nn.attention.bias import causal_lower_right
 
         mask = causal_lower_right(new, L)
-        t_sdpa = bench(lambda: F.scaled_dot_product_attention(qd, kc.repeat_interleave(Hq // Hkv, 1),
-                                                             vc.repeat_interleave(Hq // Hkv, 1), attn_mask=mask),
-                       device)  # fmt: skip
+        t_sdpa = bench(
+            lambda: F.scaled_dot_product_attention(
+                qd, kc.repeat_interleave(Hq // Hkv, 1), vc.repeat_interleave(Hq // Hkv, 1), attn_mask=mask
+            ),
+            device,
+        )
     return {
-        "kind": label, "new": new, "cached": cached, "flops": flops,
+        "kind": label,
+        "new": new,
+        "cached": cached,
+        "flops": flops,
         "ms": {"triton_paged": t_paged, "sdpa_contiguous": t_sdpa},
         "TFLOPs": {"triton_paged": flops / t_paged / 1e9, "sdpa_contiguous": flops / t_sdpa / 1e9},
-    }  # fmt: skip
+    }
 
 
 def mixed_point(n_decode, L, prefill, Hq, Hkv, D, dtype, device, kernel):
@@ -227,8 +249,9 @@ def machine(device: str) -> dict:
     if device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
         try:
-            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                            capture_output=True, text=True).stdout.strip()  # fmt: skip
+            info["driver"] = subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+            ).stdout.strip()
         except OSError:
             info["driver"] = "unknown"
     else:
@@ -250,18 +273,23 @@ def run(device: str, out: str | None) -> dict:
 
     kernel_cfg = {k: v for k, v in vars(host).items() if k.isupper() and isinstance(v, (int, float, type(None)))}
     kernel_cfg.update(TABLE_AHEAD=tpa.TABLE_AHEAD, F16_DOTS_FOR_FP8=tpa.F16_DOTS_FOR_FP8)
-    result = {"machine": machine(device), "config": {"dtype": str(dtype), "Hq": Hq, "Hkv": Hkv, "D": D},
-              "kernel": kernel_cfg}  # fmt: skip
+    result = {
+        "machine": machine(device),
+        "config": {"dtype": str(dtype), "Hq": Hq, "Hkv": Hkv, "D": D},
+        "kernel": kernel_cfg,
+    }
     result["copy_TBps"] = copy_bandwidth(device)
     decode = []
     for L in grid["decode_L"]:
         for B in grid["decode_B"]:
             p = decode_point(B, L, 16 if device == "cuda" else 8, D, Hq, Hkv, dtype, device, kernel)
             decode.append(p)
-            print(f"decode B={B:4d} L={L:6d}: paged {p['TBps']['triton_paged']:.2f} TB/s "
-                  f"(with checks {p['TBps']['triton_paged_with_checks']:.2f}), "
-                  f"sdpa {p['TBps']['sdpa_contiguous']:.2f}, gather+sdpa {p['TBps']['gather_then_sdpa']:.2f}",
-                  flush=True)  # fmt: skip
+            print(
+                f"decode B={B:4d} L={L:6d}: paged {p['TBps']['triton_paged']:.2f} TB/s "
+                f"(with checks {p['TBps']['triton_paged_with_checks']:.2f}), "
+                f"sdpa {p['TBps']['sdpa_contiguous']:.2f}, gather+sdpa {p['TBps']['gather_then_sdpa']:.2f}",
+                flush=True,
+            )
     result["decode"] = decode
     result["decode_variants"] = [
         decode_point(32 if device == "cuda" else 2, grid["decode_L"][1], bs, d, Hq, Hkv, dtype, device, kernel)
@@ -291,33 +319,48 @@ def check_targets(result: dict) -> list[dict]:
     for p in result["decode"]:
         tb = p["TBps"]
         if p["B"] >= 8:
-            row(f"decode B={p['B']} L={p['L']}: >= 0.95 of SDPA on contiguous (TB/s)", tb["triton_paged"],
-                0.95 * tb["sdpa_contiguous"])  # fmt: skip
+            row(
+                f"decode B={p['B']} L={p['L']}: >= 0.95 of SDPA on contiguous (TB/s)",
+                tb["triton_paged"],
+                0.95 * tb["sdpa_contiguous"],
+            )
         else:
-            row(f"decode B={p['B']} L={p['L']}: graph replay >= 0.8 of SDPA on contiguous (TB/s)",
-                tb["triton_paged_graph"], 0.8 * tb["sdpa_contiguous"])  # fmt: skip
+            row(
+                f"decode B={p['B']} L={p['L']}: graph replay >= 0.8 of SDPA on contiguous (TB/s)",
+                tb["triton_paged_graph"],
+                0.8 * tb["sdpa_contiguous"],
+            )
     causal, chunked = result["prefill"][0]["TFLOPs"], result["prefill"][1]["TFLOPs"]
     row("causal prefill: >= 0.70 of SDPA (TFLOP/s)", causal["triton_paged"], 0.7 * causal["sdpa_contiguous"])
-    row("chunked prefill: >= 0.8 of SDPA, bottom-right mask (TFLOP/s)", chunked["triton_paged"],
-        0.8 * chunked["sdpa_contiguous"])  # fmt: skip
+    row(
+        "chunked prefill: >= 0.8 of SDPA, bottom-right mask (TFLOP/s)",
+        chunked["triton_paged"],
+        0.8 * chunked["sdpa_contiguous"],
+    )
     return rows
 
 
 def print_table(result: dict) -> None:
     print(f"\n{result['machine']}\ncopy bandwidth {result['copy_TBps']:.2f} TB/s")
-    print(f"{'B':>5}{'L':>7}{'bs':>4}{'D':>5}{'paged TB/s':>12}{'graph':>7}{'sdpa TB/s':>11}{'graph':>7}"
-          f"{'gather TB/s':>12}{'vs sdpa':>9}{'graph/sdpa':>11}{'vs gather':>10}{'prepare us':>11}")  # fmt: skip
+    print(
+        f"{'B':>5}{'L':>7}{'bs':>4}{'D':>5}{'paged TB/s':>12}{'graph':>7}{'sdpa TB/s':>11}{'graph':>7}"
+        f"{'gather TB/s':>12}{'vs sdpa':>9}{'graph/sdpa':>11}{'vs gather':>10}{'prepare us':>11}"
+    )
     for p in result["decode"] + result["decode_variants"]:
         tb = p["TBps"]
-        print(f"{p['B']:>5}{p['L']:>7}{p['block_size']:>4}{p['head_dim']:>5}{tb['triton_paged']:>12.2f}"
-              f"{tb['triton_paged_graph']:>7.2f}{tb['sdpa_contiguous']:>11.2f}{tb['sdpa_contiguous_graph']:>7.2f}"
-              f"{tb['gather_then_sdpa']:>12.2f}{tb['triton_paged'] / tb['sdpa_contiguous']:>9.2f}"
-              f"{tb['triton_paged_graph'] / tb['sdpa_contiguous']:>11.2f}"
-              f"{p['ms']['gather_then_sdpa'] / p['ms']['triton_paged']:>10.2f}"
-              f"{p['prepare_host_us']:>11.0f}")  # fmt: skip
+        print(
+            f"{p['B']:>5}{p['L']:>7}{p['block_size']:>4}{p['head_dim']:>5}{tb['triton_paged']:>12.2f}"
+            f"{tb['triton_paged_graph']:>7.2f}{tb['sdpa_contiguous']:>11.2f}{tb['sdpa_contiguous_graph']:>7.2f}"
+            f"{tb['gather_then_sdpa']:>12.2f}{tb['triton_paged'] / tb['sdpa_contiguous']:>9.2f}"
+            f"{tb['triton_paged_graph'] / tb['sdpa_contiguous']:>11.2f}"
+            f"{p['ms']['gather_then_sdpa'] / p['ms']['triton_paged']:>10.2f}"
+            f"{p['prepare_host_us']:>11.0f}"
+        )
     for p in result["prefill"]:
-        print(f"{p['kind']} new={p['new']} cached={p['cached']}: paged {p['TFLOPs']['triton_paged']:.1f} TFLOP/s, "
-              f"sdpa {p['TFLOPs']['sdpa_contiguous']:.1f}")  # fmt: skip
+        print(
+            f"{p['kind']} new={p['new']} cached={p['cached']}: paged {p['TFLOPs']['triton_paged']:.1f} TFLOP/s, "
+            f"sdpa {p['TFLOPs']['sdpa_contiguous']:.1f}"
+        )
     m = result["mixed"]
     print(
         f"mixed {m['decode_seqs']} decode x {m['decode_L']} + prefill {m['prefill']}: {m['ms']['triton_paged']:.3f} ms"
@@ -365,8 +408,12 @@ def plot(path: str) -> list[str]:
     x = range(len(labels))
     width = 0.27
     for i, impl in enumerate(impls):
-        ax.bar([xi + (i - 1) * width for xi in x], [p["TBps"][impl] / result["copy_TBps"] for p in result["decode"]],
-               width, label=impl)  # fmt: skip
+        ax.bar(
+            [xi + (i - 1) * width for xi in x],
+            [p["TBps"][impl] / result["copy_TBps"] for p in result["decode"]],
+            width,
+            label=impl,
+        )
     ax.set_xticks(list(x), labels, fontsize=6)
     ax.set_ylabel("fraction of copy bandwidth")
     ax.axhline(1.0, color="k", lw=0.8)

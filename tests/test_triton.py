@@ -148,7 +148,10 @@ def test_plan_splits_decode_from_the_rest():
 def test_tile_sizes(heads, kv, d, group_pad_decode, group_pad_other, d_pad):
     plan = _plan([100, 100], [1, 9], heads, kv, d)
     assert (plan.decode.GROUP_PAD, plan.other.GROUP_PAD, plan.decode.HEAD_DIM_PAD) == (
-        group_pad_decode, group_pad_other, d_pad)  # fmt: skip
+        group_pad_decode,
+        group_pad_other,
+        d_pad,
+    )
     for cfg in (plan.decode, plan.other):
         assert min(cfg.rows, cfg.BLOCK_N, cfg.HEAD_DIM_PAD) >= host.MIN_DOT, "tl.dot needs >= 16 on the GPU"
         assert not cfg.UPCAST
@@ -168,18 +171,40 @@ def test_bf16_upcast_only_on_the_interpreter():
     assert not _plan([9], [1], dtype=torch.float16, interpreter=True).decode.UPCAST
 
 
-KERNEL_CASES = [
-    CaseSpec("t", ((70, 1), (1, 1), (17, 1)), dtype=dt) for dt in (torch.float32, torch.float16, torch.bfloat16)
-] + [
-    CaseSpec("t", ((33, 33), (40, 7)), num_heads=6, num_kv_heads=2, head_dim=80, block_size=3, layout="permuted",
-             scale=0.3, dtype=dt)
-    for dt in (torch.float32, torch.bfloat16)
-] + [
-    # fp8 caches: V widened through split/join, bf16 queries on fp16 dots (see _query_rows)
-    CaseSpec("t", ((300, 1), (45, 1), (40, 9)), num_heads=8, num_kv_heads=2, head_dim=64, dtype=dt, kv_dtype=kv,
-             k_scale=0.5, v_scale=2.0, query_gain=40.0, layout="permuted")
-    for dt, kv in ((torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2))
-]  # fmt: skip
+KERNEL_CASES = (
+    [CaseSpec("t", ((70, 1), (1, 1), (17, 1)), dtype=dt) for dt in (torch.float32, torch.float16, torch.bfloat16)]
+    + [
+        CaseSpec(
+            "t",
+            ((33, 33), (40, 7)),
+            num_heads=6,
+            num_kv_heads=2,
+            head_dim=80,
+            block_size=3,
+            layout="permuted",
+            scale=0.3,
+            dtype=dt,
+        )
+        for dt in (torch.float32, torch.bfloat16)
+    ]
+    + [
+        # fp8 caches: V widened through split/join, bf16 queries on fp16 dots (see _query_rows)
+        CaseSpec(
+            "t",
+            ((300, 1), (45, 1), (40, 9)),
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=64,
+            dtype=dt,
+            kv_dtype=kv,
+            k_scale=0.5,
+            v_scale=2.0,
+            query_gain=40.0,
+            layout="permuted",
+        )
+        for dt, kv in ((torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2))
+    ]
+)
 
 
 @runs_kernel
@@ -251,13 +276,41 @@ SOFTMAX_PATHS = {
 #: sinks and lse (both change units under EXP2), and with soft-cap + ALiBi (the scores
 #: are scaled before the exponent there) over an fp8 cache with fp16 dots
 PATH_CASES = [
-    CaseSpec("t", ((150, 40), (83, 1), (40, 9)), num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, sinks=True,
-             layout="permuted", dtype=torch.float16),
-    CaseSpec("t", ((140, 35), (70, 1)), num_heads=4, num_kv_heads=2, head_dim=32, logits_soft_cap=20.0,
-             alibi_slopes=True, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, k_scale=0.5, v_scale=2.0),
-    CaseSpec("t", ((150, 40), (83, 1)), num_heads=4, num_kv_heads=2, head_dim=32, sliding_window=50, sinks=True,
-             dtype=torch.float32),
-]  # fmt: skip
+    CaseSpec(
+        "t",
+        ((150, 40), (83, 1), (40, 9)),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        block_size=8,
+        sinks=True,
+        layout="permuted",
+        dtype=torch.float16,
+    ),
+    CaseSpec(
+        "t",
+        ((140, 35), (70, 1)),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        logits_soft_cap=20.0,
+        alibi_slopes=True,
+        dtype=torch.bfloat16,
+        kv_dtype=torch.float8_e4m3fn,
+        k_scale=0.5,
+        v_scale=2.0,
+    ),
+    CaseSpec(
+        "t",
+        ((150, 40), (83, 1)),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        sliding_window=50,
+        sinks=True,
+        dtype=torch.float32,
+    ),
+]
 
 
 #: found on the H200 (triton 3.6, 2026-11-30; benchmarks/NOTES.md, issue 17): with these 16-key
@@ -265,8 +318,9 @@ PATH_CASES = [
 #: right (the P.V side), and it passes on the interpreter. Not isolated yet (head_dim 32, 16-key
 #: tiles or the 3-stage prefill); the default 64-key tiles passed every fp8 case measured there.
 #: strict: the day it passes on a GPU, this mark must go.
-FP8_SMALL_TILE_BUG = pytest.mark.xfail(DEVICE == "cuda", strict=True,
-                                       reason="fp8 prefill, 16-key tiles: wrong on the H200 (issue 17)")  # fmt: skip
+FP8_SMALL_TILE_BUG = pytest.mark.xfail(
+    DEVICE == "cuda", strict=True, reason="fp8 prefill, 16-key tiles: wrong on the H200 (issue 17)"
+)
 
 
 @runs_kernel
@@ -282,10 +336,17 @@ def test_softmax_paths_within_policy(spec, path, monkeypatch):
     case = spec.build().to(DEVICE)
     plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, False)
     assert plan.other.grid[1] >= 2, "several query tiles"
-    out, lse = tpa.paged_attention(*_args(case), scale=case.scale, sliding_window=case.sliding_window,
-                                   logits_soft_cap=case.logits_soft_cap, alibi_slopes=case.alibi_slopes,
-                                   sinks=case.sinks, k_scale=case.k_scale, v_scale=case.v_scale,
-                                   return_lse=True)  # fmt: skip
+    out, lse = tpa.paged_attention(
+        *_args(case),
+        scale=case.scale,
+        sliding_window=case.sliding_window,
+        logits_soft_cap=case.logits_soft_cap,
+        alibi_slopes=case.alibi_slopes,
+        sinks=case.sinks,
+        k_scale=case.k_scale,
+        v_scale=case.v_scale,
+        return_lse=True,
+    )
     c1, c2 = check_attention_lse(out, lse, case)
     assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
 
@@ -377,8 +438,17 @@ def test_run_leaves_the_split_counters_at_zero():
 def test_fp8_cache_fp16_dots_keep_any_bf16_query_in_range(gain):
     """bf16 queries over an fp8 cache run fp16 dots: each row is scaled by a power of two
     first, so queries far outside fp16's range (either side) still score exactly."""
-    spec = CaseSpec("t", ((200, 1), (30, 5)), num_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16,
-                    kv_dtype=torch.float8_e4m3fn, query_gain=gain, scale=1.0)  # fmt: skip
+    spec = CaseSpec(
+        "t",
+        ((200, 1), (30, 5)),
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=64,
+        dtype=torch.bfloat16,
+        kv_dtype=torch.float8_e4m3fn,
+        query_gain=gain,
+        scale=1.0,
+    )
     case = spec.build().to(DEVICE)
     out, lse = tpa.paged_attention(*_args(case), scale=case.scale, return_lse=True)
     out_check, lse_check = check_attention_lse(out, lse, case)
@@ -479,8 +549,13 @@ HOPPER_SHARED_MEMORY = 232448
 #: the first round's softmax and 2-stage prefill
 FIRST_ROUND = {"EXP2_SOFTMAX": False, "PREFILL_MASK_SPLIT": False, "PREFILL_HEAVY_FIRST": False, "PREFILL_STAGES": 2}
 #: unmasked decode tiles, the short-history split tier, a register cap with 32-key prefill tiles
-SWITCHED = {"DECODE_MASK_SPLIT": True, "SHORT_UNDER": 4096, "SPLIT_SHORT": 128, "PREFILL_MAXNREG": 128,
-            "PREFILL_BLOCK_N": 32}  # fmt: skip
+SWITCHED = {
+    "DECODE_MASK_SPLIT": True,
+    "SHORT_UNDER": 4096,
+    "SPLIT_SHORT": 128,
+    "PREFILL_MAXNREG": 128,
+    "PREFILL_BLOCK_N": 32,
+}
 
 # (query dtype, heads, kv heads, head_dim, block size, fp8 cache dtype, every variant on[, host switches]).
 # The default run compiles a representative third (the widest shared-memory tile, every
@@ -519,8 +594,9 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
     configs = HOPPER_CONFIGS[group]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
-    proc = subprocess.run([sys.executable, "-c", _AOT, json.dumps(configs)], capture_output=True, text=True,
-                          env=env, timeout=600)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", _AOT, json.dumps(configs)], capture_output=True, text=True, env=env, timeout=600
+    )
     assert proc.returncode == 0, f"compiling for sm_90 failed:\n{proc.stderr[-4000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(results) == 2 * len(configs)

@@ -29,8 +29,18 @@ OUT = sys.argv[2]
 dev = "cuda"
 Hq, Hkv, D = 32, 8, 128
 res: dict = {"machine": machine(dev), "decode": [], "fp8": [], "prefill": [], "checks": []}
-DEFAULT = dict(DECODE_BLOCK_N=64, DECODE_WARPS=4, DECODE_STAGES=3, SPLIT_SIZE=512, SPLIT_LONG=1024, LONG_FROM=16384,
-               PREFILL_BLOCK_N=64, PREFILL_STAGES=2, PREFILL_ROWS=128, TABLE_AHEAD=True)  # fmt: skip
+DEFAULT = dict(
+    DECODE_BLOCK_N=64,
+    DECODE_WARPS=4,
+    DECODE_STAGES=3,
+    SPLIT_SIZE=512,
+    SPLIT_LONG=1024,
+    LONG_FROM=16384,
+    PREFILL_BLOCK_N=64,
+    PREFILL_STAGES=2,
+    PREFILL_ROWS=128,
+    TABLE_AHEAD=True,
+)
 
 
 def setcfg(**kw):
@@ -48,22 +58,63 @@ setcfg()
 cases = [
     CaseSpec("t", ((1100, 1), (600, 1), (5000, 1)), num_heads=8, sliding_window=77, sinks=True, dtype=torch.bfloat16),
     CaseSpec("t", ((3000, 1), (17, 1), (40, 7)), num_heads=8, soft_cap=20.0, alibi=True, dtype=torch.float16),
-    CaseSpec("t", ((2100, 1), (33, 1), (300, 20)), num_heads=8, head_dim=128, dtype=torch.bfloat16,
-             kv_dtype=torch.float8_e4m3fn, k_scale=0.4, v_scale=1.7, layout="permuted"),
-    CaseSpec("t", ((2100, 1), (70, 9)), num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
-             kv_dtype=torch.float8_e5m2, sliding_window=1000, sinks=True, query_gain=8.0),
-    CaseSpec("t", ((4097, 1), (1, 1)), num_heads=32, num_kv_heads=8, head_dim=128, dtype=torch.bfloat16,
-             kv_dtype=torch.float8_e4m3fn, query_gain=300.0),
-]  # fmt: skip
+    CaseSpec(
+        "t",
+        ((2100, 1), (33, 1), (300, 20)),
+        num_heads=8,
+        head_dim=128,
+        dtype=torch.bfloat16,
+        kv_dtype=torch.float8_e4m3fn,
+        k_scale=0.4,
+        v_scale=1.7,
+        layout="permuted",
+    ),
+    CaseSpec(
+        "t",
+        ((2100, 1), (70, 9)),
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        dtype=torch.bfloat16,
+        kv_dtype=torch.float8_e5m2,
+        sliding_window=1000,
+        sinks=True,
+        query_gain=8.0,
+    ),
+    CaseSpec(
+        "t",
+        ((4097, 1), (1, 1)),
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        dtype=torch.bfloat16,
+        kv_dtype=torch.float8_e4m3fn,
+        query_gain=300.0,
+    ),
+]
 for cs in cases:
     case = cs.build().to(dev)
-    kw = dict(scale=case.scale, sliding_window=case.sliding_window, logits_soft_cap=case.logits_soft_cap,
-              alibi_slopes=case.alibi_slopes, sinks=case.sinks, k_scale=case.k_scale, v_scale=case.v_scale)  # fmt: skip
+    kw = dict(
+        scale=case.scale,
+        sliding_window=case.sliding_window,
+        logits_soft_cap=case.logits_soft_cap,
+        alibi_slopes=case.alibi_slopes,
+        sinks=case.sinks,
+        k_scale=case.k_scale,
+        v_scale=case.v_scale,
+    )
     args = [case.query, case.key_cache, case.value_cache, case.block_tables, case.seq_lens, case.query_start_loc]
     out, lse = new.paged_attention(*args, **kw, return_lse=True)
     c1, c2 = check_attention_lse(out, lse, case)
-    res["checks"].append({"case": cs.id, "out": str(c1), "lse": str(c2), "passed": c1.passed and c2.passed,
-                          "warning": bool(c1.warning or c2.warning)})  # fmt: skip
+    res["checks"].append(
+        {
+            "case": cs.id,
+            "out": str(c1),
+            "lse": str(c2),
+            "passed": c1.passed and c2.passed,
+            "warning": bool(c1.warning or c2.warning),
+        }
+    )
     log("CHECK", cs.id, "PASS" if c1.passed and c2.passed else "FAIL", c1, c2)
 
 # 2. decode: old vs new, configurations, graph replay
@@ -109,9 +160,11 @@ for B, L in POINTS:
     tb = {kk: nbytes / t / 1e9 for kk, t in row["ms"].items()}
     row["TBps"] = tb
     res["decode"].append(row)
-    log(f"DECODE B={B} L={L} sdpa {tb['sdpa']:.2f} (graph {tb['sdpa_graph']:.2f}) old {tb['old']:.2f} | "
+    log(
+        f"DECODE B={B} L={L} sdpa {tb['sdpa']:.2f} (graph {tb['sdpa_graph']:.2f}) old {tb['old']:.2f} | "
         + " ".join(f"{kk} {x:.2f}" for kk, x in tb.items() if kk not in ("sdpa", "sdpa_graph", "old"))
-        + f" | det {row.get('deterministic')} err {max(row['err'].values()) if row['err'] else None}")  # fmt: skip
+        + f" | det {row.get('deterministic')} err {max(row['err'].values()) if row['err'] else None}"
+    )
     del q, k, v, kc, vc
     torch.cuda.empty_cache()
 
@@ -190,8 +243,9 @@ for new_t, cached in ((8192, 0), (2048, 16384)):
 
         mask = causal_lower_right(new_t, L)
         kr, vr = kc.repeat_interleave(Hq // Hkv, 1), vc.repeat_interleave(Hq // Hkv, 1)
-        row["ms"]["sdpa"] = bench(lambda: torch.nn.functional.scaled_dot_product_attention(qd, kr, vr, attn_mask=mask),
-                                  dev)  # fmt: skip
+        row["ms"]["sdpa"] = bench(
+            lambda: torch.nn.functional.scaled_dot_product_attention(qd, kr, vr, attn_mask=mask), dev
+        )
         ref = torch.nn.functional.scaled_dot_product_attention(qd, kr, vr, attn_mask=mask)
     ref = ref.transpose(1, 2).reshape(new_t, Hq, D).float()
     setcfg()
@@ -208,8 +262,11 @@ for new_t, cached in ((8192, 0), (2048, 16384)):
     setcfg()
     row["TFLOPs"] = {kk: flops / t / 1e9 for kk, t in row["ms"].items()}
     res["prefill"].append(row)
-    log(f"PREFILL new={new_t} cached={cached} " + " ".join(f"{kk} {x:.0f}" for kk, x in row["TFLOPs"].items())
-        + f" err {row['err']}")  # fmt: skip
+    log(
+        f"PREFILL new={new_t} cached={cached} "
+        + " ".join(f"{kk} {x:.0f}" for kk, x in row["TFLOPs"].items())
+        + f" err {row['err']}"
+    )
     del q, k, v, kc, vc
     torch.cuda.empty_cache()
 

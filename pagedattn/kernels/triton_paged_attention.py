@@ -294,20 +294,88 @@ def _attend(
     blk_next = tl.load(table_ptr + j_next // BLOCK_SIZE, mask=j_next < hi, other=0)
     if MASK_SPLIT:  # without it, every tile takes the masked path (full_hi is ignored)
         m, l_sum, acc, blk_next = _attend_tiles(
-            q, m, l_sum, acc, blk_next, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, lo, full_hi, hi, pos, slopes,
-            qk_scale, s_scale, window, soft_cap, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
-            KV_FP8, TABLE_AHEAD, False, CAUSAL, EXP2,
-        )  # fmt: skip
+            q,
+            m,
+            l_sum,
+            acc,
+            blk_next,
+            k_cache_ptr,
+            v_cache_ptr,
+            table_ptr,
+            kv_head,
+            lo,
+            full_hi,
+            hi,
+            pos,
+            slopes,
+            qk_scale,
+            s_scale,
+            window,
+            soft_cap,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_SIZE,
+            UPCAST,
+            IEEE_FP32,
+            USE_WINDOW,
+            USE_SOFTCAP,
+            USE_ALIBI,
+            KV_FP8,
+            TABLE_AHEAD,
+            False,
+            CAUSAL,
+            EXP2,
+        )
         start = full_hi
     else:
         start = lo
     m, l_sum, acc, blk_next = _attend_tiles(
-        q, m, l_sum, acc, blk_next, k_cache_ptr, v_cache_ptr, table_ptr, kv_head, start, hi, hi, pos, slopes,
-        qk_scale, s_scale, window, soft_cap, stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-        BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
-        KV_FP8, TABLE_AHEAD, True, CAUSAL, EXP2,
-    )  # fmt: skip
+        q,
+        m,
+        l_sum,
+        acc,
+        blk_next,
+        k_cache_ptr,
+        v_cache_ptr,
+        table_ptr,
+        kv_head,
+        start,
+        hi,
+        hi,
+        pos,
+        slopes,
+        qk_scale,
+        s_scale,
+        window,
+        soft_cap,
+        stride_kb,
+        stride_ks,
+        stride_kh,
+        stride_vb,
+        stride_vs,
+        stride_vh,
+        BLOCK_N,
+        HEAD_DIM,
+        HEAD_DIM_PAD,
+        BLOCK_SIZE,
+        UPCAST,
+        IEEE_FP32,
+        USE_WINDOW,
+        USE_SOFTCAP,
+        USE_ALIBI,
+        KV_FP8,
+        TABLE_AHEAD,
+        True,
+        CAUSAL,
+        EXP2,
+    )
     return m, l_sum, acc
 
 
@@ -420,12 +488,43 @@ def _prefill_kernel(
         if not USE_WINDOW:
             full_hi = lo + (context + q_tile * BLOCK_Q + 1 - lo) // BLOCK_N * BLOCK_N
         m, l_sum, acc = _attend(
-            q, m, l_sum, acc, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
-            lo, full_hi, n_keys, pos, slopes, qk_scale, window, soft_cap,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
-            KV_FP8, TABLE_AHEAD, True, EXP2, MASK_SPLIT,
-        )  # fmt: skip
+            q,
+            m,
+            l_sum,
+            acc,
+            k_cache_ptr,
+            v_cache_ptr,
+            block_tables_ptr + seq * stride_bt,
+            kv_head,
+            lo,
+            full_hi,
+            n_keys,
+            pos,
+            slopes,
+            qk_scale,
+            window,
+            soft_cap,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_SIZE,
+            UPCAST,
+            IEEE_FP32,
+            USE_WINDOW,
+            USE_SOFTCAP,
+            USE_ALIBI,
+            KV_FP8,
+            TABLE_AHEAD,
+            True,
+            EXP2,
+            MASK_SPLIT,
+        )
         l_safe = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
         result = acc * (v_scale / l_safe)[:, None]
         o_off = (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
@@ -533,8 +632,11 @@ def _decode_kernel(
         row_mask = g < GROUP
         d = tl.arange(0, HEAD_DIM_PAD)
         dmask = d < HEAD_DIM
-        q = tl.load(q_ptr + t * stride_qt + head[:, None] * stride_qh + d[None, :],
-                    mask=row_mask[:, None] & dmask[None, :], other=0.0)  # fmt: skip
+        q = tl.load(
+            q_ptr + t * stride_qt + head[:, None] * stride_qh + d[None, :],
+            mask=row_mask[:, None] & dmask[None, :],
+            other=0.0,
+        )
         if UPCAST:
             q = q.to(tl.float32)
         q, qk_scale = _query_rows(q, scale, F16_DOTS)
@@ -547,12 +649,43 @@ def _decode_kernel(
         # only the last, partial tile of a history needs a mask
         full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
         m, l_sum, acc = _attend(
-            q, m, l_sum, acc, k_cache_ptr, v_cache_ptr, block_tables_ptr + seq * stride_bt, kv_head,
-            lo, full_hi, hi, pos, slopes, qk_scale, window, soft_cap,
-            stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
-            BLOCK_N, HEAD_DIM, HEAD_DIM_PAD, BLOCK_SIZE, UPCAST, IEEE_FP32, USE_WINDOW, USE_SOFTCAP, USE_ALIBI,
-            KV_FP8, TABLE_AHEAD, False, EXP2, MASK_SPLIT,
-        )  # fmt: skip
+            q,
+            m,
+            l_sum,
+            acc,
+            k_cache_ptr,
+            v_cache_ptr,
+            block_tables_ptr + seq * stride_bt,
+            kv_head,
+            lo,
+            full_hi,
+            hi,
+            pos,
+            slopes,
+            qk_scale,
+            window,
+            soft_cap,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            BLOCK_N,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_SIZE,
+            UPCAST,
+            IEEE_FP32,
+            USE_WINDOW,
+            USE_SOFTCAP,
+            USE_ALIBI,
+            KV_FP8,
+            TABLE_AHEAD,
+            False,
+            EXP2,
+            MASK_SPLIT,
+        )
         pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
         pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
         tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
@@ -655,8 +788,18 @@ def prepare(
     """Check every input (``ValueError`` naming the field), plan the launches and
     allocate their scratch. Arguments as for ``paged_attention``."""
     # the slopes' and sinks' finiteness rides on the one device-to-host transfer of the core checks
-    lens, loc = check_paged_inputs(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                                   alibi_slopes=variants.get("alibi_slopes"), sinks=variants.get("sinks"))  # fmt: skip
+    lens, loc = check_paged_inputs(
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        out,
+        alibi_slopes=variants.get("alibi_slopes"),
+        sinks=variants.get("sinks"),
+    )
     var = check_variants(query, key_cache, scale=scale, **variants)
     interp = interpreter_active()
     if query.device.type != "cuda" and not interp:
@@ -666,8 +809,17 @@ def prepare(
         )
     T, Hq, D = query.shape
     Hkv = key_cache.shape[2]
-    plan = plan_launch(lens, [loc[i + 1] - loc[i] for i in range(len(lens))], Hq, Hkv, D,
-                       key_cache.shape[1], query.dtype, interp, key_cache.dtype)  # fmt: skip
+    plan = plan_launch(
+        lens,
+        [loc[i + 1] - loc[i] for i in range(len(lens))],
+        Hq,
+        Hkv,
+        D,
+        key_cache.shape[1],
+        query.dtype,
+        interp,
+        key_cache.dtype,
+    )
     dev = query.device
     n_dec = len(plan.decode_seqs)
     d_pad = plan.decode.HEAD_DIM_PAD if plan.decode is not None else 0
@@ -710,9 +862,11 @@ def run(
     captured in a CUDA graph and replayed (one prepared batch per graph: the batch's
     block tables, lengths and scratch are read where ``prepare`` found or made them).
     Returns ``out``, or ``(out, lse)`` when prepared with ``return_lse=True``."""
-    for name, t, shape, dtype in (("query", query, prep.query_shape, prep.dtype),
-                                  ("key_cache", key_cache, prep.cache_shape, prep.kv_dtype),
-                                  ("value_cache", value_cache, prep.cache_shape, prep.kv_dtype)):  # fmt: skip
+    for name, t, shape, dtype in (
+        ("query", query, prep.query_shape, prep.dtype),
+        ("key_cache", key_cache, prep.cache_shape, prep.kv_dtype),
+        ("value_cache", value_cache, prep.cache_shape, prep.kv_dtype),
+    ):
         if tuple(t.shape) != shape or t.dtype != dtype or t.device != prep.device or t.stride(-1) != 1:
             raise ValueError(
                 f"paged_attention.run: {name} must match the prepared batch: shape {shape}, {dtype}, "
@@ -738,42 +892,116 @@ def run(
     window = var.sliding_window or 0
     cap = var.logits_soft_cap or 1.0
     kv_fp8 = prep.kv_dtype != prep.dtype
-    flags = dict(USE_WINDOW=var.sliding_window is not None, USE_SOFTCAP=var.logits_soft_cap is not None,
-                 USE_ALIBI=var.alibi_slopes is not None, USE_SINKS=var.sinks is not None, KV_FP8=kv_fp8,
-                 F16_DOTS=kv_fp8 and prep.dtype == torch.bfloat16 and F16_DOTS_FOR_FP8, TABLE_AHEAD=TABLE_AHEAD,
-                 WRITE_LSE=var.return_lse)  # fmt: skip
+    flags = dict(
+        USE_WINDOW=var.sliding_window is not None,
+        USE_SOFTCAP=var.logits_soft_cap is not None,
+        USE_ALIBI=var.alibi_slopes is not None,
+        USE_SINKS=var.sinks is not None,
+        KV_FP8=kv_fp8,
+        F16_DOTS=kv_fp8 and prep.dtype == torch.bfloat16 and F16_DOTS_FOR_FP8,
+        TABLE_AHEAD=TABLE_AHEAD,
+        WRITE_LSE=var.return_lse,
+    )
     tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
-    strides_kv = (key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-                  value_cache.stride(0), value_cache.stride(1), value_cache.stride(2))  # fmt: skip
+    strides_kv = (
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        value_cache.stride(0),
+        value_cache.stride(1),
+        value_cache.stride(2),
+    )
     if plan.decode is not None:
         cfg, part_acc, part_ml = plan.decode, prep.part_acc, prep.part_ml
         assert part_acc is not None and part_ml is not None  # prepared with the decode launch
         _decode_kernel[cfg.grid](
-            query, key_cache, value_cache, tables, seq_lens, loc, prep.decode_ids, alibi, sinks, part_acc, part_ml,
-            prep.done, target, lse_buf,
-            prep.scale, var.v_scale, window, cap,
-            query.stride(0), query.stride(1), *strides_kv, tables.stride(0),
-            part_acc.stride(0), part_acc.stride(1), part_ml.stride(0), part_ml.stride(1),
-            target.stride(0), target.stride(1), lse_buf.stride(0),
-            GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_N=cfg.BLOCK_N, HEAD_DIM=cfg.HEAD_DIM,
-            HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE, SPLIT_SIZE=cfg.SPLIT_SIZE,
-            SPLIT_LONG=cfg.SPLIT_LONG, LONG_FROM=cfg.LONG_FROM, SPLIT_SHORT=cfg.SPLIT_SHORT,
+            query,
+            key_cache,
+            value_cache,
+            tables,
+            seq_lens,
+            loc,
+            prep.decode_ids,
+            alibi,
+            sinks,
+            part_acc,
+            part_ml,
+            prep.done,
+            target,
+            lse_buf,
+            prep.scale,
+            var.v_scale,
+            window,
+            cap,
+            query.stride(0),
+            query.stride(1),
+            *strides_kv,
+            tables.stride(0),
+            part_acc.stride(0),
+            part_acc.stride(1),
+            part_ml.stride(0),
+            part_ml.stride(1),
+            target.stride(0),
+            target.stride(1),
+            lse_buf.stride(0),
+            GROUP=cfg.GROUP,
+            GROUP_PAD=cfg.GROUP_PAD,
+            BLOCK_N=cfg.BLOCK_N,
+            HEAD_DIM=cfg.HEAD_DIM,
+            HEAD_DIM_PAD=cfg.HEAD_DIM_PAD,
+            BLOCK_SIZE=cfg.BLOCK_SIZE,
+            SPLIT_SIZE=cfg.SPLIT_SIZE,
+            SPLIT_LONG=cfg.SPLIT_LONG,
+            LONG_FROM=cfg.LONG_FROM,
+            SPLIT_SHORT=cfg.SPLIT_SHORT,
             SHORT_UNDER=cfg.SHORT_UNDER,
-            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, EXP2=cfg.EXP2, MASK_SPLIT=cfg.MASK_SPLIT, **flags,
+            UPCAST=cfg.UPCAST,
+            IEEE_FP32=cfg.IEEE_FP32,
+            EXP2=cfg.EXP2,
+            MASK_SPLIT=cfg.MASK_SPLIT,
+            **flags,
             **cfg.launch_options,
-        )  # fmt: skip
+        )
     if plan.other is not None:
         cfg = plan.other
         _prefill_kernel[cfg.grid](
-            query, key_cache, value_cache, tables, seq_lens, loc, prep.other_ids, alibi, sinks, target, lse_buf,
-            prep.scale, var.v_scale, window, cap,
-            query.stride(0), query.stride(1), *strides_kv, tables.stride(0), target.stride(0), target.stride(1),
+            query,
+            key_cache,
+            value_cache,
+            tables,
+            seq_lens,
+            loc,
+            prep.other_ids,
+            alibi,
+            sinks,
+            target,
+            lse_buf,
+            prep.scale,
+            var.v_scale,
+            window,
+            cap,
+            query.stride(0),
+            query.stride(1),
+            *strides_kv,
+            tables.stride(0),
+            target.stride(0),
+            target.stride(1),
             lse_buf.stride(0),
-            GROUP=cfg.GROUP, GROUP_PAD=cfg.GROUP_PAD, BLOCK_Q=cfg.BLOCK_Q, BLOCK_N=cfg.BLOCK_N,
-            HEAD_DIM=cfg.HEAD_DIM, HEAD_DIM_PAD=cfg.HEAD_DIM_PAD, BLOCK_SIZE=cfg.BLOCK_SIZE,
-            UPCAST=cfg.UPCAST, IEEE_FP32=cfg.IEEE_FP32, EXP2=cfg.EXP2, MASK_SPLIT=cfg.MASK_SPLIT,
-            HEAVY_FIRST=cfg.HEAVY_FIRST, **flags, **cfg.launch_options,
-        )  # fmt: skip
+            GROUP=cfg.GROUP,
+            GROUP_PAD=cfg.GROUP_PAD,
+            BLOCK_Q=cfg.BLOCK_Q,
+            BLOCK_N=cfg.BLOCK_N,
+            HEAD_DIM=cfg.HEAD_DIM,
+            HEAD_DIM_PAD=cfg.HEAD_DIM_PAD,
+            BLOCK_SIZE=cfg.BLOCK_SIZE,
+            UPCAST=cfg.UPCAST,
+            IEEE_FP32=cfg.IEEE_FP32,
+            EXP2=cfg.EXP2,
+            MASK_SPLIT=cfg.MASK_SPLIT,
+            HEAVY_FIRST=cfg.HEAVY_FIRST,
+            **flags,
+            **cfg.launch_options,
+        )
     if target is not out:
         out.copy_(target)
     return (out, lse) if lse is not None and var.return_lse else out
@@ -831,7 +1059,21 @@ def paged_attention(
         with ``return_lse``, also ``[num_tokens, num_heads]`` float32, the natural log of
         each row's softmax denominator (the sink included).
     """
-    prep = prepare(query, key_cache, value_cache, block_tables, seq_lens, query_start_loc, scale, out,
-                   sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, alibi_slopes=alibi_slopes,
-                   sinks=sinks, k_scale=k_scale, v_scale=v_scale, return_lse=return_lse)  # fmt: skip
+    prep = prepare(
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        scale,
+        out,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        return_lse=return_lse,
+    )
     return run(prep, query, key_cache, value_cache, out)
