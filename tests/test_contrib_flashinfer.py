@@ -214,6 +214,35 @@ def test_flashinfer_routes_as_engines_do_and_matches_the_oracle(standins, seq_le
     assert all(c.passed for c in checks), f"{route} lse: {checks}"
 
 
+@pytest.mark.parametrize("query_lens", [[1, 1], [1, 7]], ids=["decode-first", "mixed-first"])
+def test_flashinfer_warmup_compiles_every_wrapper_the_configuration_routes_to(standins, monkeypatch, query_lens):
+    """The suite warms a configuration up on its first case; later cases of it may route to
+    the other wrapper (a pure-decode batch or a mixed one), so the warm-up plans both."""
+    import flashinfer
+
+    from pagedattn.adapters.contrib.flashinfer import FlashInferBackend
+
+    planned = []
+    for name in ("BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"):
+        cls = getattr(flashinfer, name)
+        monkeypatch.setattr(cls, "plan", _spy(cls.plan, planned, name))
+    backend = FlashInferBackend()
+    case = _decode_case([9, 40], query_lens)
+    backend.warmup(case)
+    assert sorted(planned) == ["BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"]
+    assert backend._decode_rows(case).query_lens == [1, 1]
+    out = backend.paged_attention(case)  # the warm-up left nothing behind that changes a result
+    assert check_attention(out, case).passed
+
+
+def _spy(fn, log, name):
+    def plan(self, *args, **kwargs):
+        log.append(name)
+        return fn(self, *args, **kwargs)
+
+    return plan
+
+
 def test_flashinfer_alibi_lse_is_moved_to_the_absolute_origin_and_the_slope_cache_restored(standins):
     import flashinfer.utils
 

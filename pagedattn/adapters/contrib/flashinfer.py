@@ -122,10 +122,27 @@ class FlashInferBackend:
         return f"{self.version} (cuda: {where}; decode / prefill / sink wrappers by batch)"
 
     def warmup(self, case: PagedCase) -> None:
-        """Runs the case once: ``plan`` JIT-compiles (or loads) this configuration's module."""
-        self._run(case, return_lse="lse" in self.capabilities.operations)
+        """Runs the case once through every wrapper its configuration can route to: ``plan``
+        JIT-compiles (or loads) each one's module. The suite warms a configuration up once,
+        on its first case; a pure-decode batch and a mixed one of the same configuration take
+        different wrappers (``route``), so both are compiled here, outside the case's timeout
+        (on the H200 a compile inside the timed call ran past a 180 s ``--case-timeout``)."""
+        lse = "lse" in self.capabilities.operations
+        routes = ("sink",) if case.sinks is not None else ("decode", "prefill")
+        for route in routes:
+            self._run(self._decode_rows(case) if route == "decode" else case, return_lse=lse, route=route)
         if case.device.type == "cuda":
             torch.cuda.synchronize(case.device)
+
+    @staticmethod
+    def _decode_rows(case: PagedCase) -> PagedCase:
+        """The case's last query token of each sequence: a pure-decode batch of the same
+        configuration (its queries ``[B, Hq, D]``, the same cache, tables and lengths)."""
+        if all(q == 1 for q in case.query_lens):
+            return case
+        ends = case.query_start_loc[1:] - 1
+        starts = torch.arange(case.num_seqs + 1, dtype=case.query_start_loc.dtype, device=case.query.device)
+        return case.replace(query=case.query[ends], query_start_loc=starts)
 
     def paged_attention(self, case: PagedCase) -> torch.Tensor:
         return self._run(case, return_lse=False)
@@ -147,11 +164,11 @@ class FlashInferBackend:
             self._workspace[device] = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
         return self._workspace[device]
 
-    def _run(self, case: PagedCase, return_lse: bool):
+    def _run(self, case: PagedCase, return_lse: bool, route: str | None = None):
         a = to_flashinfer(case, layout=self.kv_layout)
         ws = self._workspace_for(case.query.device)
         fp8 = case.kv_dtype != case.dtype
-        route = self.route(case)
+        route = route or self.route(case)
         window_left = window_to_flashinfer(case.sliding_window)
         pos_encoding = "ALIBI" if case.alibi_slopes is not None else "NONE"
         common: dict[str, Any] = dict(
