@@ -82,6 +82,14 @@ class Recorder:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        if self.config.getoption("dist") == "loadgroup" and ids and not any(split_group(i)[1] for i in ids):
+            # the worker did not append the configuration to the node ids, so the scheduler
+            # sees no groups (pytest-xdist#1386: pytest >= 9.2 ignores xdist's node-id rewrite)
+            self.run.grouping_lost = (
+                f"--dist loadgroup did not group the cases by configuration (pytest {pytest.__version__}, "
+                f"pytest-xdist {_xdist_version()}: pytest-xdist#1386); a backend that compiles per "
+                "configuration may compile one on several workers"
+            )
         fresh = [i for i in ids if i not in self.book.records]
         for nodeid in fresh:
             self.book.collected(nodeid)
@@ -150,3 +158,12 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
             run.watch.wait(5)
         except (OSError, subprocess.TimeoutExpired):
             pass
+
+
+def _xdist_version() -> str:
+    try:
+        import xdist
+
+        return str(getattr(xdist, "__version__", "?"))
+    except ImportError:  # pragma: no cover - the hook only runs under xdist
+        return "?"

@@ -157,6 +157,7 @@ def report_header(config: pytest.Config) -> dict[str, Any]:
             "qk_precision": info.get("qk_precision", "fp32"),
         },
         "error": run.broken or None,
+        "grouping_lost": run.grouping_lost or None,
         "expectations": {
             "file": config.getoption("--expectations", None),
             "stale": stale_expectations(run.expectations, cases),
@@ -177,6 +178,8 @@ def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
     tr.write_sep("=", f"pagedattn conformance: {run.info.get('name', run.spec)} on {target(run)}")
     if run.broken:
         tr.write_line(f"ERROR: {run.broken}; no case ran", red=True)
+    if run.grouping_lost:
+        tr.write_line(f"warning: {run.grouping_lost}", yellow=True)
     for line in format_table(run.book.report()["summary"]):
         tr.write_line(line)
     for reason in sorted({r.reason for r in recs if r.status is Status.UNSUPPORTED}):

@@ -36,6 +36,8 @@ class Run:
     book: RecordBook | None = None
     watch: subprocess.Popen[str] | None = None  # the crash watch (pagedattn.recorder)
     crashed_workers: int = 0
+    #: why ``--dist loadgroup`` did not keep configurations together, or "" (it did, or is off)
+    grouping_lost: str = ""
     expectations: list[dict[str, Any]] = field(default_factory=list)  # --expectations entries
 
 

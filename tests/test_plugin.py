@@ -279,10 +279,17 @@ def test_jit_runs_one_configuration_per_worker_warmed_once_and_import_once(pytes
     report = json.loads((pytester.path / "r.json").read_text())
     configurations = {c["configuration"] for c in report["cases"]}
     assert report["configurations"] == len(configurations) > 1
-    for key in configurations:
-        assert len({c["worker"] for c in report["cases"] if c["configuration"] == key}) == 1, key
+    spread = [k for k in configurations if len({c["worker"] for c in report["cases"] if c["configuration"] == k}) > 1]
+    if report["grouping_lost"] is None:
+        assert spread == [], spread  # each configuration on one worker
+    else:  # pytest >= 9.2 drops xdist's group (pytest-xdist#1386): the run says so, in both reports
+        assert "pytest-xdist#1386" in report["grouping_lost"]
+        result.stdout.fnmatch_lines(["*warning: --dist loadgroup did not group the cases by configuration*"])
     warmed = [line.split()[1] for line in warm.read_text().splitlines()]
-    assert sorted(warmed) == sorted(configurations)  # each once
+    if report["grouping_lost"] is None:
+        assert sorted(warmed) == sorted(configurations)  # each once
+    else:  # once per configuration on each worker that ran it
+        assert set(warmed) == configurations and all(warmed.count(k) <= 2 for k in configurations), warmed
 
 
 def _report(nodeid, when, outcome, facts=None, longrepr=None, **extra):
