@@ -6,21 +6,13 @@
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import platform
 import sys
 
 import torch
 
-from pagedattn._version import __version__
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+from pagedattn._version import __version__, dist_version
 
 
 def report() -> list[str]:
@@ -30,7 +22,7 @@ def report() -> list[str]:
     device = f"cuda ({torch.cuda.get_device_name()}, {torch.cuda.device_count()} device(s))" if cuda else "cpu"
     lines = [
         f"pagedattn {__version__}",
-        f"python {platform.python_version()}, torch {torch.__version__}, triton {_version('triton')}",
+        f"python {platform.python_version()}, torch {torch.__version__}, triton {dist_version('triton')}",
         f"device: {device}",
         "backends (pytest conformance --backend=NAME):",
     ]

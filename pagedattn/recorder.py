@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from pagedattn._version import dist_version
 from pagedattn.book import RecordBook
 from pagedattn.record import noted, split_group
 from pagedattn.session import Run
@@ -87,7 +88,7 @@ class Recorder:
             # sees no groups (pytest-xdist#1386: pytest >= 9.2 ignores xdist's node-id rewrite)
             self.run.grouping_lost = (
                 f"--dist loadgroup did not group the cases by configuration (pytest {pytest.__version__}, "
-                f"pytest-xdist {_xdist_version()}: pytest-xdist#1386); a backend that compiles per "
+                f"pytest-xdist {dist_version('pytest-xdist')}: pytest-xdist#1386); a backend that compiles per "
                 "configuration may compile one on several workers"
             )
         fresh = [i for i in ids if i not in self.book.records]
@@ -158,12 +159,3 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
             run.watch.wait(5)
         except (OSError, subprocess.TimeoutExpired):
             pass
-
-
-def _xdist_version() -> str:
-    try:
-        import xdist
-
-        return str(getattr(xdist, "__version__", "?"))
-    except ImportError:  # pragma: no cover - the hook only runs under xdist
-        return "?"

@@ -7,14 +7,13 @@ Torch-free at import: torch is imported by the functions that name its version.
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 import time
 from typing import Any
 
 import pytest
 
-from pagedattn._version import __version__
+from pagedattn._version import __version__, dist_version
 from pagedattn.expectations import stale_expectations
 from pagedattn.record import CaseRecord
 from pagedattn.session import RUN_KEY, Run
@@ -23,14 +22,6 @@ from pagedattn.table import format_table
 
 #: the JSON report's schema, named in every report
 SCHEMA = "pagedattn-report/2"
-
-
-def triton_version() -> str:
-    # from the metadata: importing triton here would fix TRITON_INTERPRET too early
-    try:
-        return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
 
 
 def device_name(device: str) -> str:
@@ -84,7 +75,7 @@ def header_lines(config: pytest.Config, run: Run) -> list[str]:
     against crashes, the policy and the claims."""
     import torch
 
-    env = f"  torch {torch.__version__}, triton {triton_version()}, python {platform.python_version()}"
+    env = f"  torch {torch.__version__}, triton {dist_version('triton')}, python {platform.python_version()}"
     if run.controller:
         dist = config.getoption("dist")
         how = "(each configuration on one worker)"
@@ -149,7 +140,7 @@ def report_header(config: pytest.Config) -> dict[str, Any]:
             "isolated": run.isolate,
             "case_timeout_s": run.timeout,
             "torch": torch.__version__,
-            "triton": triton_version(),
+            "triton": dist_version("triton"),
             "python": platform.python_version(),
             "capabilities": info.get("capabilities"),
             "limits": info.get("limit_lines", []),
