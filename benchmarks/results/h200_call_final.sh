@@ -1,0 +1,42 @@
+#!/bin/bash
+# One H200 call on the release tree (2026-11-30, third stop), run from the tree's root:
+# the kernel's GPU tests (issue 18's one validator and the verdict's device path on CUDA),
+# the thorough profile timed on a fresh Triton cache with its compiles counted (issue 16),
+# the fp8 16-key prefill tile diagnosis (issue 17), and the check/oracle timings on the GPU
+# (issue 16). Each step has its own limit inside one deadline (BUDGET_S); what finished
+# comes back under $OUT: call.log (steps, limits, wall times, tails), logs.tgz, JSON files.
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+unset TRITON_INTERPRET
+T0=$(date +%s); END=$((T0 + ${BUDGET_S:-560}))
+mkdir -p /tmp/logs
+log() { echo "[$(date -u +%T) +$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/call.log; }
+step() {  # name max_seconds command...: runs with min(max, time left), logs rc and wall time
+  local name=$1 max=$2; shift 2
+  local left=$((END - $(date +%s))); local lim=$(( left < max ? left : max ))
+  if [ $lim -lt 20 ]; then log "$name: skipped (${left}s left)"; return; fi
+  log "$name: start (limit ${lim}s)"
+  local s=$(date +%s%N)
+  timeout -s INT $lim "$@" > /tmp/logs/$name.log 2>&1; local rc=$?
+  log "$name: rc=$rc wall $(( ($(date +%s%N) - s) / 1000000 )) ms"
+  grep -v '^\s*$' /tmp/logs/$name.log | tail -${TAIL:-6} | cut -c1-240 | tee -a $OUT/call.log
+  tar -czf $OUT/logs.tgz -C /tmp logs
+}
+count_compiles() {  # the kernels a Triton cache holds, by name
+  python - "$1" <<'PY' | tee -a $OUT/call.log
+import collections, pathlib, sys
+c = collections.Counter(p.stem for p in pathlib.Path(sys.argv[1]).rglob("*.cubin"))
+print("compiled kernels:", sum(c.values()), dict(c))
+PY
+}
+{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nproc
+  python -c "import torch, triton, sys, pytest; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0], 'pytest', pytest.__version__)"
+  git log --oneline -1 2>/dev/null; } >> $OUT/call.log 2>&1
+TAIL=12 step test_triton 170 python -m pytest -p no:cacheprovider tests/test_triton.py -q -n 4 -rfEx
+export TRITON_CACHE_DIR=/tmp/tcache-thorough
+step thorough 200 python -m pytest -p pagedattn.plugin -p no:cacheprovider conformance \
+  --backend=pagedattn.adapters.triton:TritonBackend --profile=thorough -n 8 --report-json=$OUT/thorough.json -q
+count_compiles /tmp/tcache-thorough
+unset TRITON_CACHE_DIR
+TAIL=16 step diag_fp8 120 python benchmarks/results/diag_fp8_small_tile.py $OUT/diag-fp8.json
+TAIL=15 step suite 110 python benchmarks/bench_suite.py --device cuda --repeats 3 --out $OUT/gpu-suite.json
+log "done"
