@@ -313,21 +313,9 @@ PATH_CASES = [
 ]
 
 
-#: found on the H200 (triton 3.6, 2026-11-30; benchmarks/NOTES.md, issue 17): with these 16-key
-#: prefill tiles, the fp8 case's output is 509x its bound on every softmax path while its lse is
-#: right (the P.V side), and it passes on the interpreter. Not isolated yet (head_dim 32, 16-key
-#: tiles or the 3-stage prefill); the default 64-key tiles passed every fp8 case measured there.
-#: strict: the day it passes on a GPU, this mark must go.
-FP8_SMALL_TILE_BUG = pytest.mark.xfail(
-    DEVICE == "cuda", strict=True, reason="fp8 prefill, 16-key tiles: wrong on the H200 (issue 17)"
-)
-
-
 @runs_kernel
 @pytest.mark.parametrize("path", sorted(SOFTMAX_PATHS))
-@pytest.mark.parametrize(
-    "spec", [pytest.param(s, marks=FP8_SMALL_TILE_BUG) if s.kv_dtype else s for s in PATH_CASES], ids=lambda s: s.id
-)
+@pytest.mark.parametrize("spec", PATH_CASES, ids=lambda s: s.id)
 def test_softmax_paths_within_policy(spec, path, monkeypatch):
     for name, value in SOFTMAX_PATHS[path].items():
         monkeypatch.setattr(host, name, value)
@@ -618,3 +606,20 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
         if r["mma"] is not None:
             # half-precision dots must land on the tensor cores; IEEE fp32 dots cannot (FMA)
             assert r["mma"] == (r["cfg"][0] != "float32"), f"{r['cfg']}: unexpected tensor-core use: {r}"
+
+
+@runs_kernel
+@pytest.mark.parametrize("block_n", [16, 32, 64])
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_fp8_prefill_at_every_tile_width(dtype, kv_dtype, block_n, monkeypatch):
+    """An fp8 cache under every prefill key-tile width: 16-key tiles went wrong on the H200
+    (triton 3.6) through the row-split widening of V, which tiles under 32 rows now skip."""
+    monkeypatch.setattr(host, "PREFILL_BLOCK_N", block_n)
+    spec = CaseSpec(
+        "t", ((70, 30), (20, 1)), num_heads=4, num_kv_heads=2, head_dim=32, dtype=dtype, kv_dtype=kv_dtype, v_scale=2.0
+    )
+    case = spec.build().to(DEVICE)
+    out = tpa.paged_attention(*_args(case), scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
+    check = check_attention(out, case)
+    assert check.passed and not check.warning, str(check)

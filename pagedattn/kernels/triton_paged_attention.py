@@ -106,7 +106,14 @@ def _widen_rows(x, dtype: tl.constexpr):
     reads the fp8 V tile into the dot's operand layout one byte at a time (64
     ``ld.shared.b8`` per thread per tile: the cost that made fp8 decode no faster than
     bf16). The split and join keep the conversion on the loaded, row-contiguous layout,
-    so the wide values are staged and read with ``ldmatrix``, as a 16-bit tile is."""
+    so the wide values are staged and read with ``ldmatrix``, as a 16-bit tile is.
+
+    Tiles of fewer than 32 rows convert plainly: on triton 3.6 (H200) the split and join of
+    a 16-row fp8 V tile gave wrong outputs (up to 1445x the bound, every row of the prefill;
+    the lse right), while the plain conversion, and 32- and 64-row tiles, were right
+    (``benchmarks/results/diag_fp8_small_tile.py``, 2026-11-30)."""
+    if x.shape[0] < 32:
+        return x.to(dtype)
     a, b = tl.split(x.reshape(x.shape[0], x.shape[1] // 2, 2))
     return tl.join(a.to(dtype), b.to(dtype)).reshape(x.shape[0], x.shape[1])
 
