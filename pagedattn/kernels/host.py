@@ -297,7 +297,11 @@ def plan_launch(
             grid=(len(decode_seqs), max_splits, num_kv_heads),
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
-            BLOCK_N=(FP8_DECODE_BLOCK_N or DECODE_BLOCK_N) if kv_fp8 else DECODE_BLOCK_N,
+            BLOCK_N=FP32_BLOCK_N
+            if dtype == torch.float32
+            else (FP8_DECODE_BLOCK_N or DECODE_BLOCK_N)
+            if kv_fp8
+            else DECODE_BLOCK_N,
             SPLIT_SIZE=(FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE,
             SPLIT_LONG=SPLIT_LONG,
             LONG_FROM=LONG_FROM,
@@ -309,13 +313,13 @@ def plan_launch(
             **common,
         )
     if other_seqs:
-        # fp32 tiles are twice the bytes and run on FMA units, not the tensor cores:
-        # smaller tiles keep them inside the 227 KB of shared memory of a Hopper SM
+        # fp32 tiles are twice the bytes and run on FMA units, not the tensor cores: they
+        # take their own, smaller tiles (FP32_PREFILL_ROWS x FP32_BLOCK_N)
         wide = dtype == torch.float32
-        rows = max(PREFILL_ROWS // (2 if wide else 1) // (2 if wide and d_pad > 128 else 1), group_pad, MIN_DOT)
+        rows = max(FP32_PREFILL_ROWS if wide else PREFILL_ROWS, group_pad, MIN_DOT)
         block_q = rows // group_pad
         max_q = max(query_lens[b] for b in other_seqs)
-        block_n = PREFILL_BLOCK_N // (2 if wide and d_pad > 128 else 1)
+        block_n = FP32_BLOCK_N if wide else PREFILL_BLOCK_N
         stages = PREFILL_STAGES if not wide else 2
         # a deeper pipeline only where its K/V buffers fit beside the query tile (16-bit tiles;
         # head_dim 256 keeps 2 stages); the compile test checks the launch limit
@@ -369,6 +373,13 @@ PREFILL_STAGES = 3  # 2 where 3 would not fit (PREFILL_SHARED_BUDGET), and for f
 PREFILL_SHARED_BUDGET = 160 * 1024
 PREFILL_WARPS = 0  # 0: 8 warps for tiles of >= 128 rows and head_dim > 64, else 4
 PREFILL_MAXNREG: int | None = None  # half-precision prefill, head_dim <= 128 only (larger tiles would spill)
+#: fp32 queries (IEEE dots on the FMA units, unrolled by the compiler): their tiles are sized
+#: for compile time, which a conformance run pays once per configuration. Compiled for sm_90
+#: with triton 3.9 on a CPU (2026-11-30), head_dim 128: prefill 64 rows x 64 keys took 15.3 s
+#: (a 2 MB cubin), 32 x 32 took 3.2 s; decode 64 keys 2.2 s, 32 keys 1.4 s. fp32 was 60% of the
+#: H200 thorough profile's compile time, and its speed is not what the kernel is tuned for.
+FP32_PREFILL_ROWS = 32
+FP32_BLOCK_N = 32
 
 #: Issue 17's second round (see benchmarks/NOTES.md): the softmax in base 2 with the scale
 #: folded into one multiply-add per score, no mask on key tiles every row sees wholly, and
