@@ -107,8 +107,8 @@ QK_PRECISIONS = ("fp32", "input")
 #: how the soft-cap's tanh is evaluated (``Capabilities.tanh_precision``): ``ieee`` (within a
 #: few fp32 ulps, as libm's tanhf) or ``approx`` (PTX ``tanh.approx.f32``, FlashInfer's soft-cap)
 TANH_PRECISIONS = ("ieee", "approx")
-#: tanh.approx.f32's largest relative error: 2**-11 in the PTX ISA 9.x, 2**-10.987 in earlier
-#: editions; rounded up to 2**-10.9 so that either edition's figure is covered
+#: tanh.approx.f32's largest relative error, 2**-11 (PTX ISA 9.1), rounded up to 2**-10.9 as a
+#: margin; that also covers 2**-10.987, a figure quoted for it (the ISA's, for the f16 variant)
 U_TANH_APPROX = 2.0**-10.9
 #: rcp.approx.f32, the 1/cap of an approximate soft-cap's pre-tanh scale: within 1 ulp (PTX
 #: ISA), a relative error of at most 2**-23
