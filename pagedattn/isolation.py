@@ -127,6 +127,7 @@ class RemoteCapabilities:
         self.devices = frozenset(info["devices"])
         self.fp32_precision: str = info["fp32_precision"]
         self.qk_precision: str = info["qk_precision"]
+        self.tanh_precision: str = info["tanh_precision"]
         self.tolerance_factor: float = info["tolerance_factor"]
         self.notes: dict[str, str] = dict(info["notes"])
         self.max_seq_len: int | None = info["max_seq_len"]

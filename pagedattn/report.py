@@ -55,6 +55,8 @@ def _guard_line(run: Run) -> str:
 def _claims_lines(info: dict[str, Any]) -> list[str]:
     caps = info.get("capabilities") or {}
     qk = f", q.k precision {info['qk_precision']}" if info.get("qk_precision", "fp32") != "fp32" else ""
+    if info.get("tanh_precision", "ieee") != "ieee":
+        qk += f", soft-cap tanh {info['tanh_precision']}"
     factor = info.get("tolerance_factor", 1)
     loosened = f", tolerance x{factor:g} (backend override)" if factor != 1 else ""
     lines = [
@@ -146,6 +148,7 @@ def report_header(config: pytest.Config) -> dict[str, Any]:
             "limits": info.get("limit_lines", []),
             "declined_invariances": {k: v for k, v in (info.get("invariances") or {}).items() if v},
             "qk_precision": info.get("qk_precision", "fp32"),
+            "tanh_precision": info.get("tanh_precision", "ieee"),
         },
         "error": run.broken or None,
         "grouping_lost": run.grouping_lost or None,

@@ -96,6 +96,7 @@ class Suite:
         return {
             "precision": caps.fp32_precision,
             "qk_precision": caps.qk_precision,
+            "tanh_precision": caps.tanh_precision,
             "tolerance_factor": caps.tolerance_factor,
         }
 

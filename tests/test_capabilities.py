@@ -72,6 +72,7 @@ def test_the_default_claims_every_core_case():
     assert all(caps.invariance_reason(n) is None for n in INVARIANCES)
     assert caps.limit_lines() == [], f"the default has no limits, got {caps.limit_lines()}"
     assert caps.qk_precision == "fp32" and not caps.decode_only and not caps.default_scale_only
+    assert caps.tanh_precision == "ieee"
 
 
 # ------------------------------------------------------------------ decode-only, scale
@@ -228,6 +229,7 @@ def test_an_unknown_invariance_name_is_an_error():
         (dict(decode_only=1), r"Capabilities\.decode_only: must be True or False, got 1"),
         (dict(default_scale_only="yes"), r"Capabilities\.default_scale_only: must be True or False"),
         (dict(qk_precision="bf16"), r"Capabilities\.qk_precision: must be 'fp32' or 'input', got 'bf16'"),
+        (dict(tanh_precision="fast"), r"Capabilities\.tanh_precision: must be 'ieee' or 'approx', got 'fast'"),
         (
             dict(exclusions=Exclusion("x", dtypes=frozenset({torch.float16}))),
             r"Capabilities\.exclusions: must be a tuple of Exclusion",
@@ -303,12 +305,14 @@ def test_describe_and_limit_lines_report_every_limit():
         ),
         case_filter=lambda c, op: None,
         qk_precision="input",
+        tanh_precision="approx",
         notes={
             "batch_invariance": "routing by batch",
             "placement_invariance": "reduction in slot order",
             "decode_only": "one token per row",
             "default_scale_only": "fixed 1/sqrt(D)",
             "qk_precision": "bf16 products",
+            "tanh_precision": "tanh.approx.f32",
         },
     )
     lines = caps.limit_lines()
@@ -325,10 +329,13 @@ def test_describe_and_limit_lines_report_every_limit():
         "needs bs 16 under even GQA",
         "case filter: <lambda>",
         "q·k precision: products rounded to the input dtype, summed in fp32 (qk_precision 'input') (bf16 products)",
+        "soft-cap tanh: approximate, tanh.approx.f32 and an approximate 1/cap (tanh_precision 'approx') "
+        "(tanh.approx.f32)",
     ], lines
     d = caps.describe()
     json.dumps(d)  # JSON-ready
     assert d["qk_precision"] == "input" and d["decode_only"] and d["default_scale_only"]
+    assert d["tanh_precision"] == "approx", d
     assert d["invariances"] == ["determinism"]
     assert d["exclusions"][0] == {"reason": "sinks only on the plain path", "variants": ["logits_soft_cap", "sinks"]}
     assert d["exclusions"][1]["gqa_ratios"] == "even GQA ratios" and d["exclusions"][1]["multi_token"] is False

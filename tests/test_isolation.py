@@ -61,6 +61,7 @@ def test_remote_capabilities_answer_every_claim_the_suite_reads(pair):
         "devices",
         "fp32_precision",
         "qk_precision",
+        "tanh_precision",
         "tolerance_factor",
         "notes",
         "max_seq_len",

@@ -22,7 +22,7 @@ from pagedattn.adapters.exclusion import (
     spec_text,
 )
 from pagedattn.oracle.case import PagedCase
-from pagedattn.oracle.policy import PRECISIONS, QK_PRECISIONS
+from pagedattn.oracle.policy import PRECISIONS, QK_PRECISIONS, TANH_PRECISIONS
 from pagedattn.problem import VARIANTS, ProblemError
 
 
@@ -77,6 +77,10 @@ class Capabilities:
             from products rounded to the input dtype (e.g. ``tl.sum(q[None, :] * k, 1)``
             on bf16 tiles), summed in fp32. The policy adds the matching term and the
             report header says so.
+        tanh_precision: ``"ieee"`` or ``"approx"``: ``approx`` when the kernel's soft-cap
+            evaluates tanh approximately (PTX ``tanh.approx.f32``, with an approximate
+            reciprocal of the cap, as FlashInfer does). The policy adds the matching term to
+            soft-capped cases only and the report header says so.
     """
 
     dtypes: frozenset[torch.dtype] = CORE_DTYPES
@@ -96,6 +100,7 @@ class Capabilities:
     exclusions: tuple[Exclusion, ...] = ()
     case_filter: Callable[[PagedCase, str], str | None] | None = None
     qk_precision: str = "fp32"
+    tanh_precision: str = "ieee"
 
     def __post_init__(self) -> None:
         if self.fp32_precision not in PRECISIONS:
@@ -105,6 +110,12 @@ class Capabilities:
         if self.qk_precision not in QK_PRECISIONS:
             raise ProblemError(
                 "Capabilities", "qk_precision", f"must be {_either(QK_PRECISIONS)}, got {self.qk_precision!r}"
+            )
+        if self.tanh_precision not in TANH_PRECISIONS:
+            raise ProblemError(
+                "Capabilities",
+                "tanh_precision",
+                f"must be {_either(TANH_PRECISIONS)}, got {self.tanh_precision!r}",
             )
         unknown = set(self.operations) - OPERATIONS
         if unknown:
@@ -249,7 +260,7 @@ class Capabilities:
         """One human-readable line per limit, for the report header: every way these
         claims fall short of ``Capabilities()`` (narrowed dtypes, sizes and devices, an
         unclaimed invariance, decode-only, the fixed scale, each exclusion, the case
-        filter) and a declared q·k precision other than fp32. Operations and variants
+        filter), a declared q·k precision other than fp32 and an approximate soft-cap tanh. Operations and variants
         are opt-in, not limits, and the report lists them apart; so are
         ``fp32_precision`` and ``tolerance_factor``, which the policy line shows."""
         lines: list[str] = []
@@ -285,6 +296,13 @@ class Capabilities:
                     "q·k precision: products rounded to the input dtype, summed in fp32 (qk_precision 'input')",
                 )
             )
+        if self.tanh_precision == "approx":
+            lines.append(
+                self._why(
+                    "tanh_precision",
+                    "soft-cap tanh: approximate, tanh.approx.f32 and an approximate 1/cap (tanh_precision 'approx')",
+                )
+            )
         return lines
 
     def describe(self) -> dict[str, Any]:
@@ -300,6 +318,7 @@ class Capabilities:
             "variants": sorted(self.variants),
             "fp32_precision": self.fp32_precision,
             "qk_precision": self.qk_precision,
+            "tanh_precision": self.tanh_precision,
             "tolerance_factor": self.tolerance_factor,
             "invariances": sorted(self.invariances),
             "decode_only": self.decode_only,

@@ -166,6 +166,7 @@ def backend_info(backend: Backend) -> dict[str, Any]:
         "devices": sorted(caps.devices),
         "fp32_precision": caps.fp32_precision,
         "qk_precision": caps.qk_precision,
+        "tanh_precision": caps.tanh_precision,
         "tolerance_factor": caps.tolerance_factor,
         "max_seq_len": caps.max_seq_len,
         "decode_only": caps.decode_only,

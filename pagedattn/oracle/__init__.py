@@ -2,7 +2,14 @@
 
 from pagedattn.oracle.bitexact import BitCheck, bits_equal, check_bitexact
 from pagedattn.oracle.case import PagedCase
-from pagedattn.oracle.policy import DTYPE_TABLE, PRECISIONS, QK_PRECISIONS, WARN_FACTOR, attention_error_bound
+from pagedattn.oracle.policy import (
+    DTYPE_TABLE,
+    PRECISIONS,
+    QK_PRECISIONS,
+    TANH_PRECISIONS,
+    WARN_FACTOR,
+    attention_error_bound,
+)
 from pagedattn.oracle.reference import (
     causal_mask,
     gather_history,
@@ -18,6 +25,7 @@ __all__ = [
     "DTYPE_TABLE",
     "PRECISIONS",
     "QK_PRECISIONS",
+    "TANH_PRECISIONS",
     "WARN_FACTOR",
     "AttentionCheck",
     "BitCheck",

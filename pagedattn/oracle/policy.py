@@ -25,7 +25,9 @@ dots (0 for IEEE fp32 or half-precision inputs; ``2**-10`` for fp32 inputs when 
 backend declares TF32: tensor cores truncate); ``u_w`` the precision in which the
 weights meet V (the input dtype's: flash-style kernels round ``p`` before the
 product); ``u_kv`` an fp8 cache dequantized into the query dtype; ``u_qk`` a
-declared input-dtype score (``qk_precision="input"``). ``E_scores`` is
+declared input-dtype score (``qk_precision="input"``); a declared approximate
+soft-cap (``tanh_precision="approx"``) adds ``(U_TANH_APPROX + U_RCP_APPROX) c`` to
+every row's ``ds``. ``E_scores`` is
 Cauchy-Schwarz on the first-order softmax perturbation ``sum_j p_j ds_j (v_j - o)``
 with every ``ds_j`` bounded by the row's largest, so it scales with how far the
 values spread around the output, not with their magnitude, and costs one float32
@@ -102,6 +104,15 @@ PRECISIONS = ("ieee", "tf32")
 #: how q·k is formed (``Capabilities.qk_precision``): ``fp32`` products and sum (or TF32
 #: per ``fp32_precision``), or ``input``: each product rounded to the input dtype, the sum in fp32
 QK_PRECISIONS = ("fp32", "input")
+#: how the soft-cap's tanh is evaluated (``Capabilities.tanh_precision``): ``ieee`` (within a
+#: few fp32 ulps, as libm's tanhf) or ``approx`` (PTX ``tanh.approx.f32``, FlashInfer's soft-cap)
+TANH_PRECISIONS = ("ieee", "approx")
+#: tanh.approx.f32's largest relative error, 2**-11 (PTX ISA 9.1), rounded up to 2**-10.9 as a
+#: margin; that also covers 2**-10.987, a figure quoted for it (the ISA's, for the f16 variant)
+U_TANH_APPROX = 2.0**-10.9
+#: rcp.approx.f32, the 1/cap of an approximate soft-cap's pre-tanh scale: within 1 ulp (PTX
+#: ISA), a relative error of at most 2**-23
+U_RCP_APPROX = 2.0**-23
 #: float64 score-sized tensors of one block alive at once while the bound is formed (the
 #: oracle's scores and weights, the weights in float32, a correction of subnormal weights):
 #: its blocks are sized for them, so that the check needs no more memory than the oracle
@@ -126,12 +137,16 @@ def _u(dtype: torch.dtype) -> float:
     return 2.0 ** -DTYPE_TABLE[dtype].significand
 
 
-def validate_precisions(precision: str, qk_precision: str, owner: str = "attention_error_bound") -> None:
+def validate_precisions(
+    precision: str, qk_precision: str, owner: str = "attention_error_bound", tanh_precision: str = "ieee"
+) -> None:
     """Raises ``ProblemError`` (``{owner}.precision: must be one of ...``) for an unknown name."""
     if precision not in PRECISIONS:
         raise ProblemError(owner, "precision", f"must be one of {PRECISIONS}, got {precision!r}")
     if qk_precision not in QK_PRECISIONS:
         raise ProblemError(owner, "qk_precision", f"must be one of {QK_PRECISIONS}, got {qk_precision!r}")
+    if tanh_precision not in TANH_PRECISIONS:
+        raise ProblemError(owner, "tanh_precision", f"must be one of {TANH_PRECISIONS}, got {tanh_precision!r}")
 
 
 def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -155,13 +170,15 @@ class _Bound(NamedTuple):
     e_lse: torch.Tensor  # [n, Hq] float64
 
 
-def chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -> Iterator[_Bound]:
+def chunk_bounds(
+    case: PagedCase, precision: str, qk_precision: str = "fp32", tanh_precision: str = "ieee"
+) -> Iterator[_Bound]:
     """The model's terms per block of query rows, in token order, from the oracle's own
     pass (its weights, maxima, denominators and smallest logits). The score term is
     formed per row (``docs/tolerance.md``: the largest ``ds_j`` of the row bounds every
     key's), so the only work of the scores' size beyond the oracle's is one product of
     the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64)."""
-    validate_precisions(precision, qk_precision)
+    validate_precisions(precision, qk_precision, tanh_precision=tanh_precision)
     model = DTYPE_TABLE[case.dtype]
     tf32 = precision == "tf32" and case.dtype == torch.float32
     u_op = U_TF32_OPERAND if tf32 else 0.0  # each operand of both dots, when TF32
@@ -176,6 +193,10 @@ def chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") ->
     D = case.head_dim
     a = (C_DOT * U_FP32 * math.sqrt(D) + 2.0 * u_op + u_kv + u_qk) * case.scale  # coefficient of |q||k_j|
     row_const = U_FP32 * (C_EXP + (C_EXP * case.logits_soft_cap if case.logits_soft_cap is not None else 0.0))
+    if tanh_precision == "approx" and case.logits_soft_cap is not None:
+        # a declared approximate soft-cap (docs/tolerance.md): c tanh(y) off by u_tanh c |tanh y|,
+        # and by c |y| sech(y)^2 u_rcp < c u_rcp from the approximate 1/c in y's scale
+        row_const += (U_TANH_APPROX + U_RCP_APPROX) * case.logits_soft_cap
     sinks = case.sinks.to(torch.float64).view(case.num_kv_heads, case.gqa_ratio, 1) if case.sinks is not None else None
     log_min_normal = math.log(model.weights_min_normal)
     seq_lens = case.seq_lens_list
@@ -251,6 +272,7 @@ def attention_error_bound(
     case: PagedCase,
     precision: str = "ieee",
     qk_precision: str = "fp32",
+    tanh_precision: str = "ieee",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-element acceptance bound of the error model.
 
@@ -260,16 +282,18 @@ def attention_error_bound(
             products round their operands.
         qk_precision: ``"fp32"`` (default) or ``"input"``: the backend forms q.k from
             products rounded to the input dtype.
+        tanh_precision: ``"ieee"`` (default) or ``"approx"``: the backend's soft-cap uses an
+            approximate tanh (``tanh.approx.f32``); only soft-capped cases change.
 
     Returns:
         ``(reference, bound)``: two ``[T, Hq, D]`` float64 tensors on the case's device.
     """
-    ref, bound, _, _ = attention_lse_error_bounds(case, precision, qk_precision)
+    ref, bound, _, _ = attention_lse_error_bounds(case, precision, qk_precision, tanh_precision)
     return ref, bound
 
 
 def attention_lse_error_bounds(
-    case: PagedCase, precision: str = "ieee", qk_precision: str = "fp32"
+    case: PagedCase, precision: str = "ieee", qk_precision: str = "fp32", tanh_precision: str = "ieee"
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Output and log-sum-exp references and bounds in one pass over the oracle:
     ``(ref [T, Hq, D], bound [T, Hq, D], ref_lse [T, Hq], bound_lse [T, Hq])``, float64
@@ -282,6 +306,6 @@ def attention_lse_error_bounds(
         torch.empty(T, H, **kw),
         torch.empty(T, H, **kw),
     )
-    for blk in chunk_bounds(case, precision, qk_precision):
+    for blk in chunk_bounds(case, precision, qk_precision, tanh_precision):
         ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = blk[1:]
     return ref, bound, ref_lse, bound_lse

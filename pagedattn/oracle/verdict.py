@@ -40,6 +40,7 @@ class AttentionCheck:
     problem: str = ""  # a structural failure (shape, dtype, device), if any
     precision: str = "ieee"
     qk_precision: str = "fp32"
+    tanh_precision: str = "ieee"
     tolerance_factor: float = 1.0
     case_summary: str = ""
     what: str = "attention"  # or "log-sum-exp" (then worst_channel is -1)
@@ -69,6 +70,7 @@ class AttentionCheck:
             "problem": self.problem,
             "precision": self.precision,
             "qk_precision": self.qk_precision,
+            "tanh_precision": self.tanh_precision,
             "tolerance_factor": self.tolerance_factor,
             "what": self.what,
         }
@@ -93,6 +95,7 @@ class AttentionCheck:
             f"|error| {abs(self.value - self.reference):.3g}, bound {self.bound:.3g}",
             f"  policy: fp32 dot precision {self.precision}"
             + (", q.k from input-dtype products (declared)" if self.qk_precision == "input" else "")
+            + (", approximate soft-cap tanh (declared)" if self.tanh_precision == "approx" else "")
             + (f", tolerance x{self.tolerance_factor:g} (backend override)" if self.tolerance_factor != 1.0 else ""),
             f"  case: {self.case_summary}",
         ]
@@ -113,6 +116,7 @@ def check_attention(
     *,
     precision: str = "ieee",
     qk_precision: str = "fp32",
+    tanh_precision: str = "ieee",
     tolerance_factor: float = 1.0,
 ) -> AttentionCheck:
     """Judge ``output`` against the float64 oracle with the per-element bound, block of
@@ -125,17 +129,23 @@ def check_attention(
         precision: ``"ieee"`` or ``"tf32"`` (the backend's declared fp32 dot precision).
         qk_precision: ``"fp32"`` or ``"input"`` (the backend's declared score precision:
             q.k from products rounded to the input dtype).
+        tanh_precision: ``"ieee"`` or ``"approx"`` (the backend's declared soft-cap tanh:
+            ``tanh.approx.f32``; changes soft-capped cases only).
         tolerance_factor: an explicit loosening (> 1) or tightening, shown in the report.
     """
-    validate_precisions(precision, qk_precision, "check_attention")
+    validate_precisions(precision, qk_precision, "check_attention", tanh_precision)
     common: dict[str, Any] = dict(
-        precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor, case_summary=repr(case)
+        precision=precision,
+        qk_precision=qk_precision,
+        tanh_precision=tanh_precision,
+        tolerance_factor=tolerance_factor,
+        case_summary=repr(case),
     )
     problem = _output_problem(output, case)
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
     verdict = _Verdict()
-    for blk in chunk_bounds(case, precision, qk_precision):
+    for blk in chunk_bounds(case, precision, qk_precision, tanh_precision):
         verdict.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
     return verdict.check(case, common)
 
@@ -147,6 +157,7 @@ def check_attention_lse(
     *,
     precision: str = "ieee",
     qk_precision: str = "fp32",
+    tanh_precision: str = "ieee",
     tolerance_factor: float = 1.0,
 ) -> tuple[AttentionCheck, AttentionCheck]:
     """Judge an output and its log-sum-exp (one pass over the oracle).
@@ -155,14 +166,18 @@ def check_attention_lse(
         output: ``[num_tokens, num_heads, head_dim]`` in the query dtype.
         lse: ``[num_tokens, num_heads]`` float32, natural log of each row's softmax
             denominator (sink included).
-        case, precision, qk_precision, tolerance_factor: as for ``check_attention``.
+        case, precision, qk_precision, tanh_precision, tolerance_factor: as for ``check_attention``.
 
     Returns:
         ``(output_check, lse_check)``.
     """
-    validate_precisions(precision, qk_precision, "check_attention_lse")
+    validate_precisions(precision, qk_precision, "check_attention_lse", tanh_precision)
     common: dict[str, Any] = dict(
-        precision=precision, qk_precision=qk_precision, tolerance_factor=tolerance_factor, case_summary=repr(case)
+        precision=precision,
+        qk_precision=qk_precision,
+        tanh_precision=tanh_precision,
+        tolerance_factor=tolerance_factor,
+        case_summary=repr(case),
     )
     p_out = _output_problem(output, case)
     p_lse = _structural(
@@ -182,7 +197,7 @@ def check_attention_lse(
         )
         return out_check, lse_check
     v_out, v_lse = _Verdict(), _Verdict()
-    for blk in chunk_bounds(case, precision, qk_precision):
+    for blk in chunk_bounds(case, precision, qk_precision, tanh_precision):
         v_out.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
         v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
     return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))

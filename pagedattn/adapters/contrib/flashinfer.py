@@ -29,6 +29,13 @@ query (row ``i``), not from the query's absolute position ``p = i + L - q``: the
 is the same (softmax does not see a per-row constant), the log-sum-exp is larger by
 ``slope * (L - q)``, which the adapter subtracts.
 
+The soft-cap is approximate, and declared (``tanh_precision="approx"``): the soft-cap
+variants of FlashInfer's fa2 and fa3 kernels (``include/flashinfer/attention/variants.cuh``,
+``attention/hopper/variants.cuh``) scale the raw score by ``sm_scale`` times the cap's
+reciprocal from ``math::ptx_rcp`` (PTX ``rcp.approx``, within 1 ulp) and take ``math::tanh``
+(``include/flashinfer/math.cuh``: PTX ``tanh.approx.f32``, relative error up to 2**-11); the
+cap multiplies back in through the log2 scale of the softmax.
+
 Combination limits, as ``Exclusion`` data: the sink wrapper has no soft-cap and no
 ALiBi; FlashInfer applies the ALiBi bias before the soft-cap (and the scale inside it a
 second time), where ``PagedCase`` caps first. FlashInfer's kernels take fp16/bf16
@@ -84,12 +91,15 @@ def capabilities() -> Capabilities:
         variants=frozenset(VARIANTS),
         invariances=INVARIANCES - {"batch_invariance"},
         exclusions=EXCLUSIONS,
+        tanh_precision="approx",
         notes={
             "dtypes": "FlashInfer's paged kernels take fp16/bf16 queries; no fp32",
             "head_dims": "the head dims FlashInfer's fa2/fa3 kernels are built and tested for",
             "devices": "CUDA kernels",
             "batch_invariance": "pure-decode batches run the decode wrapper, mixed batches the prefill "
             "wrapper (as engines route them), and plan() sizes the KV split from the whole batch",
+            "tanh_precision": "LogitsSoftCap takes math::tanh (PTX tanh.approx.f32, relative error up to 2**-11) "
+            "of the score scaled by sm_scale * math::ptx_rcp(cap) (rcp.approx)",
         },
     )
 
