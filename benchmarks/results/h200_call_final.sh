@@ -1,10 +1,11 @@
 #!/bin/bash
-# One H200 call on the release tree (2026-11-30, third stop), run from the tree's root:
+# The H200 call on the release tree (2026-11-30, third stop), run from the tree's root:
 # the kernel's GPU tests (issue 18's one validator and the verdict's device path on CUDA),
 # the thorough profile timed on a fresh Triton cache with its compiles counted (issue 16),
-# the fp8 16-key prefill tile diagnosis (issue 17), and the check/oracle timings on the GPU
-# (issue 16). Each step has its own limit inside one deadline (BUDGET_S); what finished
-# comes back under $OUT: call.log (steps, limits, wall times, tails), logs.tgz, JSON files.
+# the check/oracle timings on the GPU (issue 16) and the kernel benchmark (issue 17).
+# (The first call of the stop, log h200-call-final-a.log, ran the fp8 diagnosis,
+# diag_fp8_small_tile.py, in place of the benchmark: DIAG=1 runs it again.) Each step has
+# its own limit inside one deadline (BUDGET_S); what finished comes back under $OUT: call.log (steps, limits, wall times, tails), logs.tgz, JSON files.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 T0=$(date +%s); END=$((T0 + ${BUDGET_S:-560}))
@@ -30,13 +31,14 @@ PY
 }
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nproc
   python -c "import torch, triton, sys, pytest; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0], 'pytest', pytest.__version__)"
-  git log --oneline -1 2>/dev/null; } >> $OUT/call.log 2>&1
-TAIL=12 step test_triton 170 python -m pytest -p no:cacheprovider tests/test_triton.py -q -n 4 -rfEx
+  cat .tree-commit 2>/dev/null; } >> $OUT/call.log 2>&1
+TAIL=12 step test_triton 130 python -m pytest -p no:cacheprovider tests/test_triton.py -q -n 4 -rfEx
 export TRITON_CACHE_DIR=/tmp/tcache-thorough
-step thorough 200 python -m pytest -p pagedattn.plugin -p no:cacheprovider conformance \
+step thorough 170 python -m pytest -p pagedattn.plugin -p no:cacheprovider conformance \
   --backend=pagedattn.adapters.triton:TritonBackend --profile=thorough -n 8 --report-json=$OUT/thorough.json -q
 count_compiles /tmp/tcache-thorough
 unset TRITON_CACHE_DIR
-TAIL=16 step diag_fp8 120 python benchmarks/results/diag_fp8_small_tile.py $OUT/diag-fp8.json
-TAIL=15 step suite 110 python benchmarks/bench_suite.py --device cuda --repeats 3 --out $OUT/gpu-suite.json
+[ -n "$DIAG" ] && TAIL=16 step diag_fp8 120 python benchmarks/results/diag_fp8_small_tile.py $OUT/diag-fp8.json
+TAIL=15 step suite 100 python benchmarks/bench_suite.py --device cuda --repeats 3 --out $OUT/gpu-suite.json
+TAIL=30 step bench 160 python benchmarks/bench_paged_attention.py --out $OUT/h200.json
 log "done"
