@@ -22,7 +22,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
-    # About 80 tests start a Python process (pytester runs, scripts). Without bytecode each
+    # Dozens of tests start a Python process (pytester runs, scripts). Without bytecode each
     # one compiles pagedattn again and pytest rewrites the plugin's modules again: 0.6 s of
     # a 3 s run. Their bytecode goes to one cache outside the checkout instead, which the
     # setting asked to keep free of it (the variables reach only the processes started here).
