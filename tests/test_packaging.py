@@ -131,7 +131,9 @@ def test_sdist_builds(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # setuptools >= 69.3 names it pagedattn_conformance-*, older ones pagedattn-conformance-*
-    (sdist,) = [p for p in tmp_path.glob("pagedattn?conformance-*.tar.gz")]
+    sdists = list(tmp_path.glob("pagedattn?conformance-*.tar.gz"))
+    assert len(sdists) == 1, f"want one pagedattn-conformance sdist, found {sorted(p.name for p in tmp_path.iterdir())}"
+    sdist = sdists[0]
     import tarfile
 
     names = tarfile.open(sdist).getnames()
