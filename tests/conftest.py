@@ -1,5 +1,7 @@
+import getpass
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,50 @@ if not torch.cuda.is_available():
     # The Triton kernel runs under the interpreter here; that must be decided before
     # triton is first imported (by any test).
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    # Dozens of tests start a Python process (pytester runs, scripts). Without bytecode each
+    # one compiles pagedattn again and pytest rewrites the plugin's modules again: 0.6 s of
+    # a 3 s run. Their bytecode goes to one cache outside the checkout instead, which the
+    # setting asked to keep free of it (the variables reach only the processes started here).
+    os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / f"pagedattn-pycache-{getpass.getuser()}")
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+
+# Tests that start Python processes run first, and the longest first of all (a whole
+# quick profile in a subprocess: 10-35 s of CPU each), so that no long test starts last
+# and leaves the other xdist worker idle. Seconds of CPU, measured on 2 cores.
+_LONG_FIRST = {
+    "test_bundled_backend_passes_the_quick_profile[triton]": 35,
+    "test_bundled_backend_passes_the_quick_profile[flex]": 32,
+    "test_bundled_backend_passes_the_quick_profile[tlsim]": 13,
+    "test_cpu_mode_writes_every_figure": 13,
+}
+_STARTS_PROCESSES = {"test_benchmarks.py", "test_packaging.py", "test_lazy_imports.py"}
+
+
+def _weight(item: pytest.Item) -> int:
+    if item.name in _LONG_FIRST:
+        return _LONG_FIRST[item.name]
+    if "pytester" in getattr(item, "fixturenames", ()) or item.path.name in _STARTS_PROCESSES:
+        return 1
+    return 0
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # a stable sort: within each weight, the files and their tests keep their order
+    items.sort(key=_weight, reverse=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``-n 2`` schedules by work stealing: each worker starts with half of the (ordered)
+    tests and an idle one takes half of what the other has left. xdist's default ``load``
+    sends the first ~90 tests to one worker at once, which would give it every long one."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import WorkStealingScheduling
+
+    return WorkStealingScheduling(config, log)
 
 
 @pytest.fixture

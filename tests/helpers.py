@@ -2,12 +2,38 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
 
 from pagedattn.cases import grid
 from pagedattn.oracle import PagedCase
+
+#: What a conformance session imports (the plugin's hooks import most of it lazily).
+SESSION_MODULES = (
+    "pagedattn.adapters.loading",
+    "pagedattn.book",
+    "pagedattn.collection",
+    "pagedattn.faults",
+    "pagedattn.isolation",
+    "pagedattn.properties",
+    "pagedattn.recorder",
+    "pagedattn.replay",
+    "pagedattn.report",
+    "pagedattn.suite",
+)
+
+
+def import_session_modules() -> None:
+    """Imports what a conformance session imports, for a test module that runs the suite in
+    process (``pytester.runpytest_inprocess``). pytester drops the modules a test imported
+    when it ends, so without this the next run imports some of them again: a second
+    ``Capabilities`` class, which the modules that stayed reject ("capabilities must be a
+    pagedattn.Capabilities, got Capabilities")."""
+    for name in SESSION_MODULES:
+        importlib.import_module(name)
+
 
 # what the quick decode family holds, so expectations about suite runs follow the grid
 QUICK_DECODE = grid("quick", "decode")

@@ -18,7 +18,9 @@ import torch
 from pagedattn.conformance.test_properties import PROPERTIES, SPECS
 
 from pagedattn.cases import grid
-from tests.helpers import N_DECODE, N_DECODE_FP32, N_SINGLE
+from tests.helpers import N_DECODE, N_DECODE_FP32, N_SINGLE, import_session_modules
+
+import_session_modules()  # before the in-process runs below (see its docstring)
 
 DECODE = "pagedattn.conformance.test_decode"
 PROPS = "pagedattn.conformance.test_properties"
@@ -41,12 +43,16 @@ QUICK = {
 HANG_KILL_S = 40  # a hang without --isolate is not guarded: the test kills the run
 
 
-def _run(pytester, *args, timeout=None):
-    """The run's result (``None`` if the test had to kill it) and its JSON report."""
+def _run(pytester, *args, timeout=None, in_process=False):
+    """The run's result (``None`` if the test had to kill it) and its JSON report. In a new
+    Python process, which a fault may kill, unless ``in_process`` (a run that cannot crash:
+    it saves the 2-3 s of a new interpreter importing torch)."""
+    args = ("-p", "no:cacheprovider", "--report-json=r.json", "--pyargs", *args)
     try:
-        result = pytester.runpytest_subprocess(
-            "-p", "no:cacheprovider", "--report-json=r.json", "--pyargs", *args, timeout=timeout
-        )
+        if in_process:
+            result = pytester.runpytest_inprocess(*args)
+        else:
+            result = pytester.runpytest_subprocess(*args, timeout=timeout)
     except pytester.TimeoutExpired:
         result = None
     report = json.loads((pytester.path / "r.json").read_text())
@@ -286,18 +292,18 @@ def test_expectations_xfail_xpass_and_stale(pytester, bad):
 
 def test_bad_expectations_file_is_a_usage_error(pytester):
     (pytester.path / "exp.json").write_text(json.dumps({"expected_failures": [{"case": "x"}]}))
-    result = pytester.runpytest_subprocess("--pyargs", DECODE, "--backend=reference", "--expectations=exp.json")
+    result = pytester.runpytest_inprocess("--pyargs", DECODE, "--backend=reference", "--expectations=exp.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*entry 0 needs a 'case' pattern and a 'reason'*"])
 
 
 def test_claimed_but_failing_fails(pytester, bad):
-    result, _ = _run(pytester, DECODE, f"--backend={bad}:WrongScale")
+    result, _ = _run(pytester, DECODE, f"--backend={bad}:WrongScale", in_process=True)
     result.assert_outcomes(failed=N_DECODE)
 
 
 def test_probe_unclaimed_reports_what_would_pass(pytester, bad):
-    result, report = _run(pytester, DECODE, f"--backend={bad}:ClaimsFp32Only", "--probe-unclaimed=2")
+    result, report = _run(pytester, DECODE, f"--backend={bad}:ClaimsFp32Only", "--probe-unclaimed=2", in_process=True)
     result.assert_outcomes(passed=N_DECODE_FP32, skipped=N_DECODE - N_DECODE_FP32)
     result.stdout.fnmatch_lines(["*probe of unclaimed cases (dtype float16 not claimed (fp32 build only)): 2 of 2*"])
     probes = report["probes"]
@@ -309,7 +315,7 @@ def test_isolation_carries_the_variants_and_the_lse(pytester):
     """A case's variant tensors and options cross into the child process, and the lse
     operation comes back from it: the same verdicts isolated as in process."""
     args = ("pagedattn.conformance.test_lse", "pagedattn.conformance.test_combined", "--backend=tlsim")
-    plain = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", *args, "--report-json=a.json")
+    plain = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--pyargs", *args, "--report-json=a.json")
     isolated = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pyargs", *args, "--isolate", "--report-json=b.json"
     )

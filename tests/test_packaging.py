@@ -130,7 +130,10 @@ def test_sdist_builds(tmp_path):
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    sdist = next(tmp_path.glob("pagedattn_conformance-*.tar.gz"))
+    # setuptools >= 69.3 names it pagedattn_conformance-*, older ones pagedattn-conformance-*
+    sdists = list(tmp_path.glob("pagedattn?conformance-*.tar.gz"))
+    assert len(sdists) == 1, f"want one pagedattn-conformance sdist, found {sorted(p.name for p in tmp_path.iterdir())}"
+    sdist = sdists[0]
     import tarfile
 
     names = tarfile.open(sdist).getnames()

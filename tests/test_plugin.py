@@ -5,14 +5,23 @@ import re
 
 import pytest
 
-from tests.helpers import N_DECODE, N_DECODE_FP32
+from tests.helpers import N_DECODE, N_DECODE_FP32, import_session_modules
+
+import_session_modules()  # before the in-process runs below (see its docstring)
 
 DECODE = "pagedattn.conformance.test_decode"
 PROPS = "pagedattn.conformance.test_properties"
 
 
 def _run(pytester, *args):
+    """A run in a fresh Python process, as a user starts it (the loading routes, -n 2)."""
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--pyargs", *args)
+
+
+def _run_here(pytester, *args):
+    """A run in this process: the same plugin, options and output, without the 2-3 s of a
+    new interpreter importing torch (the checks of a run's verdicts, errors and reports)."""
+    return pytester.runpytest_inprocess("-p", "no:cacheprovider", "--pyargs", *args)
 
 
 def _replay_path(result) -> str:
@@ -39,7 +48,7 @@ def test_every_loading_route_runs_the_suite(pytester, bad, route):
 
 
 def test_header_names_backend_and_versions(pytester):
-    result = _run(pytester, DECODE, "--backend=sdpa")
+    result = _run_here(pytester, DECODE, "--backend=sdpa")
     claims = (
         "*claims: operations attention, gather, write_cache; variants alibi_slopes, fp8_e4m3, fp8_e5m2, sliding_window"
     )
@@ -56,26 +65,26 @@ def test_header_names_backend_and_versions(pytester):
 
 
 def test_unknown_backend_lists_the_available_ones(pytester):
-    result = _run(pytester, DECODE, "--backend=nosuch")
+    result = _run_here(pytester, DECODE, "--backend=nosuch")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*unknown backend. Available: *reference*sdpa*"])
 
 
 def test_broken_import_shows_its_cause(pytester):
     pytester.makepyfile(broken="import definitely_not_a_module\nB = 1\n")
-    result = _run(pytester, DECODE, f"--backend={pytester.path / 'broken.py'}:B")
+    result = _run_here(pytester, DECODE, f"--backend={pytester.path / 'broken.py'}:B")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*importing*failed*", "*ModuleNotFoundError*definitely_not_a_module*"])
 
 
 def test_not_a_backend_is_an_error(pytester, bad):
-    result = _run(pytester, DECODE, f"--backend={bad}:not_a_backend")
+    result = _run_here(pytester, DECODE, f"--backend={bad}:not_a_backend")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*is not a backend: missing name, capabilities, paged_attention*"])
 
 
 def test_missing_backend_option_is_a_usage_error(pytester):
-    result = _run(pytester, DECODE)
+    result = _run_here(pytester, DECODE)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*needs --backend=NAME*"])
 
@@ -93,7 +102,7 @@ def test_missing_backend_option_is_a_usage_error(pytester):
     ],
 )
 def test_each_property_catches_its_bug(pytester, bad, cls, prop, text):
-    result = _run(pytester, PROPS, f"--backend={bad}:{cls}", "-k", prop)
+    result = _run_here(pytester, PROPS, f"--backend={bad}:{cls}", "-k", prop)
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) >= 1, f"{cls} was not caught by {prop}: {outcomes}"
     result.stdout.fnmatch_lines([f"*{text}*", "*replay: pytest *--replay *"])
@@ -102,7 +111,7 @@ def test_each_property_catches_its_bug(pytester, bad, cls, prop, text):
 def test_a_raising_backend_fails_its_cases_and_is_reported(pytester, bad):
     """In process as isolated: one short line per case (type, message, the backend's own
     frame), a replay, and the full traceback in the JSON (and with --tb=long)."""
-    result = _run(pytester, DECODE, f"--backend={bad}:Raises", "--report-json=r.json", "--tb=long")
+    result = _run_here(pytester, DECODE, f"--backend={bad}:Raises", "--report-json=r.json", "--tb=long")
     result.assert_outcomes(failed=N_DECODE)
     report = json.loads((pytester.path / "r.json").read_text())
     assert {c["status"] for c in report["cases"]} == {"failed"}
@@ -118,7 +127,7 @@ def test_a_raising_backend_fails_its_cases_and_is_reported(pytester, bad):
 
 def test_declined_invariance_is_unsupported_and_probed(pytester, bad):
     reason = "invariance 'batch_invariance' not claimed (decode and mixed batches take different kernels)"
-    result = _run(
+    result = _run_here(
         pytester,
         PROPS,
         f"--backend={bad}:DeclinesBatchInvariance",
@@ -139,17 +148,17 @@ def test_declined_invariance_is_unsupported_and_probed(pytester, bad):
 
 
 def test_replay_reproduces_a_failure(pytester, bad):
-    result = _run(pytester, DECODE, f"--backend={bad}:WrongScale")
+    result = _run_here(pytester, DECODE, f"--backend={bad}:WrongScale")
     result.assert_outcomes(failed=N_DECODE)
     path = _replay_path(result)
-    again = _run(pytester, DECODE, f"--backend={bad}:WrongScale", "--replay", path)
+    again = _run_here(pytester, DECODE, f"--backend={bad}:WrongScale", "--replay", path)
     again.assert_outcomes(failed=1)
-    fixed = _run(pytester, DECODE, f"--backend={bad}:Correct", "--replay", path)
+    fixed = _run_here(pytester, DECODE, f"--backend={bad}:Correct", "--replay", path)
     fixed.assert_outcomes(passed=1)
 
 
 def test_json_report_schema(pytester):
-    result = _run(
+    result = _run_here(
         pytester,
         DECODE,
         "pagedattn.conformance.test_gather",
@@ -199,7 +208,7 @@ def test_json_report_schema(pytester):
 
 def test_xdist_gives_the_serial_outcome(pytester):
     args = (DECODE, "pagedattn.conformance.test_properties", "--backend=reference")
-    serial = _run(pytester, *args, "--report-json=serial.json")
+    serial = _run_here(pytester, *args, "--report-json=serial.json")
     parallel = _run(pytester, *args, "-n", "2", "--report-json=par.json")
     assert serial.ret == parallel.ret == 0
 
@@ -226,7 +235,7 @@ WINDOW = "pagedattn.conformance.test_sliding_window"
     ],
 )
 def test_the_lse_family_judges_the_lse(pytester, bad, cls, text):
-    result = _run(pytester, LSE, f"--backend={bad}:{cls}", "--report-json=r.json")
+    result = _run_here(pytester, LSE, f"--backend={bad}:{cls}", "--report-json=r.json")
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed", 0) >= 1, f"{cls} passed the lse family: {outcomes}"
     result.stdout.fnmatch_lines([f"*{text}*"])
@@ -238,7 +247,7 @@ def test_the_lse_family_judges_the_lse(pytester, bad, cls, text):
 
 
 def test_lse_base_passes_and_unclaimed_variants_are_unsupported(pytester, bad):
-    result = _run(pytester, LSE, f"--backend={bad}:LseBase", "--report-json=r.json")
+    result = _run_here(pytester, LSE, f"--backend={bad}:LseBase", "--report-json=r.json")
     assert result.ret == 0
     report = json.loads((pytester.path / "r.json").read_text())
     statuses = {c["id"]: c["status"] for c in report["cases"]}
@@ -248,12 +257,12 @@ def test_lse_base_passes_and_unclaimed_variants_are_unsupported(pytester, bad):
 
 
 def test_a_claimed_variant_is_verified_and_its_failure_replays(pytester, bad):
-    result = _run(pytester, WINDOW, f"--backend={bad}:WindowOffByOne")
+    result = _run_here(pytester, WINDOW, f"--backend={bad}:WindowOffByOne")
     assert result.parseoutcomes().get("failed", 0) >= 1
     path = _replay_path(result)
-    again = _run(pytester, WINDOW, f"--backend={bad}:WindowOffByOne", "--replay", path)
+    again = _run_here(pytester, WINDOW, f"--backend={bad}:WindowOffByOne", "--replay", path)
     again.assert_outcomes(failed=1)
-    fixed = _run(pytester, WINDOW, f"--backend={bad}:Correct", "--replay", path)
+    fixed = _run_here(pytester, WINDOW, f"--backend={bad}:Correct", "--replay", path)
     # the saved case keeps its window: a backend that does not claim it reports it unsupported
     fixed.assert_outcomes(skipped=1)
     fixed.stdout.fnmatch_lines(["*variant sliding_window not claimed*"])
