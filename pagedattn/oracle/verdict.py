@@ -242,42 +242,53 @@ class _Verdict:
         ratio = torch.sub(out, ref).abs_().div_(bound)
         if exact_inf:  # an lse of -inf where the reference is -inf is exact
             ratio.masked_fill_(torch.isinf(ref) & (out == ref), 0.0)
-        flat = torch.argmax(ratio)  # a NaN ratio is the largest
         self.num_elements += ratio.numel()
-        picks = [ratio.reshape(-1)[flat], (ratio > 1.0).sum(), flat]
-        picks += [out.reshape(-1)[flat], ref.reshape(-1)[flat], bound.reshape(-1)[flat]]
-        # on the CPU a read costs nothing: count the non-finite elements only when there are some
+        shape = tuple(ratio.shape)
+        flat = torch.argmax(ratio).view(1)  # a NaN ratio is the largest
+        # a block's over count takes its NaN ratios in (they are infinitely over), and its
+        # non-finite outputs where the reference is finite: both are zero unless its worst
+        # ratio is NaN or infinite (an infinite or NaN output makes it so)
+        picked = [t.reshape(-1).index_select(0, flat) for t in (ratio, out, ref, bound)]
         if ratio.device.type == "cpu" and not self.defer_on_cpu:
-            row = [float(x) for x in picks]
-            if row[0] < float("inf"):
-                row[2:2] = [0.0, 0.0]
-            else:
-                row[2:2] = [float(torch.isnan(ratio).sum()), float((~torch.isfinite(out) & torch.isfinite(ref)).sum())]
-            self._fold(tokens.start, tuple(ratio.shape), row)
+            # on the CPU a read costs nothing: count the non-finite elements only when there are some
+            budget, value, reference, bound_at = (float(t) for t in picked)
+            over = int((ratio > 1.0).sum())
+            nonfinite = 0
+            if not budget < float("inf"):
+                over += int(torch.isnan(ratio).sum())
+                nonfinite = int((torch.isfinite(ref) > torch.isfinite(out)).sum())
+            self._fold(tokens.start, shape, [budget, over, nonfinite, int(flat), value, reference, bound_at])
             return
-        # on a device, every read is a synchronization: keep a few scalars, read them all in check()
-        picks[2:2] = [torch.isnan(ratio).sum(), (~torch.isfinite(out) & torch.isfinite(ref)).sum()]
-        stats = torch.stack([x.to(torch.float64) for x in picks])  # counts and indices below 2**53 are exact
-        self._blocks.append((tokens.start, tuple(ratio.shape), stats))
+        # on a device, every read is a synchronization: keep a few scalars there, read them all
+        # in check(); counts and indices below 2**53 are exact in float64. Indexing by a tensor
+        # (``t[flat]``) would read ``flat`` on the host: ``index_select`` does not.
+        counts = torch.stack(
+            [ratio.le(1.0).logical_not_().sum(), (torch.isfinite(ref) > torch.isfinite(out)).sum(), flat[0]]
+        )
+        stats = torch.cat([picked[0], counts.to(torch.float64), *picked[1:]])
+        self._blocks.append((tokens.start, shape, stats))
 
     def _fold(self, start: int, shape: tuple[int, ...], row: list[float]) -> None:
-        """Fold one block's statistics in: ``[worst ratio, #over, #NaN ratios, #non-finite outputs,
-        flat index of the worst, its output, reference and bound]``."""
-        budget, over, nans, nonfinite, flat, value, reference, bound = row
+        """Fold one block's statistics in: ``[worst ratio, #over (NaN ratios included), #non-finite
+        outputs where the reference is finite, flat index of the worst, its output, reference, bound]``."""
+        budget, over, nonfinite, flat, value, reference, bound = row
         self.num_over += int(over)
         if not budget < float("inf"):  # a NaN or infinite output: infinitely over
             budget = float("inf")
-            self.num_over += int(nans)
             self.num_nonfinite += int(nonfinite)
         if budget > self.budget:
-            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(int(flat)), shape))
+            idx, rest = [], int(flat)  # unravelled on the host: no tensor, no device
+            for size in reversed(shape):
+                rest, i = divmod(rest, size)
+                idx.append(i)
+            idx.reverse()
             self.budget, self.worst = budget, (idx[0] + start, *idx[1:])
             self.value, self.reference, self.bound = value, reference, bound
 
     def _settle(self) -> None:
         """Fold the device blocks' statistics in, in block order (one device-to-host transfer)."""
         if self._blocks:
-            rows = torch.stack([b[2] for b in self._blocks]).cpu().tolist()
+            rows = torch.stack([b[2] for b in self._blocks]).tolist()
             for (start, shape, _), row in zip(self._blocks, rows):
                 self._fold(start, shape, row)
             self._blocks = []
