@@ -151,16 +151,20 @@ class _Bound(NamedTuple):
     tokens: slice  # rows of the packed output
     o: torch.Tensor  # [n, Hq, D] float64
     e: torch.Tensor  # [n, Hq, D] float64
-    lse: torch.Tensor  # [n, Hq] float64
-    e_lse: torch.Tensor  # [n, Hq] float64
+    lse: torch.Tensor | None  # [n, Hq] float64 (None: not asked for)
+    e_lse: torch.Tensor | None  # [n, Hq] float64
 
 
-def chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") -> Iterator[_Bound]:
+def chunk_bounds(
+    case: PagedCase, precision: str, qk_precision: str = "fp32", with_lse: bool = True
+) -> Iterator[_Bound]:
     """The model's terms per block of query rows, in token order, from the oracle's own
     pass (its weights, maxima, denominators and smallest logits). The score term is
     formed per row (``docs/tolerance.md``: the largest ``ds_j`` of the row bounds every
     key's), so the only work of the scores' size beyond the oracle's is one product of
-    the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64)."""
+    the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64).
+    ``with_lse=False``: the log-sum-exp's fields are ``None`` (not formed: on a device every
+    operation is a launch, and a check of the output alone has no use for them)."""
     validate_precisions(precision, qk_precision)
     model = DTYPE_TABLE[case.dtype]
     tf32 = precision == "tf32" and case.dtype == torch.float32
@@ -179,6 +183,7 @@ def chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") ->
     sinks = case.sinks.to(torch.float64).view(case.num_kv_heads, case.gqa_ratio, 1) if case.sinks is not None else None
     log_min_normal = math.log(model.weights_min_normal)
     seq_lens = case.seq_lens_list
+    sink_const = C_EXP + sinks.abs() if sinks is not None else None  # [Hkv, G, 1]
     seq, centre, vv = -1, torch.empty(0), torch.empty(0)
     for c in iter_chunks(case, live=_LIVE, score_floor=True):
         assert c.score_floor is not None
@@ -194,6 +199,7 @@ def chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") ->
         # sum_j p_j |v_j| and sum_j p_j (v_j - c)^2, c the sequence's mean value (against cancellation)
         if c.seq != seq:
             seq, centre, vv = c.seq, *_value_moments(c.v_all)
+            centre = centre.repeat_interleave(G, dim=0).transpose(0, 1)  # [1, Hq, D]
         s12 = c.output(vv[:, c.keys], probs=c.probs.float())  # [n, Hq, 2D] float32
         # sums of Lc + 1 nonnegative float32 products of float32-rounded factors: each within
         # (Lc + 3) u_fp32 of its value, so raised by that much (1 + eps) they bound it from above
@@ -201,12 +207,13 @@ def chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") ->
         abs_pv, s2 = s12[..., :D], s12[..., D:]
         # sum_j p_j (v_j - o)^2 = S2 + 2 d o p_sink - d^2 (1 - p_sink), d = c - o; formed as
         # grow (S2 - ...) / grow, so that the float32 S2 is promoted in the one subtraction
-        d = centre.repeat_interleave(G, dim=0).transpose(0, 1) - o  # [n, Hq, D]
-        ds_rows = c.rows(ds_max)[..., None]  # [n, Hq, 1]
+        d = centre - o  # [n, Hq, D]
+        lse_scores = c.rows(ds_max)  # [n, Hq]
+        ds_rows = lse_scores[..., None]  # [n, Hq, 1]
+        o_abs = o.abs()
         if c.sink_probs is None:
             spread2 = torch.sub(s2, d.square_(), alpha=1.0 / grow)
             e_scores = spread2.clamp_min_(0.0).sqrt_().mul_(ds_rows * math.sqrt(grow))
-            lse_scores = c.rows(ds_max)
         else:
             assert c.key_share is not None
             p_sink = c.rows(c.sink_probs)[..., None]  # [n, Hq, 1]
@@ -214,13 +221,13 @@ def chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") ->
             spread2 = torch.add(s2, 2.0 * d * o * p_sink, alpha=1.0 / grow)
             spread2.sub_(d.square_().mul_(share), alpha=1.0 / grow)
             e_scores = spread2.clamp_min_(0.0).mul_(share).sqrt_().mul_(ds_rows * math.sqrt(grow))
-            lse_scores = c.rows(ds_max) * share[..., 0]
+            lse_scores = lse_scores * share[..., 0]
             # the sink's logit is exact; its exp and the max subtraction round like a key's,
             # and a perturbed sink weight moves the output towards 0 (its value)
-            assert sinks is not None
-            ds_sink = U_FP32 * (C_EXP + sinks.abs() + (sinks - c.row_max).abs())  # [Hkv, G, n]
+            assert sinks is not None and sink_const is not None
+            ds_sink = U_FP32 * (sink_const + (sinks - c.row_max).abs())  # [Hkv, G, n]
             w_sink = c.rows(c.sink_probs * ds_sink)  # [n, Hq]
-            e_scores.addcmul_(w_sink[..., None], o.abs())
+            e_scores.addcmul_(w_sink[..., None], o_abs)
             lse_scores = lse_scores + w_sink
         # weights rounded where they meet V, relative to the final max (each is largest
         # there): relatively while normal, by at most half the subnormal spacing below
@@ -235,13 +242,14 @@ def chunk_bounds(case: PagedCase, precision: str, qk_precision: str = "fp32") ->
             del small
         # E_weights, the V operand's rounding (fp8 dequantized to the input dtype, TF32) and E_accum
         acc = C_ACC * U_FP32 * math.sqrt(L)
-        o_abs = o.abs()
         e = e_scores.add_(abs_pv, alpha=(C_W * u_w + u_kv + u_v + acc) * grow).add_(o_abs, alpha=acc)
         e.add_(_half_ulp(o_abs.add_(e), case.dtype))
-        lse = c.rows(c.lse)  # [n, Hq]
-        # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
-        # sum rounded, a base change (log2 kernels) rounded, the denominator's sqrt(L) growth
-        e_lse = lse_scores + U_FP32 * (C_EXP + 2.0 * lse.abs()) + C_ACC * U_FP32 * math.sqrt(L)
+        lse = e_lse = None
+        if with_lse:
+            lse = c.rows(c.lse)  # [n, Hq]
+            # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
+            # sum rounded, a base change (log2 kernels) rounded, the denominator's sqrt(L) growth
+            e_lse = lse_scores + U_FP32 * (C_EXP + 2.0 * lse.abs()) + C_ACC * U_FP32 * math.sqrt(L)
         tokens = c.tokens
         del c  # its score-sized tensors go before the next block's come
         yield _Bound(tokens, o, e, lse, e_lse)
@@ -283,5 +291,6 @@ def attention_lse_error_bounds(
         torch.empty(T, H, **kw),
     )
     for blk in chunk_bounds(case, precision, qk_precision):
-        ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = blk[1:]
+        assert blk.lse is not None and blk.e_lse is not None
+        ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = blk.o, blk.e, blk.lse, blk.e_lse
     return ref, bound, ref_lse, bound_lse

@@ -135,7 +135,7 @@ def check_attention(
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
     verdict = _Verdict()
-    for blk in chunk_bounds(case, precision, qk_precision):
+    for blk in chunk_bounds(case, precision, qk_precision, with_lse=False):
         verdict.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
     return verdict.check(case, common)
 
@@ -184,6 +184,7 @@ def check_attention_lse(
     v_out, v_lse = _Verdict(), _Verdict()
     for blk in chunk_bounds(case, precision, qk_precision):
         v_out.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
+        assert blk.lse is not None and blk.e_lse is not None
         v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
     return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
 
