@@ -389,3 +389,49 @@ def test_the_suite_judges_a_backend_by_its_declared_qk_precision():
     assert declared.passed, f"declared input-dtype products, judged by Suite.policy: {declared}"
     Declares.capabilities = Capabilities()
     assert suite.policy["qk_precision"] == "fp32", suite.policy
+
+
+def _op_counter():
+    """``OpCounter`` of ``benchmarks/bench_suite.py`` (a script, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "bench_suite.py"
+    spec = importlib.util.spec_from_file_location("bench_suite", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.OpCounter
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16-subnormal-weights"])
+def test_the_device_path_syncs_only_at_the_guards_and_once_at_the_end(dtype, monkeypatch):
+    """On a device every host read of a tensor waits for the device. The check's device path
+    (forced here on the CPU, every CPU tensor counted as a device one) reads nothing per
+    block but the guards on subnormal weights (one, or two where the first fires), and its
+    verdicts once each, at the end: ``check_attention`` at most 2 blocks + 1 reads, the lse
+    check one more. Indexing by a tensor read it on the host, four times a block, before."""
+    from pagedattn.oracle.verdict import _Verdict
+
+    OpCounter = _op_counter()
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
+    monkeypatch.setattr(_Verdict, "defer_on_cpu", True)
+    case = CaseSpec("t", ((300, 1), (200, 120), (90, 90)), num_heads=4, num_kv_heads=2, dtype=dtype).build()
+    blocks = len(list(iter_chunks(case, live=policy._LIVE, score_floor=True)))
+    assert blocks > 3, f"{blocks} blocks: the cap should split the case into several"
+    out = streamed_attention(case, 16)
+    _, lse = paged_attention_reference_lse(case)
+    with OpCounter() as counted:
+        check = check_attention(out, case)
+    assert check.passed, str(check)
+    sites = dict(counted.sync_sites)
+    policy_reads = sum(n for where, n in sites.items() if where.startswith("pagedattn/oracle/policy.py"))
+    verdict_reads = sum(n for where, n in sites.items() if where.startswith("pagedattn/oracle/verdict.py"))
+    assert counted.syncs == policy_reads + verdict_reads, f"reads outside the guards and the verdict: {sites}"
+    assert blocks <= policy_reads <= 2 * blocks, f"{blocks} blocks, guard reads at {sites}"
+    assert verdict_reads == 1, f"the verdict read {verdict_reads} times, not once: {sites}"
+    with OpCounter() as counted_lse:
+        check_attention_lse(out, lse.float(), case)
+    assert counted_lse.syncs == counted.syncs + 1, (
+        f"the lse check read {counted_lse.syncs} times, the output's {counted.syncs}: {dict(counted_lse.sync_sites)}"
+    )
