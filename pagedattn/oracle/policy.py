@@ -292,5 +292,10 @@ def attention_lse_error_bounds(
     )
     for blk in chunk_bounds(case, precision, qk_precision):
         assert blk.lse is not None and blk.e_lse is not None
-        ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = blk.o, blk.e, blk.lse, blk.e_lse
+        ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = (
+            blk.o,
+            blk.e,
+            blk.lse,
+            blk.e_lse,
+        )
     return ref, bound, ref_lse, bound_lse
