@@ -106,6 +106,9 @@ QK_PRECISIONS = ("fp32", "input")
 #: oracle's scores and weights, the weights in float32, a correction of subnormal weights):
 #: its blocks are sized for them, so that the check needs no more memory than the oracle
 _LIVE = 4
+#: take the device path on the CPU too (tests and the op counter compare the two paths):
+#: no host read per block (``chunk_bounds``) nor per verdict block (``verdict._Verdict``)
+DEVICE_PATH_ON_CPU = False
 
 
 def _half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -182,6 +185,7 @@ def chunk_bounds(
     row_const = U_FP32 * (C_EXP + (C_EXP * case.logits_soft_cap if case.logits_soft_cap is not None else 0.0))
     sinks = case.sinks.to(torch.float64).view(case.num_kv_heads, case.gqa_ratio, 1) if case.sinks is not None else None
     log_min_normal = math.log(model.weights_min_normal)
+    device_path = case.device.type != "cpu" or DEVICE_PATH_ON_CPU
     seq_lens = case.seq_lens_list
     sink_const = C_EXP + sinks.abs() if sinks is not None else None  # [Hkv, G, 1]
     seq, centre, vv = -1, torch.empty(0), torch.empty(0)
@@ -231,12 +235,17 @@ def chunk_bounds(
             lse_scores = lse_scores + w_sink
         # weights rounded where they meet V, relative to the final max (each is largest
         # there): relatively while normal, by at most half the subnormal spacing below
-        # (E_weights = C_W u_w sum_j p_j |v_j|, plus the below-normal correction)
-        if bool((c.score_floor - c.row_max < log_min_normal).any()):  # some p_rel may be subnormal
+        # (E_weights = C_W u_w sum_j p_j |v_j|, plus the below-normal correction). On the CPU
+        # two cheap guards skip the correction where no p_rel can be subnormal; on a device each
+        # guard is a read that stalls the host until the device catches up, so it is formed
+        # unconditionally there: where no weight is small it adds exactly 0 (same bound).
+        if device_path or bool((c.score_floor - c.row_max < log_min_normal).any()):
             l_rel = torch.exp(c.lse - c.row_max)[..., None]  # the denominator in units of the max
             small = (c.probs < model.weights_min_normal / l_rel) & (c.probs > 0.0)
-            if bool(small.any()):
-                extra = (c.probs * l_rel).clamp_(max=model.weights_spacing / 2).div_(l_rel).sub_(c.probs, alpha=u_w)
+            if device_path or bool(small.any()):
+                # in the block's scores' storage: the scores are spent, and no new score-sized tensor
+                extra = torch.mul(c.probs, l_rel, out=c.scores)
+                extra.clamp_(max=model.weights_spacing / 2).div_(l_rel).sub_(c.probs, alpha=u_w)
                 e_scores.add_(c.output(c.v.abs(), probs=extra.masked_fill_(~small, 0.0)), alpha=C_W)
                 del extra
             del small

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from pagedattn.oracle import policy
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.policy import WARN_FACTOR, chunk_bounds, validate_precisions
 
@@ -250,22 +251,22 @@ class _Verdict:
         # non-finite outputs where the reference is finite: both are zero unless its worst
         # ratio is NaN or infinite (an infinite or NaN output makes it so)
         picked = [t.reshape(-1).index_select(0, flat) for t in (ratio, out, ref, bound)]
-        if ratio.device.type == "cpu" and not self.defer_on_cpu:
+        if ratio.device.type == "cpu" and not (self.defer_on_cpu or policy.DEVICE_PATH_ON_CPU):
             # on the CPU a read costs nothing: count the non-finite elements only when there are some
             budget, value, reference, bound_at = (float(t) for t in picked)
             over = int((ratio > 1.0).sum())
-            nonfinite = 0
+            num_nonfinite = 0
             if not budget < float("inf"):
                 over += int(torch.isnan(ratio).sum())
-                nonfinite = int((torch.isfinite(ref) > torch.isfinite(out)).sum())
-            self._fold(tokens.start, shape, [budget, over, nonfinite, int(flat), value, reference, bound_at])
+                num_nonfinite = int((torch.isfinite(ref) > torch.isfinite(out)).sum())
+            self._fold(tokens.start, shape, [budget, over, num_nonfinite, int(flat), value, reference, bound_at])
             return
         # on a device, every read is a synchronization: keep a few scalars there, read them all
         # in check(); counts and indices below 2**53 are exact in float64. Indexing by a tensor
         # (``t[flat]``) would read ``flat`` on the host: ``index_select`` does not.
         # x - x is 0 where x is finite, NaN elsewhere: fewer ops than isfinite (four each)
-        nonfinite = torch.sub(ref, ref).eq_(0.0).gt_(torch.sub(out, out).eq_(0.0)).sum()
-        counts = torch.stack([ratio.le(1.0).logical_not_().sum(), nonfinite, flat[0]])
+        finite_only_ref = torch.sub(ref, ref).eq_(0.0).gt_(torch.sub(out, out).eq_(0.0))
+        counts = torch.stack([ratio.le(1.0).logical_not_().sum(), finite_only_ref.sum(), flat[0]])
         stats = torch.cat([picked[0], counts.to(torch.float64), *picked[1:]])
         self._blocks.append((tokens.start, shape, stats))
 
