@@ -20,6 +20,7 @@ the peak of the summed resident sets of pytest and its workers, sampled every 0.
     python benchmarks/bench_suite.py --profile-run --out benchmarks/results/cpu-suite.json
     python benchmarks/bench_suite.py --smoke --out /tmp/smoke.json      # the harness, in seconds
     python benchmarks/bench_suite.py --device cuda --out gpu-suite.json   # ~1 minute on an H200
+    python benchmarks/bench_suite.py --skip-thorough --device-path --out /tmp/dp.json  # a GPU's ops, on the CPU
 
 Speed is recorded with the machine, never asserted.
 """
@@ -54,6 +55,10 @@ SMOKE_CASES = [
     ("quick", "sliding_window-gqa2-bs4-d64-fp32-L50-B2-win8"),
     ("quick", "sinks-gqa4-bs16-d64-bf16-L40-B3-sinks"),
 ]
+
+
+#: set by ``--device-path`` for the measuring processes
+DEVICE_PATH_ENV = "PAGEDATTN_BENCH_DEVICE_PATH"
 
 
 def machine(device: str) -> dict:
@@ -214,6 +219,11 @@ def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int
     from pagedattn.oracle import check_attention, paged_attention_reference_lse
 
     torch.set_num_threads(threads)
+    if os.environ.get(DEVICE_PATH_ENV) == "1":  # --device-path: the CPU run takes the GPU's code path
+        from pagedattn.oracle import policy, verdict
+
+        policy.DEVICE_PATH_ON_CPU = True
+        verdict._Verdict.defer_on_cpu = True  # a checkout from before policy.DEVICE_PATH_ON_CPU
     case = _case(profile, case_id, device)
     # one small call of each first: lazy initialisation (allocator pools, BLAS buffers) is
     # neither the oracle's time nor its memory
@@ -394,6 +404,11 @@ def main(argv: list[str] | None = None) -> dict:
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the timed calls (1: steadier when shared)")
     ap.add_argument("--profile-run", action="store_true", help="also run the standard profile of the reference backend")
+    ap.add_argument(
+        "--device-path",
+        action="store_true",
+        help="on the CPU, take the check's device path (policy.DEVICE_PATH_ON_CPU): its ops and syncs predict a GPU's",
+    )
     ap.add_argument("--code", default=REPO, help="checkout whose pagedattn is measured (default: this one)")
     ap.add_argument("--out", default=None)
     ap.add_argument(
@@ -407,9 +422,12 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     CODE[0] = os.path.abspath(args.code)
+    if args.device_path:
+        os.environ[DEVICE_PATH_ENV] = "1"
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cases = SMOKE_CASES if args.smoke else [c for c in CASES if not (args.skip_thorough and c[0] == "thorough")]
     result: dict = {"machine": machine(device), "code": CODE[0], "threads": args.threads, "checks": []}
+    result["device_path"] = device != "cpu" or args.device_path
 
     def write(rows: list[dict]) -> None:  # after every case: a run cut short keeps what it measured
         result["checks"] = rows
