@@ -102,9 +102,11 @@ PRECISIONS = ("ieee", "tf32")
 #: how q·k is formed (``Capabilities.qk_precision``): ``fp32`` products and sum (or TF32
 #: per ``fp32_precision``), or ``input``: each product rounded to the input dtype, the sum in fp32
 QK_PRECISIONS = ("fp32", "input")
-#: float64 score-sized tensors of one block alive at once while the bound is formed (the
-#: oracle's scores and weights, the weights in float32, a correction of subnormal weights):
-#: its blocks are sized for them, so that the check needs no more memory than the oracle
+#: float64 score-sized tensors of one block alive at once while the bound is formed, as the
+#: blocks are sized: the oracle's scores and weights, the weights in float32 and a correction
+#: of subnormal weights (those two now in the spent scores' storage, ``_spent``, so that the
+#: check's blocks hold less than the oracle's). Kept at 4: the bound depends on the block
+#: (its keys' smallest logit, its length), so other blocks would give other numbers.
 _LIVE = 4
 #: take the device path on the CPU too (tests and the op counter compare the two paths):
 #: no host read per block (``chunk_bounds``) nor per verdict block (``verdict._Verdict``)
@@ -146,6 +148,17 @@ def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     vv[..., :D].copy_(v).abs_()  # |fl32(v)| = fl32(|v|): no float64 temporary
     vv[..., D:] = (v - centre).square_()  # the difference in float64: it may cancel
     return centre, vv
+
+
+def _spent(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of ``scores``' shape in ``dtype`` (float32 or float64) that uses the storage of the
+    block's float64 scores, spent once the oracle has its weights (a new one if the storage is shared
+    or not contiguous): the check's score-sized work then costs no memory beyond the oracle's."""
+    if scores.dtype != torch.float64 or scores.storage_offset() != 0 or not scores.is_contiguous():
+        return torch.empty(scores.shape, dtype=dtype, device=scores.device)
+    return torch.empty(0, dtype=dtype, device=scores.device).set_(
+        scores.untyped_storage(), 0, scores.shape, scores.stride()
+    )
 
 
 class _Bound(NamedTuple):
@@ -204,7 +217,7 @@ def chunk_bounds(
         if c.seq != seq:
             seq, centre, vv = c.seq, *_value_moments(c.v_all)
             centre = centre.repeat_interleave(G, dim=0).transpose(0, 1)  # [1, Hq, D]
-        s12 = c.output(vv[:, c.keys], probs=c.probs.float())  # [n, Hq, 2D] float32
+        s12 = c.output(vv[:, c.keys], probs=_spent(c.scores, torch.float32).copy_(c.probs))  # [n, Hq, 2D] float32
         # sums of Lc + 1 nonnegative float32 products of float32-rounded factors: each within
         # (Lc + 3) u_fp32 of its value, so raised by that much (1 + eps) they bound it from above
         grow = 1.0 + (Lc + 3) * U_FP32
@@ -241,12 +254,12 @@ def chunk_bounds(
         # unconditionally there: where no weight is small it adds exactly 0 (same bound).
         if device_path or bool((c.score_floor - c.row_max < log_min_normal).any()):
             l_rel = torch.exp(c.lse - c.row_max)[..., None]  # the denominator in units of the max
-            small = (c.probs < model.weights_min_normal / l_rel) & (c.probs > 0.0)
+            small = c.probs < model.weights_min_normal / l_rel  # [Hkv, G, n, Lc] bool, in place below
+            small &= c.probs > 0.0
             if device_path or bool(small.any()):
-                # in the block's scores' storage: the scores are spent, and no new score-sized tensor
-                extra = torch.mul(c.probs, l_rel, out=c.scores)
+                extra = torch.mul(c.probs, l_rel, out=_spent(c.scores, torch.float64))
                 extra.clamp_(max=model.weights_spacing / 2).div_(l_rel).sub_(c.probs, alpha=u_w)
-                e_scores.add_(c.output(c.v.abs(), probs=extra.masked_fill_(~small, 0.0)), alpha=C_W)
+                e_scores.add_(c.output(c.v.abs(), probs=extra.masked_fill_(small.logical_not_(), 0.0)), alpha=C_W)
                 del extra
             del small
         # E_weights, the V operand's rounding (fp8 dequantized to the input dtype, TF32) and E_accum
