@@ -250,7 +250,7 @@ def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int
             peak = torch.cuda.max_memory_allocated() - base
         else:
             peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base  # ru_maxrss: KiB on Linux
-        with OpCounter() as counter:
+        with OpCounter(cpu_as_device=device == "cpu") as counter:  # a GPU run: only its tensors sync
             fn()
         sync()
         result[name] = {
