@@ -174,8 +174,9 @@ class _Bound(NamedTuple):
 def chunk_bounds(
     case: PagedCase, precision: str, qk_precision: str = "fp32", with_lse: bool = True
 ) -> Iterator[_Bound]:
-    """The model's terms per block of query rows, in token order, from the oracle's own
-    pass (its weights, maxima, denominators and smallest logits). The score term is
+    """The model's terms per block of query rows (consecutive small blocks merged, see
+    ``_merged``), in token order, from the oracle's own pass (its weights, maxima,
+    denominators and smallest logits). The score term is
     formed per row (``docs/tolerance.md``: the largest ``ds_j`` of the row bounds every
     key's), so the only work of the scores' size beyond the oracle's is one product of
     the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64).
@@ -202,6 +203,11 @@ def chunk_bounds(
     seq_lens = case.seq_lens_list
     sink_const = C_EXP + sinks.abs() if sinks is not None else None  # [Hkv, G, 1]
     seq, centre, vv = -1, torch.empty(0), torch.empty(0)
+    # blocks of rows are yielded together up to this many output elements: an eighth of the
+    # output (the oracle holds all of it; the check never does), or 64k where that is less
+    merge_elems = max(case.num_tokens * case.num_heads * D // 8, 1 << 16)
+    pending: list[_Bound] = []
+    pending_elems = 0
     for c in iter_chunks(case, live=_LIVE, score_floor=True):
         assert c.score_floor is not None
         Hkv, G, n, Lc = c.probs.shape
@@ -265,16 +271,41 @@ def chunk_bounds(
         # E_weights, the V operand's rounding (fp8 dequantized to the input dtype, TF32) and E_accum
         acc = C_ACC * U_FP32 * math.sqrt(L)
         e = e_scores.add_(abs_pv, alpha=(C_W * u_w + u_kv + u_v + acc) * grow).add_(o_abs, alpha=acc)
-        e.add_(_half_ulp(o_abs.add_(e), case.dtype))
+        del o_abs  # E_round is formed for several blocks at once, in _merged
         lse = e_lse = None
         if with_lse:
             lse = c.rows(c.lse)  # [n, Hq]
             # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
             # sum rounded, a base change (log2 kernels) rounded, the denominator's sqrt(L) growth
             e_lse = lse_scores + U_FP32 * (C_EXP + 2.0 * lse.abs()) + C_ACC * U_FP32 * math.sqrt(L)
-        tokens = c.tokens
+        pending.append(_Bound(c.tokens, o, e, lse, e_lse))
+        pending_elems += o.numel()
         del c  # its score-sized tensors go before the next block's come
-        yield _Bound(tokens, o, e, lse, e_lse)
+        if pending_elems >= merge_elems:
+            yield _merged(pending, case.dtype)
+            pending, pending_elems = [], 0
+    if pending:
+        yield _merged(pending, case.dtype)
+
+
+def _merged(blocks: list[_Bound], dtype: torch.dtype) -> _Bound:
+    """Consecutive blocks as one, their output bounds finished with ``E_round`` (element by
+    element, so the same numbers as block by block): the rounding and the verdict then run once
+    for many small blocks (a batch of decodes), where on a device each op is a launch."""
+    assert all(a.tokens.stop == b.tokens.start for a, b in zip(blocks, blocks[1:])), [b.tokens for b in blocks]
+    tokens = slice(blocks[0].tokens.start, blocks[-1].tokens.stop)
+
+    def cat(ts: list[torch.Tensor | None]) -> torch.Tensor | None:
+        if ts[0] is None:
+            return None
+        return ts[0] if len(ts) == 1 else torch.cat(ts)  # type: ignore[arg-type]
+
+    o, e = cat([b.o for b in blocks]), cat([b.e for b in blocks])
+    assert o is not None and e is not None
+    lse, e_lse = cat([b.lse for b in blocks]), cat([b.e_lse for b in blocks])
+    blocks.clear()  # the pieces go before the rounding's temporary comes
+    e.add_(_half_ulp(o.abs().add_(e), dtype))
+    return _Bound(tokens, o, e, lse, e_lse)
 
 
 def attention_error_bound(
