@@ -151,9 +151,10 @@ def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _spent(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """A tensor of ``scores``' shape in ``dtype`` (float32 or float64) that uses the storage of the
-    block's float64 scores, spent once the oracle has its weights (a new one if the storage is shared
-    or not contiguous): the check's score-sized work then costs no memory beyond the oracle's."""
+    """A tensor of ``scores``' shape in ``dtype`` (float32 or float64) in the storage of the block's
+    float64 scores, spent once the oracle has its weights and smallest logits (a new one where the
+    scores are not a contiguous float64 tensor at the start of their storage): the check's
+    score-sized work then costs no memory beyond the oracle's."""
     if scores.dtype != torch.float64 or scores.storage_offset() != 0 or not scores.is_contiguous():
         return torch.empty(scores.shape, dtype=dtype, device=scores.device)
     return torch.empty(0, dtype=dtype, device=scores.device).set_(

@@ -247,9 +247,7 @@ class _Verdict:
         self.num_elements += ratio.numel()
         shape = tuple(ratio.shape)
         flat = torch.argmax(ratio).view(1)  # a NaN ratio is the largest
-        # a block's over count takes its NaN ratios in (they are infinitely over), and its
-        # non-finite outputs where the reference is finite: both are zero unless its worst
-        # ratio is NaN or infinite (an infinite or NaN output makes it so)
+        # indexing by a tensor (``t[flat]``) would read ``flat`` on the host: ``index_select`` does not
         picked = [t.reshape(-1).index_select(0, flat) for t in (ratio, out, ref, bound)]
         if ratio.device.type == "cpu" and not (self.defer_on_cpu or policy.DEVICE_PATH_ON_CPU):
             # on the CPU a read costs nothing: count the non-finite elements only when there are some
@@ -262,9 +260,11 @@ class _Verdict:
             self._fold(tokens.start, shape, [budget, over, num_nonfinite, int(flat), value, reference, bound_at])
             return
         # on a device, every read is a synchronization: keep a few scalars there, read them all
-        # in check(); counts and indices below 2**53 are exact in float64. Indexing by a tensor
-        # (``t[flat]``) would read ``flat`` on the host: ``index_select`` does not.
-        # x - x is 0 where x is finite, NaN elsewhere: fewer ops than isfinite (four each)
+        # in check(); counts and indices below 2**53 are exact in float64. The over count takes
+        # the NaN ratios in, and the non-finite outputs where the reference is finite are
+        # counted always: both are 0 unless the block's worst ratio is NaN or infinite, where
+        # the CPU path counts them. x - x is 0 where x is finite, NaN elsewhere (fewer ops
+        # than isfinite, four each).
         finite_only_ref = torch.sub(ref, ref).eq_(0.0).gt_(torch.sub(out, out).eq_(0.0))
         counts = torch.stack([ratio.le(1.0).logical_not_().sum(), finite_only_ref.sum(), flat[0]])
         stats = torch.cat([picked[0], counts.to(torch.float64), *picked[1:]])
