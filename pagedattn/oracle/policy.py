@@ -162,6 +162,27 @@ def _spent(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     )
 
 
+def _weights_stay_normal(case: PagedCase, min_normal: float) -> bool:
+    """Whether no softmax weight of ``case`` can fall below ``min_normal`` relative to its row's
+    largest, read once on the host: every logit lies within ``S`` of 0, ``S`` from the largest
+    norms of the queries and of every key in the pool (Cauchy-Schwarz; the soft-cap, ALiBi's
+    largest bias), so a row spans at most ``2 S`` (``S + max |sink|`` with a sink, which joins
+    the maximum). A margin of 1 covers rounding."""
+    keys = case.key_cache if case.kv_dtype == case.dtype else case.key_cache.to(case.dtype)  # fp8: no norm
+    wide = torch.float64 if case.dtype == torch.float64 else torch.float32  # the norm may not narrow
+    q = torch.linalg.vector_norm(case.query, dim=-1, dtype=wide).amax()
+    # the pool's unused slots may hold NaN (poisoned padding): a NaN key's logits are NaN, and
+    # the guards never fire on NaN either, so a NaN norm is left out (an infinite one is not)
+    k = torch.linalg.vector_norm(keys, dim=-1, dtype=wide).nan_to_num_(nan=0.0, posinf=math.inf).amax()
+    s = (q.double() * k) * (case.scale * case.k_scale)
+    if case.logits_soft_cap is not None:
+        s = s.clamp(max=case.logits_soft_cap)
+    if case.alibi_slopes is not None:
+        s = s + case.alibi_slopes.abs().amax() * max(case.max_seq_len - 1, 0)
+    span = 2.0 * s if case.sinks is None else s + torch.maximum(s, case.sinks.abs().amax())
+    return bool(span < -math.log(min_normal) - 1.0)
+
+
 class _Bound(NamedTuple):
     """One block of query rows: the reference and the bound of its output and lse."""
 
@@ -201,6 +222,8 @@ def chunk_bounds(
     sinks = case.sinks.to(torch.float64).view(case.num_kv_heads, case.gqa_ratio, 1) if case.sinks is not None else None
     log_min_normal = math.log(model.weights_min_normal)
     device_path = case.device.type != "cpu" or DEVICE_PATH_ON_CPU
+    # on a device, whether a block may need the subnormal correction is read once, for the case
+    subnormal_free = device_path and _weights_stay_normal(case, model.weights_min_normal)
     seq_lens = case.seq_lens_list
     sink_const = C_EXP + sinks.abs() if sinks is not None else None  # [Hkv, G, 1]
     seq, centre, vv = -1, torch.empty(0), torch.empty(0)
@@ -257,9 +280,12 @@ def chunk_bounds(
         # there): relatively while normal, by at most half the subnormal spacing below
         # (E_weights = C_W u_w sum_j p_j |v_j|, plus the below-normal correction). On the CPU
         # two cheap guards skip the correction where no p_rel can be subnormal; on a device each
-        # guard is a read that stalls the host until the device catches up, so it is formed
-        # unconditionally there: where no weight is small it adds exactly 0 (same bound).
-        if device_path or bool((c.score_floor - c.row_max < log_min_normal).any()):
+        # guard is a read that stalls the host until the device catches up, so there the case
+        # is judged once (subnormal_free: then the guards would all say no) and otherwise the
+        # correction is formed unconditionally: where no weight is small it adds exactly 0.
+        if subnormal_free:
+            pass
+        elif device_path or bool((c.score_floor - c.row_max < log_min_normal).any()):
             l_rel = torch.exp(c.lse - c.row_max)[..., None]  # the denominator in units of the max
             small = c.probs < model.weights_min_normal / l_rel  # [Hkv, G, n, Lc] bool, in place below
             small &= c.probs > 0.0
