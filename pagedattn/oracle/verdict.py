@@ -187,6 +187,7 @@ def check_attention_lse(
         v_out.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
         assert blk.lse is not None and blk.e_lse is not None
         v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
+    v_out._settle(v_lse)  # both verdicts' statistics in one transfer
     return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
 
 
@@ -287,13 +288,17 @@ class _Verdict:
             self.budget, self.worst = budget, (idx[0] + start, *idx[1:])
             self.value, self.reference, self.bound = value, reference, bound
 
-    def _settle(self) -> None:
-        """Fold the device blocks' statistics in, in block order (one device-to-host transfer)."""
-        if self._blocks:
-            rows = torch.stack([b[2] for b in self._blocks]).tolist()
-            for (start, shape, _), row in zip(self._blocks, rows):
-                self._fold(start, shape, row)
-            self._blocks = []
+    def _settle(self, *others: _Verdict) -> None:
+        """Fold the device blocks' statistics in, in block order, this verdict's and ``others``'
+        (one device-to-host transfer for all of them)."""
+        verdicts = [v for v in (self, *others) if v._blocks]
+        if verdicts:
+            rows = torch.stack([b[2] for v in verdicts for b in v._blocks]).tolist()
+            for v in verdicts:
+                for (start, shape, _), row in zip(v._blocks, rows):
+                    v._fold(start, shape, row)
+                rows = rows[len(v._blocks) :]
+                v._blocks = []
 
     def check(self, case: PagedCase, common: dict) -> AttentionCheck:
         self._settle()
