@@ -111,6 +111,8 @@ _LIVE = 4
 #: take the device path on the CPU too (tests and the op counter compare the two paths):
 #: no host read per block (``chunk_bounds``) nor per verdict block (``verdict._Verdict``)
 DEVICE_PATH_ON_CPU = False
+#: elements of the key pool whose norms are taken at once (``_weights_stay_normal``): bounded temporaries
+_POOL_SLICE = 1 << 22
 
 
 def _half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -168,12 +170,18 @@ def _weights_stay_normal(case: PagedCase, min_normal: float) -> bool:
     norms of the queries and of every key in the pool (Cauchy-Schwarz; the soft-cap, ALiBi's
     largest bias), so a row spans at most ``2 S`` (``S + max |sink|`` with a sink, which joins
     the maximum). A margin of 1 covers rounding."""
-    keys = case.key_cache if case.kv_dtype == case.dtype else case.key_cache.to(case.dtype)  # fp8: no norm
     wide = torch.float64 if case.dtype == torch.float64 else torch.float32  # the norm may not narrow
     q = torch.linalg.vector_norm(case.query, dim=-1, dtype=wide).amax()
-    # the pool's unused slots may hold NaN (poisoned padding): a NaN key's logits are NaN, and
-    # the guards never fire on NaN either, so a NaN norm is left out (an infinite one is not)
-    k = torch.linalg.vector_norm(keys, dim=-1, dtype=wide).nan_to_num_(nan=0.0, posinf=math.inf).amax()
+    pool = case.key_cache
+    step = max(1, _POOL_SLICE // max(1, pool[0].numel()))  # blocks of the pool at a time
+    k_parts = []
+    for b0 in range(0, pool.shape[0], step):
+        keys = pool[b0 : b0 + step]
+        keys = keys if case.kv_dtype == case.dtype else keys.to(case.dtype)  # fp8: no norm of its own
+        # the pool's unused slots may hold NaN (poisoned padding): a NaN key's logits are NaN, and
+        # the guards never fire on NaN either, so a NaN norm is left out (an infinite one is not)
+        k_parts.append(torch.linalg.vector_norm(keys, dim=-1, dtype=wide).nan_to_num_(nan=0.0, posinf=math.inf).amax())
+    k = k_parts[0] if len(k_parts) == 1 else torch.stack(k_parts).amax()
     s = (q.double() * k) * (case.scale * case.k_scale)
     if case.logits_soft_cap is not None:
         s = s.clamp(max=case.logits_soft_cap)
