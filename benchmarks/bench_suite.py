@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the checkout whose pagedattn is measured (``--code``: another one, for before/after figures)
@@ -112,7 +113,7 @@ class OpCounter:
         self.sync_sites: collections.Counter = collections.Counter()
         self._reading = 0  # inside a patched host read: its own dispatches are not syncs again
         self._saved: dict = {}
-        self._mode = None
+        self._mode: Any = None
 
     def _on_device(self, t) -> bool:
         return getattr(t, "device", None) is not None and (self.cpu_as_device or t.device.type != "cpu")
