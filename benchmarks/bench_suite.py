@@ -2,16 +2,25 @@
 
 For each case: the float64 oracle (``paged_attention_reference_lse``) and the check
 (``check_attention`` of an output of the right shape and dtype; its time and memory do
-not depend on the values), each timed (best of a few runs) and measured for peak
-memory in a fresh child process: on the CPU the growth of the peak resident set over
-the process's size before the call, on a GPU ``torch.cuda.max_memory_allocated`` over
-what was allocated before. Optionally the standard profile of the reference backend
+not depend on the values), each timed (best of a few runs, fewer where a run is slow)
+and measured for peak memory in a fresh child process (on a GPU one process per case
+times both, the peak counter reset in between): on the CPU the growth of the peak
+resident set over the process's size before the call, on a GPU
+``torch.cuda.max_memory_allocated`` over what was allocated before. Each is also run
+once under ``OpCounter``: the torch operations it dispatches (``oracle_ops``,
+``check_ops``; on a GPU each is a launch and the host's time, the cost of these
+millisecond calls) and the points where the host would wait for the device
+(``oracle_syncs``, ``check_syncs``). The JSON is rewritten after every case, so a run
+cut short keeps what it measured; ``--budget-s`` skips the cases left once it is spent.
+Optionally the standard profile of the reference backend
 (``pytest conformance --backend=reference --profile standard -n 2``): wall time and
 the peak of the summed resident sets of pytest and its workers, sampled every 0.2 s.
 
     python benchmarks/bench_suite.py --out benchmarks/results/cpu-suite.json
     python benchmarks/bench_suite.py --profile-run --out benchmarks/results/cpu-suite.json
     python benchmarks/bench_suite.py --smoke --out /tmp/smoke.json      # the harness, in seconds
+    python benchmarks/bench_suite.py --device cuda --out gpu-suite.json   # ~1 minute on an H200
+    python benchmarks/bench_suite.py --skip-thorough --device-path --out /tmp/dp.json  # a GPU's ops, on the CPU
 
 Speed is recorded with the machine, never asserted.
 """
@@ -27,6 +36,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: the checkout whose pagedattn is measured (``--code``: another one, for before/after figures)
@@ -46,6 +56,10 @@ SMOKE_CASES = [
     ("quick", "sliding_window-gqa2-bs4-d64-fp32-L50-B2-win8"),
     ("quick", "sinks-gqa4-bs16-d64-bf16-L40-B3-sinks"),
 ]
+
+
+#: set by ``--device-path`` for the measuring processes
+DEVICE_PATH_ENV = "PAGEDATTN_BENCH_DEVICE_PATH"
 
 
 def machine(device: str) -> dict:
@@ -78,13 +92,139 @@ def _case(profile: str, case_id: str, device: str):
     return spec.build().to(device)
 
 
+class OpCounter:
+    """Counts, while active (``with OpCounter() as c:``), the torch operations dispatched
+    (``c.ops``: on a GPU each is a kernel launch or at least the host's dispatch, which is
+    what a millisecond call costs there) and the points where the host waits for the
+    device (``c.syncs``): a tensor's value read on the host (``item``, ``bool``, ``float``,
+    ``int``, ``tolist``, ``cpu``, ``numpy``), an op whose output's shape depends on values
+    (``nonzero``, ``masked_select``, indexing by a boolean mask, ``unique``,
+    ``repeat_interleave`` without ``output_size``), and a copy between the host and a
+    device. ``cpu_as_device`` (default): a CPU tensor counts as if it lived on a device, so
+    that a CPU run predicts a GPU one (and host-side bookkeeping done with tensors shows).
+    ``c.by_op``: the counts per op name; ``c.sync_sites``: the syncs per source line."""
+
+    def __init__(self, cpu_as_device: bool = True) -> None:
+        import collections
+
+        self.cpu_as_device = cpu_as_device
+        self.ops = self.syncs = 0
+        self.by_op: collections.Counter = collections.Counter()
+        self.sync_sites: collections.Counter = collections.Counter()
+        self._reading = 0  # inside a patched host read: its own dispatches are not syncs again
+        self._saved: dict = {}
+        self._mode: Any = None
+
+    def _on_device(self, t) -> bool:
+        return getattr(t, "device", None) is not None and (self.cpu_as_device or t.device.type != "cpu")
+
+    def _sync(self) -> None:
+        import traceback
+
+        self.syncs += 1
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        frames = [
+            f for f in traceback.extract_stack()[:-2] if f.filename.startswith(here) and "bench" not in f.filename
+        ]
+        if frames:
+            f = frames[-1]
+            self.sync_sites[f"{os.path.relpath(f.filename, here)}:{f.lineno}"] += 1
+
+    def _dispatched(self, func, args, kwargs):
+        import torch
+
+        aten = torch.ops.aten
+        self.ops += 1
+        self.by_op[str(func.overloadpacket).removeprefix("aten.")] += 1
+        if self._reading:
+            return
+        packet = func.overloadpacket
+        first = args[0] if args else None
+        if packet in (aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten._unique2, aten.unique_dim):
+            sync = self._on_device(first)
+        elif packet is aten.unique_consecutive:
+            sync = self._on_device(first)
+        elif packet in (aten.index, aten.index_put, aten.index_put_):
+            sync = any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()))
+        elif packet is aten.repeat_interleave:
+            sync = kwargs.get("output_size") is None and not (len(args) > 3 and args[3] is not None)
+        elif packet in (aten._to_copy, aten.copy_) and isinstance(first, torch.Tensor):
+            src = args[1] if packet is aten.copy_ else first
+            dst = first.device if packet is aten.copy_ else kwargs.get("device", first.device)
+            sync = dst is not None and torch.device(dst).type != torch.device(src.device).type
+        else:
+            sync = False
+        if sync:
+            self._sync()
+
+    def __enter__(self) -> OpCounter:
+        import torch
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                kwargs = kwargs or {}
+                counter._dispatched(func, args, kwargs)
+                return func(*args, **kwargs)
+
+        def reading(name):
+            original = getattr(torch.Tensor, name)
+
+            def read(t, *a, **k):
+                if counter._on_device(t) and not counter._reading:
+                    counter._sync()
+                counter._reading += 1
+                try:
+                    return original(t, *a, **k)
+                finally:
+                    counter._reading -= 1
+
+            return original, read
+
+        for name in ("tolist", "cpu", "numpy"):
+            self._saved[name], patched = reading(name)
+            setattr(torch.Tensor, name, patched)
+        self._mode = _Mode()
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import torch
+
+        self._mode.__exit__(*exc)
+        for name, original in self._saved.items():
+            setattr(torch.Tensor, name, original)
+
+
+def _timed(fn, sync, repeats: int, max_s: float) -> list[float]:
+    """Up to ``repeats`` timed calls, fewer once they have taken ``max_s`` seconds in all;
+    at least ``min(repeats, 3)`` where they are quick (milliseconds vary most)."""
+    times: list[float] = []
+    while len(times) < repeats:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        times.append(time.perf_counter() - t0)
+        if sum(times) > max_s:
+            break
+    return times
+
+
 def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int, threads: int) -> dict:
-    """In this (fresh) process: time ``what`` ("oracle" or "check") on the case, and its peak memory."""
+    """In this (fresh) process: time ``what`` ("oracle", "check" or, on a GPU, "both") on
+    the case, its peak memory, and its counts of ops and syncs (one more call, counted)."""
     import torch
 
     from pagedattn.oracle import check_attention, paged_attention_reference_lse
 
     torch.set_num_threads(threads)
+    if os.environ.get(DEVICE_PATH_ENV) == "1":  # --device-path: the CPU run takes the GPU's code path
+        from pagedattn.oracle import policy, verdict
+
+        policy.DEVICE_PATH_ON_CPU = True
+        verdict._Verdict.defer_on_cpu = True  # a checkout from before policy.DEVICE_PATH_ON_CPU
     case = _case(profile, case_id, device)
     # one small call of each first: lazy initialisation (allocator pools, BLAS buffers) is
     # neither the oracle's time nor its memory
@@ -92,27 +232,36 @@ def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int
     check_attention(paged_attention_reference_lse(warm)[0].to(warm.dtype), warm)
     gen = torch.Generator(device=device).manual_seed(0)
     out = torch.randn(case.num_tokens, case.num_heads, case.head_dim, generator=gen, device=device).to(case.dtype)
-    fn = (lambda: paged_attention_reference_lse(case)) if what == "oracle" else (lambda: check_attention(out, case))
+    fns = {"oracle": lambda: paged_attention_reference_lse(case), "check": lambda: check_attention(out, case)}
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    if device == "cuda":
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        base = _rss_bytes()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
+    result: dict = {}
+    for name in ("oracle", "check") if what == "both" else (what,):
+        fn = fns[name]
+        if device == "cuda":  # the first call of each pays the lazy loading of its kernels
+            fn()  # (not on the CPU: the resident set's peak is for life, this call would set it)
+            sync()
+        if device == "cuda":
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            base = _rss_bytes()
+        # a slow case is timed once or twice: the bench must finish in its slot
+        times = _timed(fn, sync, repeats, 10.0)
+        if device == "cuda":
+            peak = torch.cuda.max_memory_allocated() - base
+        else:
+            peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base  # ru_maxrss: KiB on Linux
+        with OpCounter(cpu_as_device=device == "cpu") as counter:  # a GPU run: only its tensors sync
+            fn()
         sync()
-        times.append(time.perf_counter() - t0)
-        if times[-1] > 20.0:  # a slow case is timed once
-            break
-    if device == "cuda":
-        peak = torch.cuda.max_memory_allocated() - base
-    else:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base  # ru_maxrss: KiB on Linux
-    return {"seconds": min(times), "runs": len(times), "peak_mb": round(max(peak, 0) / 2**20, 1)}
+        result[name] = {
+            "seconds": min(times),
+            "runs": len(times),
+            "peak_mb": round(max(peak, 0) / 2**20, 1),
+            "ops": counter.ops,
+            "syncs": counter.syncs,
+        }
+    return result
 
 
 def _child(profile: str, case_id: str, what: str, device: str, repeats: int, threads: int) -> dict:
@@ -124,11 +273,30 @@ def _child(profile: str, case_id: str, what: str, device: str, repeats: int, thr
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def bench_checks(cases: list[tuple[str, str]], device: str, repeats: int, threads: int) -> list[dict]:
-    rows = []
+def bench_checks(
+    cases: list[tuple[str, str]],
+    device: str,
+    repeats: int,
+    threads: int,
+    budget_s: float = float("inf"),
+    on_row=lambda rows: None,
+) -> list[dict]:
+    """One row per case, ``on_row(rows)`` after each; the cases left once ``budget_s``
+    seconds are spent get a row ``{"skipped": "budget"}``."""
+    rows: list[dict] = []
+    t0 = time.perf_counter()
     for profile, case_id in cases:
-        oracle = _child(profile, case_id, "oracle", device, repeats, threads)
-        check = _child(profile, case_id, "check", device, repeats, threads)
+        if time.perf_counter() - t0 > budget_s:
+            rows.append({"profile": profile, "case": case_id, "skipped": f"--budget-s {budget_s:g} spent"})
+            print(f"{case_id:62s} skipped: --budget-s {budget_s:g} spent", flush=True)
+            on_row(rows)
+            continue
+        if device == "cuda":  # one process: the peak counter is reset between the two
+            both = _child(profile, case_id, "both", device, repeats, threads)
+            oracle, check = both["oracle"], both["check"]
+        else:  # the resident set's peak only grows: a fresh process each
+            oracle = _child(profile, case_id, "oracle", device, repeats, threads)["oracle"]
+            check = _child(profile, case_id, "check", device, repeats, threads)["check"]
         row = {
             "profile": profile,
             "case": case_id,
@@ -137,13 +305,20 @@ def bench_checks(cases: list[tuple[str, str]], device: str, repeats: int, thread
             "check_over_oracle": round(check["seconds"] / oracle["seconds"], 2),
             "oracle_peak_mb": oracle["peak_mb"],
             "check_peak_mb": check["peak_mb"],
+            "oracle_ops": oracle["ops"],
+            "check_ops": check["ops"],
+            "oracle_syncs": oracle["syncs"],
+            "check_syncs": check["syncs"],
+            "runs": [oracle["runs"], check["runs"]],
         }
         print(
-            f"{case_id:62s} oracle {row['oracle_s']:8.3f} s {row['oracle_peak_mb']:8.1f} MB   check "
-            f"{row['check_s']:8.3f} s {row['check_peak_mb']:8.1f} MB   x{row['check_over_oracle']}",
+            f"{case_id:62s} oracle {row['oracle_s']:8.4f} s {row['oracle_peak_mb']:8.1f} MB {row['oracle_ops']:6d} ops"
+            f"   check {row['check_s']:8.4f} s {row['check_peak_mb']:8.1f} MB {row['check_ops']:6d} ops"
+            f" {row['check_syncs']:4d} syncs   x{row['check_over_oracle']}",
             flush=True,
         )
         rows.append(row)
+        on_row(rows)
     return rows
 
 
@@ -221,9 +396,20 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--device", default=None, help="cpu or cuda (default: cuda when available)")
     ap.add_argument("--smoke", action="store_true", help="two tiny cases, no profile run: the harness only")
     ap.add_argument("--skip-thorough", action="store_true", help="leave out the 32k-token case")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5, help="timed calls per measurement (fewer where slow)")
+    ap.add_argument(
+        "--budget-s",
+        type=float,
+        default=None,
+        help="skip the cases left once this many seconds are spent (default: 75 on a GPU, none on the CPU)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the timed calls (1: steadier when shared)")
     ap.add_argument("--profile-run", action="store_true", help="also run the standard profile of the reference backend")
+    ap.add_argument(
+        "--device-path",
+        action="store_true",
+        help="on the CPU, take the check's device path (policy.DEVICE_PATH_ON_CPU): its ops and syncs predict a GPU's",
+    )
     ap.add_argument("--code", default=REPO, help="checkout whose pagedattn is measured (default: this one)")
     ap.add_argument("--out", default=None)
     ap.add_argument(
@@ -237,20 +423,26 @@ def main(argv: list[str] | None = None) -> dict:
     import torch
 
     CODE[0] = os.path.abspath(args.code)
+    if args.device_path:
+        os.environ[DEVICE_PATH_ENV] = "1"
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     cases = SMOKE_CASES if args.smoke else [c for c in CASES if not (args.skip_thorough and c[0] == "thorough")]
-    result: dict = {
-        "machine": machine(device),
-        "code": CODE[0],
-        "threads": args.threads,
-        "checks": bench_checks(cases, device, args.repeats, args.threads),
-    }
-    result["worst_check_over_oracle"] = max(r["check_over_oracle"] for r in result["checks"])
+    result: dict = {"machine": machine(device), "code": CODE[0], "threads": args.threads, "checks": []}
+    result["device_path"] = device != "cpu" or args.device_path
+
+    def write(rows: list[dict]) -> None:  # after every case: a run cut short keeps what it measured
+        result["checks"] = rows
+        done = [r["check_over_oracle"] for r in rows if "check_over_oracle" in r]
+        result["worst_check_over_oracle"] = max(done) if done else None
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(result, f, indent=1)
+
+    budget_s = args.budget_s if args.budget_s is not None else (75.0 if device == "cuda" else float("inf"))
+    bench_checks(cases, device, args.repeats, args.threads, budget_s, write)
     if args.profile_run and not args.smoke:
         result["standard_profile_reference"] = profile_run("standard", "reference", 2)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+        write(result["checks"])
     return result
 
 

@@ -389,3 +389,102 @@ def test_the_suite_judges_a_backend_by_its_declared_qk_precision():
     assert declared.passed, f"declared input-dtype products, judged by Suite.policy: {declared}"
     Declares.capabilities = Capabilities()
     assert suite.policy["qk_precision"] == "fp32", suite.policy
+
+
+def _op_counter():
+    """``OpCounter`` of ``benchmarks/bench_suite.py`` (a script, not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "bench_suite.py"
+    spec = importlib.util.spec_from_file_location("bench_suite", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.OpCounter
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16-subnormal-weights"])
+def test_the_device_path_reads_the_device_once_per_verdict(dtype, monkeypatch):
+    """On a device every host read of a tensor waits for the device. The check's device path
+    (forced here on the CPU, every CPU tensor counted as a device one by ``OpCounter``) reads
+    nothing per block: once at the start (whether any weight may be subnormal, for the whole
+    case) and its verdict's statistics once, at the end (the lse check: its two verdicts'
+    together). The CPU path reads at its guards on subnormal weights, one or two a
+    block (and its verdict's statistics per block: reads cost nothing there). Indexing by a
+    tensor read it on the host, four times a block, before."""
+    OpCounter = _op_counter()
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
+    case = CaseSpec("t", ((300, 1), (200, 120), (90, 90)), num_heads=4, num_kv_heads=2, dtype=dtype).build()
+    blocks = len(list(iter_chunks(case, live=policy._LIVE, score_floor=True)))
+    assert blocks > 3, f"{blocks} blocks: the cap should split the case into several"
+    out = streamed_attention(case, 16)
+    _, lse = paged_attention_reference_lse(case)
+    with OpCounter() as cpu_path:
+        check = check_attention(out, case)
+    assert check.passed, str(check)
+    guards = sum(n for where, n in cpu_path.sync_sites.items() if where.startswith("pagedattn/oracle/policy.py"))
+    assert blocks <= guards <= 2 * blocks, f"{blocks} blocks, reads at {dict(cpu_path.sync_sites)}"
+    monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
+    with OpCounter() as device_path:
+        check = check_attention(out, case)
+    assert check.passed, str(check)
+    sites = dict(device_path.sync_sites)
+    policy_reads = sum(n for where, n in sites.items() if where.startswith("pagedattn/oracle/policy.py"))
+    verdict_reads = sum(n for where, n in sites.items() if where.startswith("pagedattn/oracle/verdict.py"))
+    assert (policy_reads, verdict_reads) == (1, 1) and device_path.syncs == 2, sites
+    with OpCounter() as device_path_lse:
+        check_attention_lse(out, lse.float(), case)
+    assert device_path_lse.syncs == 2, dict(device_path_lse.sync_sites)
+
+
+DEVICE_PATH_CASES = {
+    "fp32-window": CaseSpec("t", ((300, 1), (200, 120)), num_heads=4, num_kv_heads=2, sliding_window=64),
+    "bf16-softcap-alibi": CaseSpec(
+        "t",
+        ((90, 90), (40, 3)),
+        num_heads=4,
+        num_kv_heads=2,
+        logits_soft_cap=5.0,
+        alibi_slopes=True,
+        dtype=torch.bfloat16,
+    ),
+    "fp16-sinks-subnormal-weights": CaseSpec(
+        "long", ((64, 64), (300, 1)), num_heads=16, head_dim=64, sinks=True, dtype=torch.float16
+    ),
+    "fp8-bf16": CaseSpec(
+        "t", ((70, 7), (33, 1)), num_heads=4, num_kv_heads=2, kv_dtype=torch.float8_e4m3fn, dtype=torch.bfloat16
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(DEVICE_PATH_CASES))
+def test_the_device_path_forms_the_same_bounds_and_verdicts(name, monkeypatch):
+    """On a device the check forms the subnormal-weight correction without its two guards
+    (each a host read) and defers its verdict's reads; forced here on the CPU, the bounds
+    are bit for bit the CPU path's and so are the verdicts, over several blocks, for a
+    correct kernel, a precision bug and a NaN output (fp16 sinks: the correction applies)."""
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
+    monkeypatch.setattr(policy, "_POOL_SLICE", 1000)  # the pool's norms a few blocks at a time
+    case = DEVICE_PATH_CASES[name].build()
+    if name.startswith("fp16"):
+        case = case.replace(sinks=torch.linspace(6.0, 14.0, 16))
+    outs = {"correct": streamed_attention(case, 16), "bug": streamed_attention(case, 16, bug="exp_bf16")}
+    outs["nan"] = outs["correct"].clone()
+    outs["nan"][3, 1, 2] = float("nan")
+    _, lse = paged_attention_reference_lse(case)
+    results = []
+    for device_path in (False, True):
+        monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", device_path)
+        bounds = policy.attention_lse_error_bounds(case)
+        verdicts = {
+            k: (str(check_attention(o, case)), str(check_attention_lse(o, lse.float(), case)[1]))
+            for k, o in outs.items()
+        }
+        results.append((bounds, verdicts))
+    (cpu_bounds, cpu_verdicts), (dev_bounds, dev_verdicts) = results
+    for what, a, b in zip(("ref", "bound", "ref_lse", "bound_lse"), cpu_bounds, dev_bounds):
+        assert torch.equal(a, b), f"{name}: the device path's {what} differs from the CPU path's"
+    assert dev_verdicts == cpu_verdicts
+    assert "within the error bound" in cpu_verdicts["correct"][0], cpu_verdicts["correct"][0]
+    assert "non-finite" in cpu_verdicts["nan"][0], cpu_verdicts["nan"][0]

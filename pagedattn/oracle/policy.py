@@ -113,10 +113,17 @@ U_TANH_APPROX = 2.0**-10.9
 #: rcp.approx.f32, the 1/cap of an approximate soft-cap's pre-tanh scale: within 1 ulp (PTX
 #: ISA), a relative error of at most 2**-23
 U_RCP_APPROX = 2.0**-23
-#: float64 score-sized tensors of one block alive at once while the bound is formed (the
-#: oracle's scores and weights, the weights in float32, a correction of subnormal weights):
-#: its blocks are sized for them, so that the check needs no more memory than the oracle
+#: float64 score-sized tensors of one block alive at once while the bound is formed, as the
+#: blocks are sized: the oracle's scores and weights, the weights in float32 and a correction
+#: of subnormal weights (those two now in the spent scores' storage, ``_spent``, so that the
+#: check's blocks hold less than the oracle's). Kept at 4: the bound depends on the block
+#: (its keys' smallest logit, its length), so other blocks would give other numbers.
 _LIVE = 4
+#: take the device path on the CPU too (tests and the op counter compare the two paths):
+#: no host read per block (``chunk_bounds``) nor per verdict block (``verdict._Verdict``)
+DEVICE_PATH_ON_CPU = False
+#: elements of the key pool whose norms are taken at once (``_weights_stay_normal``): bounded temporaries
+_POOL_SLICE = 1 << 22
 
 
 def _half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -160,24 +167,66 @@ def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return centre, vv
 
 
+def _spent(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A tensor of ``scores``' shape in ``dtype`` (float32 or float64) in the storage of the block's
+    float64 scores, spent once the oracle has its weights and smallest logits (a new one where the
+    scores are not a contiguous float64 tensor at the start of their storage): the check's
+    score-sized work then costs no memory beyond the oracle's."""
+    if scores.dtype != torch.float64 or scores.storage_offset() != 0 or not scores.is_contiguous():
+        return torch.empty(scores.shape, dtype=dtype, device=scores.device)
+    return torch.empty(0, dtype=dtype, device=scores.device).set_(
+        scores.untyped_storage(), 0, scores.shape, scores.stride()
+    )
+
+
+def _weights_stay_normal(case: PagedCase, min_normal: float) -> bool:
+    """Whether no softmax weight of ``case`` can fall below ``min_normal`` relative to its row's
+    largest, read once on the host: every logit lies within ``S`` of 0, ``S`` from the largest
+    norms of the queries and of every key in the pool (Cauchy-Schwarz; the soft-cap, ALiBi's
+    largest bias), so a row spans at most ``2 S`` (``S + max |sink|`` with a sink, which joins
+    the maximum). A margin of 1 covers rounding."""
+    wide = torch.float64 if case.dtype == torch.float64 else torch.float32  # the norm may not narrow
+    q = torch.linalg.vector_norm(case.query, dim=-1, dtype=wide).amax()
+    pool = case.key_cache
+    step = max(1, _POOL_SLICE // max(1, pool[0].numel()))  # blocks of the pool at a time
+    k_parts = []
+    for b0 in range(0, pool.shape[0], step):
+        keys = pool[b0 : b0 + step]
+        keys = keys if case.kv_dtype == case.dtype else keys.to(case.dtype)  # fp8: no norm of its own
+        # the pool's unused slots may hold NaN (poisoned padding): a NaN key's logits are NaN, and
+        # the guards never fire on NaN either, so a NaN norm is left out (an infinite one is not)
+        k_parts.append(torch.linalg.vector_norm(keys, dim=-1, dtype=wide).nan_to_num_(nan=0.0, posinf=math.inf).amax())
+    k = k_parts[0] if len(k_parts) == 1 else torch.stack(k_parts).amax()
+    s = (q.double() * k) * (case.scale * case.k_scale)
+    if case.logits_soft_cap is not None:
+        s = s.clamp(max=case.logits_soft_cap)
+    if case.alibi_slopes is not None:
+        s = s + case.alibi_slopes.abs().amax() * max(case.max_seq_len - 1, 0)
+    span = 2.0 * s if case.sinks is None else s + torch.maximum(s, case.sinks.abs().amax())
+    return bool(span < -math.log(min_normal) - 1.0)
+
+
 class _Bound(NamedTuple):
     """One block of query rows: the reference and the bound of its output and lse."""
 
     tokens: slice  # rows of the packed output
     o: torch.Tensor  # [n, Hq, D] float64
     e: torch.Tensor  # [n, Hq, D] float64
-    lse: torch.Tensor  # [n, Hq] float64
-    e_lse: torch.Tensor  # [n, Hq] float64
+    lse: torch.Tensor | None  # [n, Hq] float64 (None: not asked for)
+    e_lse: torch.Tensor | None  # [n, Hq] float64
 
 
 def chunk_bounds(
-    case: PagedCase, precision: str, qk_precision: str = "fp32", tanh_precision: str = "ieee"
+    case: PagedCase, precision: str, qk_precision: str = "fp32", tanh_precision: str = "ieee", with_lse: bool = True
 ) -> Iterator[_Bound]:
-    """The model's terms per block of query rows, in token order, from the oracle's own
-    pass (its weights, maxima, denominators and smallest logits). The score term is
+    """The model's terms per block of query rows (consecutive small blocks merged, see
+    ``_merged``), in token order, from the oracle's own pass (its weights, maxima,
+    denominators and smallest logits). The score term is
     formed per row (``docs/tolerance.md``: the largest ``ds_j`` of the row bounds every
     key's), so the only work of the scores' size beyond the oracle's is one product of
-    the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64)."""
+    the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64).
+    ``with_lse=False``: the log-sum-exp's fields are ``None`` (not formed: on a device every
+    operation is a launch, and a check of the output alone has no use for them)."""
     validate_precisions(precision, qk_precision, tanh_precision=tanh_precision)
     model = DTYPE_TABLE[case.dtype]
     tf32 = precision == "tf32" and case.dtype == torch.float32
@@ -199,8 +248,17 @@ def chunk_bounds(
         row_const += (U_TANH_APPROX + U_RCP_APPROX) * case.logits_soft_cap
     sinks = case.sinks.to(torch.float64).view(case.num_kv_heads, case.gqa_ratio, 1) if case.sinks is not None else None
     log_min_normal = math.log(model.weights_min_normal)
+    device_path = case.device.type != "cpu" or DEVICE_PATH_ON_CPU
+    # on a device, whether a block may need the subnormal correction is read once, for the case
+    subnormal_free = device_path and _weights_stay_normal(case, model.weights_min_normal)
     seq_lens = case.seq_lens_list
+    sink_const = C_EXP + sinks.abs() if sinks is not None else None  # [Hkv, G, 1]
     seq, centre, vv = -1, torch.empty(0), torch.empty(0)
+    # blocks of rows are yielded together up to this many output elements: an eighth of the
+    # output (the oracle holds all of it; the check never does), or 64k where that is less
+    merge_elems = max(case.num_tokens * case.num_heads * D // 8, 1 << 16)
+    pending: list[_Bound] = []
+    pending_elems = 0
     for c in iter_chunks(case, live=_LIVE, score_floor=True):
         assert c.score_floor is not None
         Hkv, G, n, Lc = c.probs.shape
@@ -215,19 +273,21 @@ def chunk_bounds(
         # sum_j p_j |v_j| and sum_j p_j (v_j - c)^2, c the sequence's mean value (against cancellation)
         if c.seq != seq:
             seq, centre, vv = c.seq, *_value_moments(c.v_all)
-        s12 = c.output(vv[:, c.keys], probs=c.probs.float())  # [n, Hq, 2D] float32
+            centre = centre.repeat_interleave(G, dim=0).transpose(0, 1)  # [1, Hq, D]
+        s12 = c.output(vv[:, c.keys], probs=_spent(c.scores, torch.float32).copy_(c.probs))  # [n, Hq, 2D] float32
         # sums of Lc + 1 nonnegative float32 products of float32-rounded factors: each within
         # (Lc + 3) u_fp32 of its value, so raised by that much (1 + eps) they bound it from above
         grow = 1.0 + (Lc + 3) * U_FP32
         abs_pv, s2 = s12[..., :D], s12[..., D:]
         # sum_j p_j (v_j - o)^2 = S2 + 2 d o p_sink - d^2 (1 - p_sink), d = c - o; formed as
         # grow (S2 - ...) / grow, so that the float32 S2 is promoted in the one subtraction
-        d = centre.repeat_interleave(G, dim=0).transpose(0, 1) - o  # [n, Hq, D]
-        ds_rows = c.rows(ds_max)[..., None]  # [n, Hq, 1]
+        d = centre - o  # [n, Hq, D]
+        lse_scores = c.rows(ds_max)  # [n, Hq]
+        ds_rows = lse_scores[..., None]  # [n, Hq, 1]
+        o_abs = o.abs()
         if c.sink_probs is None:
             spread2 = torch.sub(s2, d.square_(), alpha=1.0 / grow)
             e_scores = spread2.clamp_min_(0.0).sqrt_().mul_(ds_rows * math.sqrt(grow))
-            lse_scores = c.rows(ds_max)
         else:
             assert c.key_share is not None
             p_sink = c.rows(c.sink_probs)[..., None]  # [n, Hq, 1]
@@ -235,37 +295,71 @@ def chunk_bounds(
             spread2 = torch.add(s2, 2.0 * d * o * p_sink, alpha=1.0 / grow)
             spread2.sub_(d.square_().mul_(share), alpha=1.0 / grow)
             e_scores = spread2.clamp_min_(0.0).mul_(share).sqrt_().mul_(ds_rows * math.sqrt(grow))
-            lse_scores = c.rows(ds_max) * share[..., 0]
+            lse_scores = lse_scores * share[..., 0]
             # the sink's logit is exact; its exp and the max subtraction round like a key's,
             # and a perturbed sink weight moves the output towards 0 (its value)
-            assert sinks is not None
-            ds_sink = U_FP32 * (C_EXP + sinks.abs() + (sinks - c.row_max).abs())  # [Hkv, G, n]
+            assert sinks is not None and sink_const is not None
+            ds_sink = U_FP32 * (sink_const + (sinks - c.row_max).abs())  # [Hkv, G, n]
             w_sink = c.rows(c.sink_probs * ds_sink)  # [n, Hq]
-            e_scores.addcmul_(w_sink[..., None], o.abs())
+            e_scores.addcmul_(w_sink[..., None], o_abs)
             lse_scores = lse_scores + w_sink
         # weights rounded where they meet V, relative to the final max (each is largest
         # there): relatively while normal, by at most half the subnormal spacing below
-        # (E_weights = C_W u_w sum_j p_j |v_j|, plus the below-normal correction)
-        if bool((c.score_floor - c.row_max < log_min_normal).any()):  # some p_rel may be subnormal
+        # (E_weights = C_W u_w sum_j p_j |v_j|, plus the below-normal correction). On the CPU
+        # two cheap guards skip the correction where no p_rel can be subnormal; on a device each
+        # guard is a read that stalls the host until the device catches up, so there the case
+        # is judged once (subnormal_free: then the guards would all say no) and otherwise the
+        # correction is formed unconditionally: where no weight is small it adds exactly 0.
+        if subnormal_free:
+            pass
+        elif device_path or bool((c.score_floor - c.row_max < log_min_normal).any()):
             l_rel = torch.exp(c.lse - c.row_max)[..., None]  # the denominator in units of the max
-            small = (c.probs < model.weights_min_normal / l_rel) & (c.probs > 0.0)
-            if bool(small.any()):
-                extra = (c.probs * l_rel).clamp_(max=model.weights_spacing / 2).div_(l_rel).sub_(c.probs, alpha=u_w)
-                e_scores.add_(c.output(c.v.abs(), probs=extra.masked_fill_(~small, 0.0)), alpha=C_W)
+            small = c.probs < model.weights_min_normal / l_rel  # [Hkv, G, n, Lc] bool, in place below
+            small &= c.probs > 0.0
+            if device_path or bool(small.any()):
+                extra = torch.mul(c.probs, l_rel, out=_spent(c.scores, torch.float64))
+                extra.clamp_(max=model.weights_spacing / 2).div_(l_rel).sub_(c.probs, alpha=u_w)
+                e_scores.add_(c.output(c.v.abs(), probs=extra.masked_fill_(small.logical_not_(), 0.0)), alpha=C_W)
                 del extra
             del small
         # E_weights, the V operand's rounding (fp8 dequantized to the input dtype, TF32) and E_accum
         acc = C_ACC * U_FP32 * math.sqrt(L)
-        o_abs = o.abs()
         e = e_scores.add_(abs_pv, alpha=(C_W * u_w + u_kv + u_v + acc) * grow).add_(o_abs, alpha=acc)
-        e.add_(_half_ulp(o_abs.add_(e), case.dtype))
-        lse = c.rows(c.lse)  # [n, Hq]
-        # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
-        # sum rounded, a base change (log2 kernels) rounded, the denominator's sqrt(L) growth
-        e_lse = lse_scores + U_FP32 * (C_EXP + 2.0 * lse.abs()) + C_ACC * U_FP32 * math.sqrt(L)
-        tokens = c.tokens
+        del o_abs  # E_round is formed for several blocks at once, in _merged
+        lse = e_lse = None
+        if with_lse:
+            lse = c.rows(c.lse)  # [n, Hq]
+            # lse = m + log(l): the score errors (first order: sum_j p_j ds_j), the log and the
+            # sum rounded, a base change (log2 kernels) rounded, the denominator's sqrt(L) growth
+            e_lse = lse_scores + U_FP32 * (C_EXP + 2.0 * lse.abs()) + C_ACC * U_FP32 * math.sqrt(L)
+        pending.append(_Bound(c.tokens, o, e, lse, e_lse))
+        pending_elems += o.numel()
         del c  # its score-sized tensors go before the next block's come
-        yield _Bound(tokens, o, e, lse, e_lse)
+        if pending_elems >= merge_elems:
+            yield _merged(pending, case.dtype)
+            pending, pending_elems = [], 0
+    if pending:
+        yield _merged(pending, case.dtype)
+
+
+def _merged(blocks: list[_Bound], dtype: torch.dtype) -> _Bound:
+    """Consecutive blocks as one, their output bounds finished with ``E_round`` (element by
+    element, so the same numbers as block by block): the rounding and the verdict then run once
+    for many small blocks (a batch of decodes), where on a device each op is a launch."""
+    assert all(a.tokens.stop == b.tokens.start for a, b in zip(blocks, blocks[1:])), [b.tokens for b in blocks]
+    tokens = slice(blocks[0].tokens.start, blocks[-1].tokens.stop)
+
+    def cat(ts: list[torch.Tensor | None]) -> torch.Tensor | None:
+        if ts[0] is None:
+            return None
+        return ts[0] if len(ts) == 1 else torch.cat(ts)  # type: ignore[arg-type]
+
+    o, e = cat([b.o for b in blocks]), cat([b.e for b in blocks])
+    assert o is not None and e is not None
+    lse, e_lse = cat([b.lse for b in blocks]), cat([b.e_lse for b in blocks])
+    blocks.clear()  # the pieces go before the rounding's temporary comes
+    e.add_(_half_ulp(o.abs().add_(e), dtype))
+    return _Bound(tokens, o, e, lse, e_lse)
 
 
 def attention_error_bound(
@@ -307,5 +401,11 @@ def attention_lse_error_bounds(
         torch.empty(T, H, **kw),
     )
     for blk in chunk_bounds(case, precision, qk_precision, tanh_precision):
-        ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = blk[1:]
+        assert blk.lse is not None and blk.e_lse is not None
+        ref[blk.tokens], bound[blk.tokens], ref_lse[blk.tokens], bound_lse[blk.tokens] = (
+            blk.o,
+            blk.e,
+            blk.lse,
+            blk.e_lse,
+        )
     return ref, bound, ref_lse, bound_lse

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from pagedattn.oracle import policy
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.policy import WARN_FACTOR, chunk_bounds, validate_precisions
 
@@ -145,7 +146,7 @@ def check_attention(
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
     verdict = _Verdict()
-    for blk in chunk_bounds(case, precision, qk_precision, tanh_precision):
+    for blk in chunk_bounds(case, precision, qk_precision, tanh_precision, with_lse=False):
         verdict.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
     return verdict.check(case, common)
 
@@ -199,7 +200,9 @@ def check_attention_lse(
     v_out, v_lse = _Verdict(), _Verdict()
     for blk in chunk_bounds(case, precision, qk_precision, tanh_precision):
         v_out.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
+        assert blk.lse is not None and blk.e_lse is not None
         v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
+    v_out._settle(v_lse)  # both verdicts' statistics in one transfer
     return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
 
 
@@ -257,45 +260,60 @@ class _Verdict:
         ratio = torch.sub(out, ref).abs_().div_(bound)
         if exact_inf:  # an lse of -inf where the reference is -inf is exact
             ratio.masked_fill_(torch.isinf(ref) & (out == ref), 0.0)
-        flat = torch.argmax(ratio)  # a NaN ratio is the largest
         self.num_elements += ratio.numel()
-        picks = [ratio.reshape(-1)[flat], (ratio > 1.0).sum(), flat]
-        picks += [out.reshape(-1)[flat], ref.reshape(-1)[flat], bound.reshape(-1)[flat]]
-        # on the CPU a read costs nothing: count the non-finite elements only when there are some
-        if ratio.device.type == "cpu" and not self.defer_on_cpu:
-            row = [float(x) for x in picks]
-            if row[0] < float("inf"):
-                row[2:2] = [0.0, 0.0]
-            else:
-                row[2:2] = [float(torch.isnan(ratio).sum()), float((~torch.isfinite(out) & torch.isfinite(ref)).sum())]
-            self._fold(tokens.start, tuple(ratio.shape), row)
+        shape = tuple(ratio.shape)
+        flat = torch.argmax(ratio).view(1)  # a NaN ratio is the largest
+        # indexing by a tensor (``t[flat]``) would read ``flat`` on the host: ``index_select`` does not
+        picked = [t.reshape(-1).index_select(0, flat) for t in (ratio, out, ref, bound)]
+        if ratio.device.type == "cpu" and not (self.defer_on_cpu or policy.DEVICE_PATH_ON_CPU):
+            # on the CPU a read costs nothing: count the non-finite elements only when there are some
+            budget, value, reference, bound_at = (float(t) for t in picked)
+            over = int((ratio > 1.0).sum())
+            num_nonfinite = 0
+            if not budget < float("inf"):
+                over += int(torch.isnan(ratio).sum())
+                num_nonfinite = int((torch.isfinite(ref) > torch.isfinite(out)).sum())
+            self._fold(tokens.start, shape, [budget, over, num_nonfinite, int(flat), value, reference, bound_at])
             return
-        # on a device, every read is a synchronization: keep a few scalars, read them all in check()
-        picks[2:2] = [torch.isnan(ratio).sum(), (~torch.isfinite(out) & torch.isfinite(ref)).sum()]
-        stats = torch.stack([x.to(torch.float64) for x in picks])  # counts and indices below 2**53 are exact
-        self._blocks.append((tokens.start, tuple(ratio.shape), stats))
+        # on a device, every read is a synchronization: keep a few scalars there, read them all
+        # in check(); counts and indices below 2**53 are exact in float64. The over count takes
+        # the NaN ratios in, and the non-finite outputs where the reference is finite are
+        # counted always: both are 0 unless the block's worst ratio is NaN or infinite, where
+        # the CPU path counts them. x - x is 0 where x is finite, NaN elsewhere (fewer ops
+        # than isfinite, four each).
+        finite_only_ref = torch.sub(ref, ref).eq_(0.0).gt_(torch.sub(out, out).eq_(0.0))
+        counts = torch.stack([ratio.le(1.0).logical_not_().sum(), finite_only_ref.sum(), flat[0]])
+        stats = torch.cat([picked[0], counts.to(torch.float64), *picked[1:]])
+        self._blocks.append((tokens.start, shape, stats))
 
     def _fold(self, start: int, shape: tuple[int, ...], row: list[float]) -> None:
-        """Fold one block's statistics in: ``[worst ratio, #over, #NaN ratios, #non-finite outputs,
-        flat index of the worst, its output, reference and bound]``."""
-        budget, over, nans, nonfinite, flat, value, reference, bound = row
+        """Fold one block's statistics in: ``[worst ratio, #over (NaN ratios included), #non-finite
+        outputs where the reference is finite, flat index of the worst, its output, reference, bound]``."""
+        budget, over, nonfinite, flat, value, reference, bound = row
         self.num_over += int(over)
         if not budget < float("inf"):  # a NaN or infinite output: infinitely over
             budget = float("inf")
-            self.num_over += int(nans)
             self.num_nonfinite += int(nonfinite)
         if budget > self.budget:
-            idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(int(flat)), shape))
+            idx, rest = [], int(flat)  # unravelled on the host: no tensor, no device
+            for size in reversed(shape):
+                rest, i = divmod(rest, size)
+                idx.append(i)
+            idx.reverse()
             self.budget, self.worst = budget, (idx[0] + start, *idx[1:])
             self.value, self.reference, self.bound = value, reference, bound
 
-    def _settle(self) -> None:
-        """Fold the device blocks' statistics in, in block order (one device-to-host transfer)."""
-        if self._blocks:
-            rows = torch.stack([b[2] for b in self._blocks]).cpu().tolist()
-            for (start, shape, _), row in zip(self._blocks, rows):
-                self._fold(start, shape, row)
-            self._blocks = []
+    def _settle(self, *others: _Verdict) -> None:
+        """Fold the device blocks' statistics in, in block order, this verdict's and ``others``'
+        (one device-to-host transfer for all of them)."""
+        verdicts = [v for v in (self, *others) if v._blocks]
+        if verdicts:
+            rows = torch.stack([b[2] for v in verdicts for b in v._blocks]).tolist()
+            for v in verdicts:
+                for (start, shape, _), row in zip(v._blocks, rows):
+                    v._fold(start, shape, row)
+                rows = rows[len(v._blocks) :]
+                v._blocks = []
 
     def check(self, case: PagedCase, common: dict) -> AttentionCheck:
         self._settle()
