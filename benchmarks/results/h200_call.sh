@@ -9,20 +9,7 @@
 cd .dev/gpu
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
-T0=$(date +%s); END=$((T0 + ${BUDGET_S:-560}))
-mkdir -p /tmp/logs
-log() { echo "[$(date -u +%T) +$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/call.log; }
-step() {  # name max_seconds command...: runs with min(max, time left), logs rc and wall time
-  local name=$1 max=$2; shift 2
-  local left=$((END - $(date +%s))); local lim=$(( left < max ? left : max ))
-  if [ $lim -lt 20 ]; then log "$name: skipped (${left}s left)"; return; fi
-  log "$name: start (limit ${lim}s)"
-  local s=$(date +%s%N)
-  timeout -s INT $lim "$@" > /tmp/logs/$name.log 2>&1; local rc=$?
-  log "$name: rc=$rc wall $(( ($(date +%s%N) - s) / 1000000 )) ms"
-  grep -v '^\s*$' /tmp/logs/$name.log | tail -${TAIL:-6} | cut -c1-220 | tee -a $OUT/call.log
-  tar -czf $OUT/logs.tgz -C /tmp logs
-}
+. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nproc
   python -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"; } >> $OUT/call.log 2>&1
 step test_triton 150 python -m pytest -p no:cacheprovider tests/test_triton.py -q -n 4

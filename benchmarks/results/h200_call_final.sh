@@ -8,20 +8,7 @@
 # its own limit inside one deadline (BUDGET_S); what finished comes back under $OUT: call.log (steps, limits, wall times, tails), logs.tgz, JSON files.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
-T0=$(date +%s); END=$((T0 + ${BUDGET_S:-560}))
-mkdir -p /tmp/logs
-log() { echo "[$(date -u +%T) +$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/call.log; }
-step() {  # name max_seconds command...: runs with min(max, time left), logs rc and wall time
-  local name=$1 max=$2; shift 2
-  local left=$((END - $(date +%s))); local lim=$(( left < max ? left : max ))
-  if [ $lim -lt 20 ]; then log "$name: skipped (${left}s left)"; return; fi
-  log "$name: start (limit ${lim}s)"
-  local s=$(date +%s%N)
-  timeout -s INT $lim "$@" > /tmp/logs/$name.log 2>&1; local rc=$?
-  log "$name: rc=$rc wall $(( ($(date +%s%N) - s) / 1000000 )) ms"
-  grep -v '^\s*$' /tmp/logs/$name.log | tail -${TAIL:-6} | cut -c1-240 | tee -a $OUT/call.log
-  tar -czf $OUT/logs.tgz -C /tmp logs
-}
+. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step
 count_compiles() {  # the kernels a Triton cache holds, by name
   python - "$1" <<'PY' | tee -a $OUT/call.log
 import collections, pathlib, sys

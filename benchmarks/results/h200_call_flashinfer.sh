@@ -7,20 +7,7 @@
 pip install -q --no-index --no-deps --target /tmp/fi .whl/*.whl > /tmp/pip.log 2>&1
 export PYTHONPATH=/tmp/fi:$PWD PYTHONUNBUFFERED=1 FLASHINFER_CUDA_ARCH_LIST=9.0a MAX_JOBS=${MAX_JOBS:-4}
 unset TRITON_INTERPRET
-T0=$(date +%s); END=$((T0 + ${BUDGET_S:-560}))
-mkdir -p /tmp/logs
-log() { echo "[$(date -u +%T) +$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/call.log; }
-step() {
-  local name=$1 max=$2; shift 2
-  local left=$((END - $(date +%s))); local lim=$(( left < max ? left : max ))
-  if [ $lim -lt 20 ]; then log "$name: skipped (${left}s left)"; return; fi
-  log "$name: start (limit ${lim}s)"
-  local s=$(date +%s%N)
-  timeout -s INT $lim "$@" > /tmp/logs/$name.log 2>&1; local rc=$?
-  log "$name: rc=$rc wall $(( ($(date +%s%N) - s) / 1000000 )) ms"
-  grep -v '^\s*$' /tmp/logs/$name.log | tail -${TAIL:-6} | cut -c1-240 | tee -a $OUT/call.log
-  tar -czf $OUT/logs.tgz -C /tmp logs
-}
+. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step
 { tail -2 /tmp/pip.log; python -c "import flashinfer, torch; print('flashinfer', flashinfer.__version__, 'torch', torch.__version__)"; } >> $OUT/call.log 2>&1
 FI=pagedattn.adapters.contrib.flashinfer:FlashInferBackend
 RUN="python -m pytest -p pagedattn.plugin -p no:cacheprovider --backend=$FI --device=cuda --isolate -q -rfE"

@@ -1,0 +1,19 @@
+# Sourced by the H200 call scripts (h200_call*.sh): a deadline of BUDGET_S seconds (default
+# 560) for the whole call, `log` (a timestamped line in $OUT/call.log) and `step NAME MAX CMD...`
+# (runs CMD with min(MAX, time left), logs its exit status and wall time and the last TAIL lines
+# of its output, and keeps every step's full log in $OUT/logs.tgz), so that a call ends in time
+# and what finished comes back.
+T0=$(date +%s); END=$((T0 + ${BUDGET_S:-560}))
+mkdir -p /tmp/logs
+log() { echo "[$(date -u +%T) +$(( $(date +%s) - T0 ))s] $*" | tee -a $OUT/call.log; }
+step() {
+  local name=$1 max=$2; shift 2
+  local left=$((END - $(date +%s))); local lim=$(( left < max ? left : max ))
+  if [ $lim -lt 20 ]; then log "$name: skipped (${left}s left)"; return; fi
+  log "$name: start (limit ${lim}s)"
+  local s=$(date +%s%N)
+  timeout -s INT $lim "$@" > /tmp/logs/$name.log 2>&1; local rc=$?
+  log "$name: rc=$rc wall $(( ($(date +%s%N) - s) / 1000000 )) ms"
+  grep -v '^\s*$' /tmp/logs/$name.log | tail -${TAIL:-6} | cut -c1-240 | tee -a $OUT/call.log
+  tar -czf $OUT/logs.tgz -C /tmp logs
+}
