@@ -123,8 +123,12 @@ class OpCounter:
 
         self.syncs += 1
         here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        # the project's own frames (not this script's, nor a virtualenv's inside the checkout, such as tox's)
         frames = [
-            f for f in traceback.extract_stack()[:-2] if f.filename.startswith(here) and "bench" not in f.filename
+            f
+            for f in traceback.extract_stack()[:-2]
+            if os.path.relpath(os.path.abspath(f.filename), here).split(os.sep)[0]
+            in ("pagedattn", "conformance", "tests")
         ]
         if frames:
             f = frames[-1]
