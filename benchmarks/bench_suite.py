@@ -122,7 +122,10 @@ class OpCounter:
         import traceback
 
         self.syncs += 1
-        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        import pagedattn
+
+        # the checkout pagedattn is imported from (with --code, not this script's)
+        here = os.path.dirname(os.path.dirname(os.path.abspath(pagedattn.__file__)))
         # the project's own frames (not this script's, nor a virtualenv's inside the checkout, such as tox's)
         frames = [
             f
@@ -144,9 +147,14 @@ class OpCounter:
             return
         packet = func.overloadpacket
         first = args[0] if args else None
-        if packet in (aten._local_scalar_dense, aten.nonzero, aten.masked_select, aten._unique2, aten.unique_dim):
-            sync = self._on_device(first)
-        elif packet is aten.unique_consecutive:
+        if packet in (
+            aten._local_scalar_dense,
+            aten.nonzero,
+            aten.masked_select,
+            aten._unique2,
+            aten.unique_dim,
+            aten.unique_consecutive,
+        ):
             sync = self._on_device(first)
         elif packet in (aten.index, aten.index_put, aten.index_put_):
             sync = any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()))
@@ -203,8 +211,8 @@ class OpCounter:
 
 
 def _timed(fn, sync, repeats: int, max_s: float) -> list[float]:
-    """Up to ``repeats`` timed calls, fewer once they have taken ``max_s`` seconds in all;
-    at least ``min(repeats, 3)`` where they are quick (milliseconds vary most)."""
+    """Up to ``repeats`` timed calls, fewer once they have taken ``max_s`` seconds in all (at
+    least one): quick calls get every repeat, which milliseconds need most."""
     times: list[float] = []
     while len(times) < repeats:
         t0 = time.perf_counter()

@@ -54,13 +54,13 @@ def _guard_line(run: Run) -> str:
 
 def _claims_lines(info: dict[str, Any]) -> list[str]:
     caps = info.get("capabilities") or {}
-    qk = f", q.k precision {info['qk_precision']}" if info.get("qk_precision", "fp32") != "fp32" else ""
+    precisions = f", q.k precision {info['qk_precision']}" if info.get("qk_precision", "fp32") != "fp32" else ""
     if info.get("tanh_precision", "ieee") != "ieee":
-        qk += f", soft-cap tanh {info['tanh_precision']}"
+        precisions += f", soft-cap tanh {info['tanh_precision']}"
     factor = info.get("tolerance_factor", 1)
     loosened = f", tolerance x{factor:g} (backend override)" if factor != 1 else ""
     lines = [
-        f"  policy: fp32 dot precision {info.get('fp32_precision', 'ieee')}{qk}{loosened}",
+        f"  policy: fp32 dot precision {info.get('fp32_precision', 'ieee')}{precisions}{loosened}",
         f"  claims: operations {', '.join(caps.get('operations', []))}; "
         f"variants {', '.join(caps.get('variants', [])) or 'none'}",
     ]

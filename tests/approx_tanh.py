@@ -1,8 +1,9 @@
 """A float64 emulation of a kernel whose soft-cap tanh is approximate (PTX ``tanh.approx.f32``,
 as FlashInfer's), for the tests of ``Capabilities.tanh_precision="approx"``.
 
-Every capped score ``c tanh(s / c)`` is moved away from zero by the relative error ``rel``:
-``c tanh(s / c) (1 + rel sign(tanh))``, so each score rises by ``rel |score|``. That is the
+Every capped score ``c tanh(s / c)`` is raised by the relative error ``rel`` of its magnitude:
+``c tanh(s / c) (1 + rel sign(tanh))``, i.e. by ``rel |score|`` (away from zero when positive,
+towards it when negative). That is the
 worst sign pattern for the log-sum-exp (the errors add up, none cancels), and at
 ``rel = 2**-11`` it is the PTX ISA's largest relative error of ``tanh.approx.f32``. The rest
 is exact (float64), rounded once to the output dtype, so the test sees the tanh term alone.

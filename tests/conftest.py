@@ -1,4 +1,3 @@
-import getpass
 import os
 import shutil
 import tempfile
@@ -26,8 +25,13 @@ if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCAC
     # one compiles pagedattn again and pytest rewrites the plugin's modules again: 0.6 s of
     # a 3 s run. Their bytecode goes to one cache outside the checkout instead, which the
     # setting asked to keep free of it (the variables reach only the processes started here).
-    os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) / f"pagedattn-pycache-{getpass.getuser()}")
-    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    # One cache per user id (getpass.getuser() raises for an id without a passwd entry, as in
+    # some containers), private to it; one that another user made first is not used.
+    _cache = Path(tempfile.gettempdir()) / f"pagedattn-pycache-{os.getuid()}"
+    _cache.mkdir(mode=0o700, exist_ok=True)
+    if _cache.stat().st_uid == os.getuid():
+        os.environ["PYTHONPYCACHEPREFIX"] = str(_cache)
+        del os.environ["PYTHONDONTWRITEBYTECODE"]
 
 # Tests that start Python processes run first, and the longest first of all (a whole
 # quick profile in a subprocess: 10-35 s of CPU each), so that no long test starts last

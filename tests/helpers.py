@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 
 import torch
 
@@ -33,6 +34,20 @@ def import_session_modules() -> None:
     pagedattn.Capabilities, got Capabilities")."""
     for name in SESSION_MODULES:
         importlib.import_module(name)
+
+
+#: what xdist tells its workers: a run made in process by a test on a worker must not see
+#: them (the suite would take itself for worker gw0 and record that in its report)
+XDIST_VARIABLES = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+
+
+def run_inprocess(pytester, *args):
+    """``pytester.runpytest_inprocess(*args)`` with xdist's worker variables hidden."""
+    saved = {k: os.environ.pop(k) for k in XDIST_VARIABLES if k in os.environ}
+    try:
+        return pytester.runpytest_inprocess(*args)
+    finally:
+        os.environ.update(saved)
 
 
 # what the quick decode family holds, so expectations about suite runs follow the grid

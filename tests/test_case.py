@@ -12,7 +12,7 @@ from pagedattn import PagedCase
 from pagedattn.cases import CaseSpec, load_case, save_case
 from pagedattn.cases.io import CaseFileError
 from pagedattn.expectations import glob_match
-from tests.helpers import import_session_modules, make_case
+from tests.helpers import import_session_modules, make_case, run_inprocess
 
 import_session_modules()  # before the in-process runs below (see its docstring)
 
@@ -149,8 +149,15 @@ def test_replay_of_a_bad_file_is_one_usage_error(pytester, tmp_path):
     text = tmp_path / "text.pt"
     text.write_text("hello")
     for path, problem in ((unknown, "unknown family 'no-such-family'"), (text, "not a torch.save zip archive")):
-        result = pytester.runpytest_inprocess(
-            "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance", "--backend=reference", "--replay", str(path)
+        result = run_inprocess(
+            pytester,
+            "-p",
+            "no:cacheprovider",
+            "--pyargs",
+            "pagedattn.conformance",
+            "--backend=reference",
+            "--replay",
+            str(path),
         )
         assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
         errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]

@@ -18,7 +18,7 @@ import torch
 from pagedattn.conformance.test_properties import PROPERTIES, SPECS
 
 from pagedattn.cases import grid
-from tests.helpers import N_DECODE, N_DECODE_FP32, N_SINGLE, import_session_modules
+from tests.helpers import N_DECODE, N_DECODE_FP32, N_SINGLE, import_session_modules, run_inprocess
 
 import_session_modules()  # before the in-process runs below (see its docstring)
 
@@ -50,7 +50,7 @@ def _run(pytester, *args, timeout=None, in_process=False):
     args = ("-p", "no:cacheprovider", "--report-json=r.json", "--pyargs", *args)
     try:
         if in_process:
-            result = pytester.runpytest_inprocess(*args)
+            result = run_inprocess(pytester, *args)
         else:
             result = pytester.runpytest_subprocess(*args, timeout=timeout)
     except pytester.TimeoutExpired:
@@ -292,7 +292,7 @@ def test_expectations_xfail_xpass_and_stale(pytester, bad):
 
 def test_bad_expectations_file_is_a_usage_error(pytester):
     (pytester.path / "exp.json").write_text(json.dumps({"expected_failures": [{"case": "x"}]}))
-    result = pytester.runpytest_inprocess("--pyargs", DECODE, "--backend=reference", "--expectations=exp.json")
+    result = run_inprocess(pytester, "--pyargs", DECODE, "--backend=reference", "--expectations=exp.json")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*entry 0 needs a 'case' pattern and a 'reason'*"])
 
@@ -315,7 +315,7 @@ def test_isolation_carries_the_variants_and_the_lse(pytester):
     """A case's variant tensors and options cross into the child process, and the lse
     operation comes back from it: the same verdicts isolated as in process."""
     args = ("pagedattn.conformance.test_lse", "pagedattn.conformance.test_combined", "--backend=tlsim")
-    plain = pytester.runpytest_inprocess("-p", "no:cacheprovider", "--pyargs", *args, "--report-json=a.json")
+    plain = run_inprocess(pytester, "-p", "no:cacheprovider", "--pyargs", *args, "--report-json=a.json")
     isolated = pytester.runpytest_subprocess(
         "-p", "no:cacheprovider", "--pyargs", *args, "--isolate", "--report-json=b.json"
     )

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.helpers import N_DECODE, N_DECODE_FP32, import_session_modules
+from tests.helpers import N_DECODE, N_DECODE_FP32, import_session_modules, run_inprocess
 
 import_session_modules()  # before the in-process runs below (see its docstring)
 
@@ -21,7 +21,7 @@ def _run(pytester, *args):
 def _run_here(pytester, *args):
     """A run in this process: the same plugin, options and output, without the 2-3 s of a
     new interpreter importing torch (the checks of a run's verdicts, errors and reports)."""
-    return pytester.runpytest_inprocess("-p", "no:cacheprovider", "--pyargs", *args)
+    return run_inprocess(pytester, "-p", "no:cacheprovider", "--pyargs", *args)
 
 
 def _replay_path(result) -> str:

@@ -23,6 +23,7 @@ from pagedattn.record import noted
 from pagedattn.search import SearchRun, spec_size
 from pagedattn.search_plan import SearchItem, grid_configurations, search_items
 from pagedattn.suite import Suite
+from tests.helpers import run_inprocess
 
 # Planted backends, written into each pytester directory (tests/bad_backends.py is another helper's).
 PLANTED = '''
@@ -251,7 +252,7 @@ def test_search_items_find_save_and_replay(pytester):
         "--report-json=report.json",
         "--search-budget=10",
     ]
-    result = pytester.runpytest_inprocess(*args, "--backend=planted.py:RaisesOnLongHistories", "-k", "seed1")
+    result = run_inprocess(pytester, *args, "--backend=planted.py:RaisesOnLongHistories", "-k", "seed1")
     result.assert_outcomes(failed=1)
     out = result.stdout.str()
     for noise in ("def test_search", "Suite(", "Failing test case", "Falsifying example", "Traceback", "Warning"):
@@ -265,10 +266,10 @@ def test_search_items_find_save_and_replay(pytester):
     assert "seqs=((41, 1),)" in rec["worst_case"], rec["worst_case"]
     replay = re.search(r"replay: (pytest .*)", out).group(1)
     assert replay == rec["replay"]
-    again = pytester.runpytest_inprocess("-p", "no:cacheprovider", *replay.split()[1:])
+    again = run_inprocess(pytester, "-p", "no:cacheprovider", *replay.split()[1:])
     again.assert_outcomes(failed=1)
 
-    passing = pytester.runpytest_inprocess(*args, "--backend=planted.py:Correct", "--search-budget=2", "-v")
+    passing = run_inprocess(pytester, *args, "--backend=planted.py:Correct", "--search-budget=2", "-v")
     passing.assert_outcomes(passed=2)
     passing.stdout.fnmatch_lines(["*test_search?seed0? PASSED*", "*test_search?seed1? PASSED*"])
 

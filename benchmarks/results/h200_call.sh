@@ -9,7 +9,7 @@
 cd .dev/gpu
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
-. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step
+. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step (the copy in .dev/gpu must be of this tree)
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nproc
   python -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"; } >> $OUT/call.log 2>&1
 step test_triton 150 python -m pytest -p no:cacheprovider tests/test_triton.py -q -n 4

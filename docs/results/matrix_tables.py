@@ -4,7 +4,7 @@
     python docs/results/matrix_tables.py union OUT.json RUN.json...   # several runs of one backend
 
 A union takes, per case, the outcome of the run that finished it (passed, failed,
-warned, unsupported, expected failure); a case no run finished keeps its most telling
+warned, unsupported, expected failure; of several that agree, the latest run's record); a case no run finished keeps its most telling
 record: ``timed_out`` before ``crashed`` (here: the run was stopped while it ran) before
 ``not_run``. Two
 runs that finished a case differently are listed under ``disagreements``, never merged.
@@ -96,6 +96,8 @@ def union(paths: list[str]) -> dict[str, Any]:
             if prev is not None and prev["status"] in FINISHED and c["status"] in FINISHED:
                 if c["status"] != prev["status"]:
                     disagreements.append({"case": c["id"], source[node]: prev["status"], path: c["status"]})
+                else:  # the same outcome: the latest run's record (its message, this release's suite)
+                    final[node], source[node] = c, path
                 continue
             if prev is None or _rank(c) >= _rank(prev):
                 final[node], source[node] = c, path

@@ -297,11 +297,7 @@ def plan_launch(
             grid=(len(decode_seqs), max_splits, num_kv_heads),
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
-            BLOCK_N=FP32_BLOCK_N
-            if dtype == torch.float32
-            else (FP8_DECODE_BLOCK_N or DECODE_BLOCK_N)
-            if kv_fp8
-            else DECODE_BLOCK_N,
+            BLOCK_N=decode_block_n(dtype, kv_fp8),
             SPLIT_SIZE=(FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE,
             SPLIT_LONG=SPLIT_LONG,
             LONG_FROM=LONG_FROM,
@@ -313,8 +309,9 @@ def plan_launch(
             **common,
         )
     if other_seqs:
-        # fp32 tiles are twice the bytes and run on FMA units, not the tensor cores: they
-        # take their own, smaller tiles (FP32_PREFILL_ROWS x FP32_BLOCK_N)
+        # fp32 tiles are twice the bytes and run on FMA units, not the tensor cores, where
+        # the compiler unrolls them: their own, smaller tiles keep compile time down
+        # (FP32_PREFILL_ROWS x FP32_BLOCK_N: the figures are at those constants)
         wide = dtype == torch.float32
         rows = max(FP32_PREFILL_ROWS if wide else PREFILL_ROWS, group_pad, MIN_DOT)
         block_q = rows // group_pad
@@ -338,6 +335,14 @@ def plan_launch(
             **common,
         )
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
+
+
+def decode_block_n(dtype: torch.dtype, kv_fp8: bool) -> int:
+    """Keys per decode step: ``FP32_BLOCK_N`` for fp32 queries (sized for compile time, see
+    there), ``FP8_DECODE_BLOCK_N`` over an fp8 cache when set, else ``DECODE_BLOCK_N``."""
+    if dtype == torch.float32:
+        return FP32_BLOCK_N
+    return (FP8_DECODE_BLOCK_N or DECODE_BLOCK_N) if kv_fp8 else DECODE_BLOCK_N
 
 
 def decode_split(seq_len: int, kv_fp8: bool = False) -> int:

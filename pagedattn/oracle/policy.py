@@ -255,7 +255,7 @@ def chunk_bounds(
     sink_const = C_EXP + sinks.abs() if sinks is not None else None  # [Hkv, G, 1]
     seq, centre, vv = -1, torch.empty(0), torch.empty(0)
     # blocks of rows are yielded together up to this many output elements: an eighth of the
-    # output (the oracle holds all of it; the check never does), or 64k where that is less
+    # output (the oracle holds all of it; the check never does), and at least 64k
     merge_elems = max(case.num_tokens * case.num_heads * D // 8, 1 << 16)
     pending: list[_Bound] = []
     pending_elems = 0

@@ -248,7 +248,7 @@ class _Verdict:
         self.num_over = self.num_elements = self.num_nonfinite = 0
         self.worst: tuple[int, ...] = ()
         self.value = self.reference = self.bound = float("nan")
-        #: per device block: its first token, its ratio's shape, its statistics (float64 [8])
+        #: per device block: its first token, its ratio's shape, its statistics (float64 [7])
         self._blocks: list[tuple[int, tuple[int, ...], torch.Tensor]] = []
 
     def add(
