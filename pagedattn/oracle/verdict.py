@@ -111,6 +111,21 @@ def _token_coords(case: PagedCase, token: int) -> tuple[int, int]:
     return -1, -1
 
 
+def _judged_by(
+    owner: str, case: PagedCase, precision: str, qk_precision: str, tanh_precision: str, tolerance_factor: float
+) -> dict[str, Any]:
+    """The policy a check judges by, validated (``ProblemError`` naming ``owner``), as the
+    fields every ``AttentionCheck`` of that check carries."""
+    validate_precisions(precision, qk_precision, owner, tanh_precision)
+    return dict(
+        precision=precision,
+        qk_precision=qk_precision,
+        tanh_precision=tanh_precision,
+        tolerance_factor=tolerance_factor,
+        case_summary=repr(case),
+    )
+
+
 def check_attention(
     output: torch.Tensor,
     case: PagedCase,
@@ -134,14 +149,7 @@ def check_attention(
             ``tanh.approx.f32``; changes soft-capped cases only).
         tolerance_factor: an explicit loosening (> 1) or tightening, shown in the report.
     """
-    validate_precisions(precision, qk_precision, "check_attention", tanh_precision)
-    common: dict[str, Any] = dict(
-        precision=precision,
-        qk_precision=qk_precision,
-        tanh_precision=tanh_precision,
-        tolerance_factor=tolerance_factor,
-        case_summary=repr(case),
-    )
+    common = _judged_by("check_attention", case, precision, qk_precision, tanh_precision, tolerance_factor)
     problem = _output_problem(output, case)
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
@@ -172,14 +180,7 @@ def check_attention_lse(
     Returns:
         ``(output_check, lse_check)``.
     """
-    validate_precisions(precision, qk_precision, "check_attention_lse", tanh_precision)
-    common: dict[str, Any] = dict(
-        precision=precision,
-        qk_precision=qk_precision,
-        tanh_precision=tanh_precision,
-        tolerance_factor=tolerance_factor,
-        case_summary=repr(case),
-    )
+    common = _judged_by("check_attention_lse", case, precision, qk_precision, tanh_precision, tolerance_factor)
     p_out = _output_problem(output, case)
     p_lse = _structural(
         lse, case, (case.num_tokens, case.num_heads), torch.float32, "[num_tokens, num_heads]", "float32"
