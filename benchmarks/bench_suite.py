@@ -236,7 +236,7 @@ def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int
         from pagedattn.oracle import policy, verdict
 
         policy.DEVICE_PATH_ON_CPU = True
-        verdict._Verdict.defer_on_cpu = True  # a checkout from before policy.DEVICE_PATH_ON_CPU
+        verdict._Verdict.defer_on_cpu = True  # --code: a checkout from before policy.DEVICE_PATH_ON_CPU
     case = _case(profile, case_id, device)
     # one small call of each first: lazy initialisation (allocator pools, BLAS buffers) is
     # neither the oracle's time nor its memory

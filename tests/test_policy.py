@@ -333,8 +333,6 @@ def test_the_device_path_reads_once_and_judges_the_same(nan, monkeypatch):
     """On a device the verdict keeps each block's statistics there and reads them once; the
     checks of the output and of the log-sum-exp are the same as the per-block reads (forced
     here on the CPU), over several blocks, with and without non-finite outputs."""
-    from pagedattn.oracle.verdict import _Verdict
-
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     case = CaseSpec("t", ((300, 1), (200, 120), (90, 90)), num_heads=4, num_kv_heads=2, dtype=torch.bfloat16).build()
     out = streamed_attention(case, 16, bug="exp_bf16")
@@ -344,8 +342,8 @@ def test_the_device_path_reads_once_and_judges_the_same(nan, monkeypatch):
         out[5, 1, 3] = out[130, 0, 0] = float("nan")
         lse[7, 2] = float("inf")
     results = []
-    for defer in (False, True):
-        monkeypatch.setattr(_Verdict, "defer_on_cpu", defer)
+    for device_path in (False, True):
+        monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", device_path)
         results.append((str(check_attention(out, case)), [str(c) for c in check_attention_lse(out, lse, case)]))
     assert results[0] == results[1]
     assert ("non-finite" in results[0][0]) == nan, results[0][0]

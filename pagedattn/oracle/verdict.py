@@ -241,9 +241,6 @@ class _Verdict:
     On a device, each block leaves a few scalars there and ``check`` reads them all in one
     transfer, so a check synchronizes once, not several times per block."""
 
-    #: take the device path on the CPU too (tests compare the two paths)
-    defer_on_cpu = False
-
     def __init__(self) -> None:
         self.budget = -1.0
         self.num_over = self.num_elements = self.num_nonfinite = 0
@@ -266,7 +263,7 @@ class _Verdict:
         flat = torch.argmax(ratio).view(1)  # a NaN ratio is the largest
         # indexing by a tensor (``t[flat]``) would read ``flat`` on the host: ``index_select`` does not
         picked = [t.reshape(-1).index_select(0, flat) for t in (ratio, out, ref, bound)]
-        if ratio.device.type == "cpu" and not (self.defer_on_cpu or policy.DEVICE_PATH_ON_CPU):
+        if ratio.device.type == "cpu" and not policy.DEVICE_PATH_ON_CPU:
             # on the CPU a read costs nothing: count the non-finite elements only when there are some
             budget, value, reference, bound_at = (float(t) for t in picked)
             over = int((ratio > 1.0).sum())
