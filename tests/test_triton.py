@@ -129,7 +129,10 @@ def test_plan_splits_decode_from_the_rest():
     long_and_short = max(host.LONG_FROM // host.SPLIT_LONG, -(-5000 // host.SPLIT_SIZE))
     assert _plan([host.LONG_FROM, 5000], [1, 1]).max_splits == long_and_short
     assert _plan([4 * host.LONG_FROM], [1]).max_splits == 4 * host.LONG_FROM // host.SPLIT_LONG
-    assert plan.decode.grid == (2, plan.max_splits, 8) and plan.decode.BLOCK_Q == 1
+    # one axis, kv heads fastest (DECODE_HEADS_FAST), else (sequences, splits, kv heads)
+    heads_fast = (8 * plan.max_splits * 2, 1, 1)
+    assert plan.decode.grid == (heads_fast if host.DECODE_HEADS_FAST else (2, plan.max_splits, 8))
+    assert plan.decode.BLOCK_Q == 1
     assert plan.other.grid == (2, -(-40 // plan.other.BLOCK_Q), 8)
     for split in (plan.decode.SPLIT_SIZE, plan.decode.SPLIT_LONG):
         assert split % plan.decode.BLOCK_N == 0, f"{split}-key splits must hold whole {plan.decode.BLOCK_N}-key tiles"
@@ -339,6 +342,45 @@ def test_softmax_paths_within_policy(spec, path, monkeypatch):
     assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
 
 
+#: the addressing paths the defaults do not take: int64 cache offsets (a cache past 2**31
+#: elements), the 3-axis decode grid (decode programs ordered by sequence first)
+ADDRESSING_PATHS = {
+    "int64-offsets": (tpa, "OFFSETS_I32", False),
+    "3-axis-decode-grid": (host, "DECODE_HEADS_FAST", False),
+}
+
+
+@runs_kernel
+@pytest.mark.parametrize("path", sorted(ADDRESSING_PATHS))
+@pytest.mark.parametrize("spec", PATH_CASES[:2], ids=lambda s: s.id)
+def test_addressing_paths_within_policy(spec, path, monkeypatch):
+    owner, name, value = ADDRESSING_PATHS[path]
+    monkeypatch.setattr(owner, name, value)
+    case = spec.build().to(DEVICE)
+    out, lse = tpa.paged_attention(
+        *_args(case),
+        scale=case.scale,
+        logits_soft_cap=case.logits_soft_cap,
+        alibi_slopes=case.alibi_slopes,
+        sinks=case.sinks,
+        k_scale=case.k_scale,
+        v_scale=case.v_scale,
+        return_lse=True,
+    )
+    c1, c2 = check_attention_lse(out, lse, case)
+    assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+
+
+def test_cache_offsets_take_int32_only_when_every_offset_fits():
+    """A cache is addressed in int32 only when its last element's offset is below 2**31
+    (shapes on the meta device: no memory)."""
+    fits = torch.empty(2**31 // (16 * 8 * 128), 16, 8, 128, device="meta")  # last offset 2**31 - 1
+    assert tpa._fits_int32(fits[:-1]) and not tpa._fits_int32(torch.empty(fits.shape[0] + 1, 16, 8, 128, device="meta"))
+    # through strides: one K of an [N, 2, bs, Hkv, D] pool reaches twice as far as its size says
+    pool = torch.empty(2**30 // (16 * 8 * 128) + 1, 2, 16, 8, 128, device="meta")
+    assert pool[:, 0].numel() < 2**31 and not tpa._fits_int32(pool[:, 0])
+
+
 class _Launch:
     """Stands in for a ``@triton.jit`` kernel: ``kernel[grid](*args)`` records the call."""
 
@@ -487,11 +529,13 @@ def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None, max
 
 results = []
 defaults = {k: v for k, v in vars(host).items() if k.isupper()}
+OFFSETS_I32 = m.OFFSETS_I32
 for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
     for k, v in defaults.items():
         setattr(host, k, v)
-    for k, v in (switches[0] if switches else {}).items():  # host switches of a non-default path
-        setattr(host, k, v)
+    m.OFFSETS_I32 = OFFSETS_I32
+    for k, v in (switches[0] if switches else {}).items():  # host or kernel-module switches of a non-default path
+        setattr(m if hasattr(m, k) and not hasattr(host, k) else host, k, v)
     plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False,
                             getattr(torch, kv_dtype or dtype))
     # the strides of contiguous tensors of this shape (the block table's width is left unmarked)
@@ -508,10 +552,10 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
              "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
     flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
              "KV_FP8": kv_dtype is not None, "F16_DOTS": kv_dtype is not None and dtype == "bfloat16",
-             "TABLE_AHEAD": True}
+             "TABLE_AHEAD": True, "OFF_I32": m.OFFSETS_I32}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
-            "HEAVY_FIRST")
+            "HEAVY_FIRST", "HEADS_FAST")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
@@ -536,8 +580,11 @@ HOPPER_SHARED_MEMORY = 232448
 
 #: the first round's softmax and 2-stage prefill
 FIRST_ROUND = {"EXP2_SOFTMAX": False, "PREFILL_MASK_SPLIT": False, "PREFILL_HEAVY_FIRST": False, "PREFILL_STAGES": 2}
-#: unmasked decode tiles, the short-history split tier, a register cap with 32-key prefill tiles
+#: unmasked decode tiles, the short-history split tier, a register cap with 32-key prefill tiles,
+#: int64 cache offsets (a cache past 2**31 elements), the 3-axis decode grid
 SWITCHED = {
+    "OFFSETS_I32": False,
+    "DECODE_HEADS_FAST": False,
     "DECODE_MASK_SPLIT": True,
     "SHORT_UNDER": 4096,
     "SPLIT_SHORT": 128,
@@ -553,7 +600,7 @@ HOPPER_CONFIGS = {
     "representative": [
         ["float32", 8, 2, 256, 16, "float8_e4m3fn", True],
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True],
-        ["float16", 6, 2, 48, 13, None, False],
+        ["float16", 6, 2, 48, 13, None, False, {"OFFSETS_I32": False}],  # the int64 cache offsets
         ["bfloat16", 8, 1, 80, 1, None, False],
     ],
     "rest": [

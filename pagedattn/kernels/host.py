@@ -223,6 +223,7 @@ class LaunchConfig:
     EXP2: bool = False  # the softmax in base 2, the scale folded into the exponent's multiply-add
     MASK_SPLIT: bool = False  # key tiles that every row sees wholly take no mask
     HEAVY_FIRST: bool = False  # prefill: the longest causal tiles are launched first
+    HEADS_FAST: bool = False  # decode: one grid axis, kv heads fastest
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
@@ -293,8 +294,13 @@ def plan_launch(
         # a long history takes longer splits: fewer partial states to write and merge, and
         # still enough programs to fill the GPU alone; the choice reads that history's length only
         max_splits = max(-(-seq_lens[b] // decode_split(seq_lens[b], kv_fp8)) for b in decode_seqs)
+        if DECODE_HEADS_FAST:
+            grid = (num_kv_heads * max_splits * len(decode_seqs), 1, 1)
+        else:
+            grid = (len(decode_seqs), max_splits, num_kv_heads)
         decode = LaunchConfig(
-            grid=(len(decode_seqs), max_splits, num_kv_heads),
+            grid=grid,
+            HEADS_FAST=DECODE_HEADS_FAST,
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
             BLOCK_N=decode_block_n(dtype, kv_fp8),
@@ -393,3 +399,7 @@ EXP2_SOFTMAX = True
 DECODE_MASK_SPLIT = False
 PREFILL_MASK_SPLIT = True
 PREFILL_HEAVY_FIRST = True
+#: Issue 17's fourth round: decode programs on one grid axis, kv heads fastest, so the programs
+#: of one split of one sequence start together (H200, B >= 8: +0 to +11% over the 3-axis grid,
+#: most at B=128, 2k keys; within 1% where it lost, B=8; results/h200-probe-issue17d.json).
+DECODE_HEADS_FAST = True

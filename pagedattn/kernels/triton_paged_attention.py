@@ -21,9 +21,12 @@ The softmax runs in base 2 (``EXP2``): the scale, times log2(e), meets the runni
 max in one multiply-add per score, and the max and sums stay in base 2 until the
 lse is written. Prefill key tiles that every row of a query tile sees wholly (below
 the causal diagonal) take no mask (``MASK_SPLIT``), and prefill programs take the
-longest causal tiles first (``HEAVY_FIRST``). Each switch is a host constant
-(``host.EXP2_SOFTMAX``, ``PREFILL_MASK_SPLIT``, ...), so the benchmark can time the
-kernel with and without it in one process.
+longest causal tiles first (``HEAVY_FIRST``). Decode programs run on one grid axis,
+kv heads fastest (``HEADS_FAST``). Caches whose every offset fits int32 are addressed in
+int32 (``OFF_I32``, ``OFFSETS_I32``), and key indices are divided as unsigned
+(``_page_of``): address arithmetic was two fifths of the prefill loop's instructions.
+Each switch is a host constant (``host.EXP2_SOFTMAX``, ``PREFILL_MASK_SPLIT``, ...), so
+the benchmark can time the kernel with and without it in one process.
 
 Without a GPU, Triton runs this under its interpreter, which must be switched
 on with ``TRITON_INTERPRET=1`` *before* this module (and triton) is imported:
@@ -50,6 +53,7 @@ import triton
 import triton.language as tl
 
 from pagedattn.kernels.host import (  # noqa: F401  (re-exported: the host side of this kernel)
+    INT32_MAX,
     MIN_DOT,
     LaunchConfig,
     LaunchPlan,
@@ -119,6 +123,19 @@ def _widen_rows(x, dtype: tl.constexpr):
 
 
 @triton.jit
+def _page_of(j, BLOCK_SIZE: tl.constexpr):
+    """``j // BLOCK_SIZE`` for key indices ``j >= 0``, divided as unsigned: a shift for a
+    power-of-two block (a multiply-high otherwise), without a signed division's fix-ups."""
+    return (j.to(tl.uint32) // BLOCK_SIZE).to(tl.int32)
+
+
+@triton.jit
+def _slot_of(j, BLOCK_SIZE: tl.constexpr):
+    """``j % BLOCK_SIZE`` for key indices ``j >= 0`` (see ``_page_of``)."""
+    return (j.to(tl.uint32) % BLOCK_SIZE).to(tl.int32)
+
+
+@triton.jit
 def _attend_tiles(
     q,
     m,
@@ -155,6 +172,7 @@ def _attend_tiles(
     USE_ALIBI: tl.constexpr,
     KV_FP8: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
+    OFF_I32: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     EXP2: tl.constexpr,
@@ -178,12 +196,14 @@ def _attend_tiles(
         # (cp.async.wait_group 0): one tile in flight, its latency paid every step. Carried
         # from the step before, the K and V tiles are multi-buffered (wait_group 2 at 3 stages).
         if TABLE_AHEAD:
-            blk = blk_next.to(tl.int64)
+            blk = blk_next
             j_next = j + BLOCK_N
-            blk_next = tl.load(table_ptr + j_next // BLOCK_SIZE, mask=j_next < hi, other=0)
+            blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
         else:
-            blk = tl.load(table_ptr + j // BLOCK_SIZE, mask=kmask, other=0).to(tl.int64)
-        slot = j % BLOCK_SIZE
+            blk = tl.load(table_ptr + _page_of(j, BLOCK_SIZE), mask=kmask, other=0)
+        if not OFF_I32:  # every element offset of both caches fits int32 otherwise (the host checks)
+            blk = blk.to(tl.int64)
+        slot = _slot_of(j, BLOCK_SIZE)
         k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
         v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
         if MASKED:
@@ -281,6 +301,7 @@ def _attend(
     USE_ALIBI: tl.constexpr,
     KV_FP8: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
+    OFF_I32: tl.constexpr,
     CAUSAL: tl.constexpr,
     EXP2: tl.constexpr,
     MASK_SPLIT: tl.constexpr,
@@ -298,7 +319,7 @@ def _attend(
     else:
         s_scale = qk_scale
     j_next = lo + tl.arange(0, BLOCK_N)
-    blk_next = tl.load(table_ptr + j_next // BLOCK_SIZE, mask=j_next < hi, other=0)
+    blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
     if MASK_SPLIT:  # without it, every tile takes the masked path (full_hi is ignored)
         m, l_sum, acc, blk_next = _attend_tiles(
             q,
@@ -336,6 +357,7 @@ def _attend(
             USE_ALIBI,
             KV_FP8,
             TABLE_AHEAD,
+            OFF_I32,
             False,
             CAUSAL,
             EXP2,
@@ -379,6 +401,7 @@ def _attend(
         USE_ALIBI,
         KV_FP8,
         TABLE_AHEAD,
+        OFF_I32,
         True,
         CAUSAL,
         EXP2,
@@ -435,6 +458,7 @@ def _prefill_kernel(
     KV_FP8: tl.constexpr,
     F16_DOTS: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
+    OFF_I32: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     EXP2: tl.constexpr,
     MASK_SPLIT: tl.constexpr,
@@ -528,6 +552,7 @@ def _prefill_kernel(
             USE_ALIBI,
             KV_FP8,
             TABLE_AHEAD,
+            OFF_I32,
             True,
             EXP2,
             MASK_SPLIT,
@@ -566,6 +591,8 @@ def _decode_kernel(
     v_scale,
     window,
     soft_cap,
+    n_kv_heads,
+    max_splits,
     # strides (elements); partials are [n_decode, max_splits, num_heads, HEAD_DIM_PAD] and [..., 2]
     stride_qt,
     stride_qh,
@@ -604,9 +631,11 @@ def _decode_kernel(
     KV_FP8: tl.constexpr,
     F16_DOTS: tl.constexpr,
     TABLE_AHEAD: tl.constexpr,
+    OFF_I32: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     EXP2: tl.constexpr,
     MASK_SPLIT: tl.constexpr,
+    HEADS_FAST: tl.constexpr,
 ):
     """One split of one decode sequence's history for one kv head's query group; the
     split that finishes last merges them all (one launch: no second kernel to wait for).
@@ -616,9 +645,17 @@ def _decode_kernel(
     merging program resets it, so a captured CUDA graph can replay the launch). The
     merge reads the splits in split order, whichever finished last: the same bits in
     any batch and any schedule. The sink joins there, once, not in every split."""
-    i = tl.program_id(0)  # index among the decode sequences
-    split = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    if HEADS_FAST:
+        # one axis, kv heads fastest: the programs of one split of one sequence start
+        # together and read the same pages (a page row holds every kv head) at once
+        pid = tl.program_id(0)
+        kv_head = pid % n_kv_heads
+        split = (pid // n_kv_heads) % max_splits
+        i = pid // (n_kv_heads * max_splits)  # index among the decode sequences
+    else:
+        i = tl.program_id(0)  # index among the decode sequences
+        split = tl.program_id(1)
+        kv_head = tl.program_id(2)
     seq = tl.load(seq_ids_ptr + i)
     seq_len = tl.load(seq_lens_ptr + seq)
     first = 0
@@ -689,6 +726,7 @@ def _decode_kernel(
             USE_ALIBI,
             KV_FP8,
             TABLE_AHEAD,
+            OFF_I32,
             False,
             EXP2,
             MASK_SPLIT,
@@ -701,7 +739,7 @@ def _decode_kernel(
         # every thread's stores precede the count (the barrier), and the count releases
         # them to the merging program, which acquires them with its own count
         tl.debug_barrier()
-        done = done_ptr + i * tl.num_programs(2) + kv_head
+        done = done_ptr + i * n_kv_heads + kv_head
         if tl.atomic_add(done, 1, sem="acq_rel") == n_splits - first_split - 1:
             tl.atomic_xchg(done, 0)  # ready for the next launch (or graph replay)
             # a running merge in split order (the same bits in any batch and any schedule),
@@ -907,6 +945,7 @@ def run(
         KV_FP8=kv_fp8,
         F16_DOTS=kv_fp8 and prep.dtype == torch.bfloat16 and F16_DOTS_FOR_FP8,
         TABLE_AHEAD=TABLE_AHEAD,
+        OFF_I32=OFFSETS_I32 and _fits_int32(key_cache) and _fits_int32(value_cache),
         WRITE_LSE=var.return_lse,
     )
     tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
@@ -940,6 +979,8 @@ def run(
             var.v_scale,
             window,
             cap,
+            prep.cache_shape[2],
+            plan.max_splits,
             query.stride(0),
             query.stride(1),
             *strides_kv,
@@ -966,6 +1007,7 @@ def run(
             IEEE_FP32=cfg.IEEE_FP32,
             EXP2=cfg.EXP2,
             MASK_SPLIT=cfg.MASK_SPLIT,
+            HEADS_FAST=cfg.HEADS_FAST,
             **flags,
             **cfg.launch_options,
         )
@@ -1017,6 +1059,20 @@ def run(
 #: bf16 queries over an fp8 cache run fp16 dots (see ``_query_rows``); False keeps bf16
 #: dots with fp8->bf16 tiles, the slower path it replaced (kept for the benchmark).
 F16_DOTS_FOR_FP8 = True
+
+
+def _fits_int32(cache: torch.Tensor) -> bool:
+    """True when every element offset of ``cache`` (from its first element, through its
+    strides) is below 2**31: the kernel can then address it in int32."""
+    return sum((n - 1) * abs(st) for n, st in zip(cache.shape, cache.stride())) < INT32_MAX
+
+
+#: Address the caches in int32 where every offset fits (``_fits_int32``), int64 otherwise: a
+#: 64-bit multiply is three instructions a key on sm_90, and address arithmetic was two fifths
+#: of the prefill loop's instructions (issue 17, fourth round: with the unsigned key division
+#: of ``_page_of``, 401 instead of 509 a step; causal prefill at 8k 438 instead of 362 TFLOP/s
+#: on the H200). False takes the int64 path everywhere (kept for the benchmark and its test).
+OFFSETS_I32 = True
 
 #: Load each key tile's block-table entries one step ahead (see ``_attend``); False is the
 #: single-buffered loop it replaced (kept for the benchmark: not timed on a GPU yet).
