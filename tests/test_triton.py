@@ -518,8 +518,9 @@ def compile_one(kernel, types, consts, num_warps=4, num_stages=2, ints=None, max
     # what the JIT specializes on a GPU: pointers from torch are 16-byte aligned, and an
     # int argument divisible by 16 is marked so (the pipeliner needs both to copy async)
     ints = ints or {}
+    plain = set(m._PLAIN_INTS)  # not specialized by the JIT (no divisibility attribute)
     aligned = [i for i, n in enumerate(names)
-               if n not in consts and (n.endswith("_ptr") or (n in ints and ints[n] % 16 == 0))]
+               if n not in consts and (n.endswith("_ptr") or (n in ints and ints[n] % 16 == 0 and n not in plain))]
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()},
                     attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
     options = {"num_warps": num_warps, "num_stages": num_stages}

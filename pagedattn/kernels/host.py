@@ -389,8 +389,11 @@ PREFILL_MAXNREG: int | None = None  # half-precision prefill, head_dim <= 128 on
 #: with triton 3.9 on a CPU (2026-11-30), head_dim 128: prefill 64 rows x 64 keys took 15.3 s
 #: (a 2 MB cubin), 32 x 32 took 3.2 s; decode 64 keys 2.2 s, 32 keys 1.4 s. fp32 was 60% of the
 #: H200 thorough profile's compile time, and its speed is not what the kernel is tuned for.
-FP32_PREFILL_ROWS = 32
-FP32_BLOCK_N = 32
+#: Fourth round (triton 3.6, both kernels, the process's start included): head_dim 256 10.8 s
+#: at 32 x 32, 4.1 s at 16 x 16 (cubins 1.16 MB -> 0.27 MB); head_dim 128 5.3 -> 3.3 s; fp32
+#: still held 158 of the 450 busy seconds of the H200 thorough profile at 32 x 32.
+FP32_PREFILL_ROWS = 16
+FP32_BLOCK_N = 16
 
 #: Issue 17's second round (see benchmarks/NOTES.md): the softmax in base 2 with the scale
 #: folded into one multiply-add per score, no mask on key tiles every row sees wholly, and
