@@ -1,7 +1,8 @@
 #!/bin/bash
 # Issue 16/17, fourth round, third H200 call (run from the tree's root): the kernel's GPU tests,
 # then the thorough profile twice on empty Triton caches, with xdist's default distribution and
-# with --dist loadgroup (one configuration per worker: no kernel compiled twice), compiles counted.
+# with --dist loadgroup (one configuration per worker: no kernel compiled twice), compiles counted;
+# BENCH=1: the kernel benchmark after them.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
 . benchmarks/results/h200_steps.sh  # BUDGET_S, log, step
@@ -22,4 +23,5 @@ for dist in load loadgroup; do
     --backend=pagedattn.adapters.triton:TritonBackend --profile=thorough -n 8 --dist $dist --report-json=$OUT/thorough-$dist.json -q
   count_compiles /tmp/tcache-$dist
 done
+[ -n "$BENCH" ] && TAIL=30 step bench 160 python benchmarks/bench_paged_attention.py --out $OUT/h200.json
 log "done"
