@@ -411,22 +411,11 @@ def _attend(
 
 #: integer arguments the JIT must not specialize (on 1, on divisibility by 16): each value class
 #: would be a kernel of its own to compile, and none of them shapes a vectorized access (the
-#: H200 thorough profile compiled 182 decode kernels for 139 configurations with them
-#: specialized). The GQA group is one of them: only its power-of-two padding (GROUP_PAD)
-#: shapes a tile, so ratios 3 and 4, or 5 to 8, share a kernel.
-_PLAIN_INTS = (
-    "GROUP",
-    "window",
-    "n_kv_heads",
-    "max_splits",
-    "stride_bt",
-    "stride_lt",
-    "stride_pa_seq",
-    "stride_pml_seq",
-)
+#: H200 thorough profile compiled 182 decode kernels for 139 configurations with them specialized)
+_PLAIN_INTS = ("window", "n_kv_heads", "max_splits", "stride_bt", "stride_lt", "stride_pa_seq", "stride_pml_seq")
 
 
-@triton.jit(do_not_specialize=[n for n in _PLAIN_INTS if n in ("GROUP", "window", "stride_bt", "stride_lt")])
+@triton.jit(do_not_specialize=[n for n in _PLAIN_INTS if n in ("window", "stride_bt", "stride_lt")])
 def _prefill_kernel(
     # pointers
     q_ptr,
@@ -459,7 +448,7 @@ def _prefill_kernel(
     stride_oh,
     stride_lt,
     # meta-parameters
-    GROUP,  # query heads per kv head: a runtime value (GROUP_PAD shapes the tile)
+    GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -628,7 +617,7 @@ def _decode_kernel(
     stride_oh,
     stride_lt,
     # meta-parameters
-    GROUP,  # query heads per kv head: a runtime value (GROUP_PAD shapes the tile)
+    GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
