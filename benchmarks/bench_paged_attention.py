@@ -272,7 +272,7 @@ def run(device: str, out: str | None) -> dict:
     from pagedattn.kernels import triton_paged_attention as tpa
 
     kernel_cfg = {k: v for k, v in vars(host).items() if k.isupper() and isinstance(v, (int, float, type(None)))}
-    kernel_cfg.update(TABLE_AHEAD=tpa.TABLE_AHEAD, F16_DOTS_FOR_FP8=tpa.F16_DOTS_FOR_FP8)
+    kernel_cfg.update(TABLE_AHEAD=tpa.TABLE_AHEAD, F16_DOTS_FOR_FP8=tpa.F16_DOTS_FOR_FP8, OFFSETS_I32=tpa.OFFSETS_I32)
     result = {
         "machine": machine(device),
         "config": {"dtype": str(dtype), "Hq": Hq, "Hkv": Hkv, "D": D},

@@ -911,7 +911,9 @@ def run(
     ``lse`` [num_tokens, num_heads] float32 are written when given, else allocated.
     Given both, ``run`` allocates nothing and never waits for the device, so it can be
     captured in a CUDA graph and replayed (one prepared batch per graph: the batch's
-    block tables, lengths and scratch are read where ``prepare`` found or made them).
+    block tables, lengths and scratch are read where ``prepare`` found or made them, so
+    keep the prepared batch alive as long as the graph: freed, its scratch would be
+    reused by other tensors, and a replay would count splits in their memory).
     Returns ``out``, or ``(out, lse)`` when prepared with ``return_lse=True``."""
     for name, t, shape, dtype in (
         ("query", query, prep.query_shape, prep.dtype),
