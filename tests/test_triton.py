@@ -122,6 +122,19 @@ def _plan(seq_lens, query_lens, heads=32, kv=8, d=128, bs=16, dtype=torch.bfloat
     return host.plan_launch(seq_lens, query_lens, heads, kv, d, bs, dtype, interpreter)
 
 
+def test_launch_limits_fail_before_any_launch():
+    """What one launch cannot hold is a ProblemError naming the field, from sizes alone: a
+    query needing more than 65535 query tiles (fp32, a GQA group of 16: one token a tile),
+    a decode scratch past int32 offsets; a strided query past int32 offsets."""
+    with pytest.raises(ValueError, match=r"query_start_loc.*65535"):
+        _plan([70000], [70000], heads=16, kv=1, dtype=torch.float32)
+    assert _plan([65535], [65535], heads=16, kv=1, dtype=torch.float32).other.grid[1] == 65535
+    with pytest.raises(ValueError, match=r"seq_lens.*2\*\*31"):
+        _plan([2**24] * 70, [1] * 70)
+    wide = torch.empty(4, 8, 128, device="meta").as_strided((4, 8, 128), (2**30, 128, 1))
+    assert host.last_offset(wide) == 3 * 2**30 + 7 * 128 + 127 > host.INT32_MAX
+
+
 def test_plan_splits_decode_from_the_rest():
     plan = _plan([5000, 40, 300, 1], [1, 40, 7, 1])
     assert plan.decode_seqs == [0, 3] and plan.other_seqs == [1, 2]
@@ -220,11 +233,14 @@ def test_kernel_within_policy(spec):
 
 
 @runs_kernel
+@pytest.mark.parametrize("heads_fast", [True, False], ids=["heads-fast-grid", "3-axis-grid"])
 @pytest.mark.parametrize("long_from, max_splits", [(10**9, 3), (48, 2)], ids=["short-splits", "long-splits-from-48"])
 @pytest.mark.parametrize("spec", KERNEL_CASES[:3], ids=lambda s: s.id)
-def test_many_splits_merge_within_policy(spec, long_from, max_splits, monkeypatch):
+def test_many_splits_merge_within_policy(spec, long_from, max_splits, heads_fast, monkeypatch):
     """Small splits, so the log-sum-exp merge of many partial states runs on small cases;
-    with ``long_from=48`` the 70-key history takes 64-key splits, the others 32."""
+    with ``long_from=48`` the 70-key history takes 64-key splits, the others 32. Both decode
+    grids: several sequences and splits count themselves done per (sequence, kv head)."""
+    monkeypatch.setattr(host, "DECODE_HEADS_FAST", heads_fast)
     monkeypatch.setattr(host, "SPLIT_SIZE", 32)
     monkeypatch.setattr(host, "SPLIT_LONG", 64)
     monkeypatch.setattr(host, "LONG_FROM", long_from)
@@ -375,7 +391,11 @@ def test_cache_offsets_take_int32_only_when_every_offset_fits():
     """A cache is addressed in int32 only when its last element's offset is below 2**31
     (shapes on the meta device: no memory)."""
     fits = torch.empty(2**31 // (16 * 8 * 128), 16, 8, 128, device="meta")  # last offset 2**31 - 1
-    assert tpa._fits_int32(fits[:-1]) and not tpa._fits_int32(torch.empty(fits.shape[0] + 1, 16, 8, 128, device="meta"))
+    assert tpa._fits_int32(fits) and not tpa._fits_int32(torch.empty(fits.shape[0] + 1, 16, 8, 128, device="meta"))
+    # a head-major cache viewed as [N, bs, Hkv, D]: its last head starts at 7 * 2**29, past
+    # 2**31, so it takes the int64 path, where the head term is widened too (it was not)
+    heads_major = torch.empty(8, 2**21, 16, 16, device="meta").permute(1, 2, 0, 3)
+    assert heads_major.stride(2) * 7 > 2**31 and not tpa._fits_int32(heads_major)
     # through strides: one K of an [N, 2, bs, Hkv, D] pool reaches twice as far as its size says
     pool = torch.empty(2**30 // (16 * 8 * 128) + 1, 2, 16, 8, 128, device="meta")
     assert pool[:, 0].numel() < 2**31 and not tpa._fits_int32(pool[:, 0])
@@ -570,7 +590,8 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
                         "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared,
                         "merge": None if name == "prefill" else
                                  {"found": len(merge) == 2, "cp_async": "cp.async" in merge[-1],
-                                  "cg_loads": merge[-1].count("ld.global.cg")}})
+                                  "cg_loads": merge[-1].count("ld.global.cg"),
+                                  "cg_vector_loads": merge[-1].count("ld.global.cg.v")}})
 print(json.dumps(results))
 """
 
@@ -651,6 +672,8 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
             assert r["merge"]["found"] and r["merge"]["cg_loads"] > 0 and not r["merge"]["cp_async"], (
                 f"{r['cfg']}: the decode merge must load the partials with ld.global.cg, not cp.async: {r['merge']}"
             )
+            # the partials' rows are 16-aligned (stride_pa_seq specialized by the JIT): vector loads
+            assert r["merge"]["cg_vector_loads"] > 0, f"{r['cfg']}: the merge's partial loads are scalar: {r['merge']}"
         if r["mma"] is not None:
             # half-precision dots must land on the tensor cores; IEEE fp32 dots cannot (FMA)
             assert r["mma"] == (r["cfg"][0] != "float32"), f"{r['cfg']}: unexpected tensor-core use: {r}"

@@ -58,6 +58,10 @@ for L in (2048, 4096, 8192, 32768) if not DRY else (64, 600):
             row["us"].setdefault(name, []).append(1e3 * bench(g, dev))
     row["ratio"] = {n: min(row["us"]["sdpa"]) / min(t) for n, t in row["us"].items()}
     res["rows"].append(row)
-    print(f"[{time.time() - t0:4.0f}s] B=1 L={L} graph ratio " + " ".join(f"{n} {x:.3f}" for n, x in row["ratio"].items()), flush=True)
+    print(
+        f"[{time.time() - t0:4.0f}s] B=1 L={L} graph ratio "
+        + " ".join(f"{n} {x:.3f}" for n, x in row["ratio"].items()),
+        flush=True,
+    )
     with open(sys.argv[1], "w") as f:
         json.dump(res, f, indent=1, default=str)

@@ -27,8 +27,15 @@ QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: would become inf or flush to 0 (every score 0) on the way in
 FP32_MAX = float(torch.finfo(torch.float32).max)
 FP32_TINY = float(torch.finfo(torch.float32).tiny)
-#: what the kernel indexes with int32 (everything but the cache's block offsets)
+#: what the kernel indexes with int32 (the query, the output, the decode scratch; the caches
+#: too where every offset fits, else int64: ``triton_paged_attention.OFFSETS_I32``)
 INT32_MAX = 2**31 - 1
+
+
+def last_offset(t: torch.Tensor) -> int:
+    """The largest element offset of ``t`` from its first element, through its strides
+    (what an int32 offset must hold to address every element)."""
+    return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
 
 
 def fp32_scale_problem(x: float) -> str:
@@ -100,14 +107,11 @@ def check_paged_inputs(
             raise ProblemError(
                 OWNER, name, f"must be contiguous in dimension {dim} (stride 1), got strides {t.stride()}"
             )
-    # The kernel addresses the cache with int64 block offsets but int32 everything else.
-    if key_cache.stride(1) * key_cache.shape[1] > INT32_MAX or query.numel() > INT32_MAX:
+    # The kernel addresses the query and the output with int32 offsets (the caches in int64
+    # where they need it): their strides must keep every element within 2**31 - 1.
+    if last_offset(query) > INT32_MAX:
         raise ProblemError(
-            OWNER,
-            "key_cache",
-            "must keep a block and the query under 2**31 elements (int32 offsets), "
-            f"got a block of {key_cache.stride(1) * key_cache.shape[1]} and a query "
-            f"of {query.numel()}",
+            OWNER, "query", f"must keep every element offset <= 2**31 - 1 (int32), got {last_offset(query)}"
         )
     if scale is not None:
         problem = positive_float_problem(scale) or fp32_scale_problem(float(scale))
@@ -121,6 +125,10 @@ def check_paged_inputs(
             raise ProblemError(OWNER, "out", f"must be on the query's device {query.device}, got {out.device}")
         if out.stride(-1) != 1:
             raise ProblemError(OWNER, "out", f"must have a contiguous last dimension, got strides {out.stride()}")
+        if last_offset(out) > INT32_MAX:
+            raise ProblemError(
+                OWNER, "out", f"must keep every element offset <= 2**31 - 1 (int32), got {last_offset(out)}"
+            )
     return lens_loc
 
 
@@ -199,6 +207,8 @@ def check_variants(
 
 #: tl.dot needs every dimension >= 16 on NVIDIA GPUs (the interpreter accepts less).
 MIN_DOT = 16
+#: a CUDA grid's second and third dimensions hold at most this many programs
+GRID_YZ_MAX = 65535
 
 
 @dataclass(frozen=True)
@@ -339,6 +349,23 @@ def plan_launch(
             num_stages=stages,
             maxnreg=None if wide or d_pad > 128 else PREFILL_MAXNREG,  # wider tiles would spill
             **common,
+        )
+    # what a launch can hold: CUDA's grid (65535 programs on its second and third axes) and
+    # the decode scratch's int32 offsets ([n_decode, max_splits, num_heads, HEAD_DIM_PAD] fp32,
+    # which also bounds the decode grid's first axis)
+    if other is not None and other.grid[1] > GRID_YZ_MAX:
+        raise ProblemError(
+            OWNER,
+            "query_start_loc",
+            f"a query of {max(query_lens[b] for b in other_seqs)} tokens needs {other.grid[1]} tiles of "
+            f"{other.BLOCK_Q} tokens (GQA group {group}, {dtype}); a launch holds at most {GRID_YZ_MAX}",
+        )
+    if decode is not None and len(decode_seqs) * max_splits * num_heads * d_pad > INT32_MAX:
+        raise ProblemError(
+            OWNER,
+            "seq_lens",
+            f"{len(decode_seqs)} decode sequences of up to {max_splits} splits need a scratch of "
+            f"{len(decode_seqs) * max_splits * num_heads * d_pad} elements; at most 2**31 - 1 (int32 offsets)",
         )
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 

@@ -60,6 +60,7 @@ from pagedattn.kernels.host import (  # noqa: F401  (re-exported: the host side 
     Variants,
     check_paged_inputs,
     check_variants,
+    last_offset,
     plan_launch,
 )
 
@@ -201,11 +202,14 @@ def _attend_tiles(
             blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
         else:
             blk = tl.load(table_ptr + _page_of(j, BLOCK_SIZE), mask=kmask, other=0)
-        if not OFF_I32:  # every element offset of both caches fits int32 otherwise (the host checks)
-            blk = blk.to(tl.int64)
         slot = _slot_of(j, BLOCK_SIZE)
-        k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
-        v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
+        if OFF_I32:  # every element offset of both caches fits int32 (``run``: ``_fits_int32``)
+            k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
+            v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
+        else:  # every term in int64: a head-major cache's head stride alone can pass 2**31
+            blk, slot_w, head_w = blk.to(tl.int64), slot.to(tl.int64), kv_head.to(tl.int64)
+            k_off = blk * stride_kb + slot_w * stride_ks + head_w * stride_kh
+            v_off = blk * stride_vb + slot_w * stride_vs + head_w * stride_vh
         if MASKED:
             kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
             v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
@@ -412,10 +416,11 @@ def _attend(
 #: integer arguments the JIT must not specialize (on 1, on divisibility by 16): each value class
 #: would be a kernel of its own to compile, and none of them shapes a vectorized access (the
 #: H200 thorough profile compiled 182 decode kernels for 139 configurations with them specialized)
-_PLAIN_INTS = ("window", "n_kv_heads", "max_splits", "stride_bt", "stride_lt", "stride_pa_seq", "stride_pml_seq")
+#: (Not ``stride_pa_seq``: its divisibility by 16, always true, vectorizes the merge's loads.)
+_PLAIN_INTS = ("window", "n_kv_heads", "max_splits", "stride_bt", "stride_lt", "stride_pml_seq")
 
 
-@triton.jit(do_not_specialize=[n for n in _PLAIN_INTS if n in ("window", "stride_bt", "stride_lt")])
+@triton.jit(do_not_specialize=["window", "stride_bt", "stride_lt"])
 def _prefill_kernel(
     # pointers
     q_ptr,
@@ -927,8 +932,17 @@ def run(
             )
     if out is None:
         out = torch.empty_like(query)
-    elif tuple(out.shape) != prep.query_shape or out.dtype != prep.dtype or out.device != prep.device:
-        raise ValueError(f"paged_attention.run: out must be {prep.dtype} of shape {prep.query_shape}")
+    elif (
+        tuple(out.shape) != prep.query_shape
+        or out.dtype != prep.dtype
+        or out.device != prep.device
+        or out.stride(-1) != 1
+        or last_offset(out) > INT32_MAX
+    ):
+        raise ValueError(
+            f"paged_attention.run: out must be {prep.dtype} of shape {prep.query_shape} on {prep.device}, with a "
+            "contiguous last dimension and every element offset <= 2**31 - 1"
+        )
     plan, var = prep.plan, prep.variants
     T, Hq = prep.query_shape[:2]
     if lse is not None and not var.return_lse:
@@ -1071,8 +1085,8 @@ F16_DOTS_FOR_FP8 = True
 
 def _fits_int32(cache: torch.Tensor) -> bool:
     """True when every element offset of ``cache`` (from its first element, through its
-    strides) is below 2**31: the kernel can then address it in int32."""
-    return sum((n - 1) * abs(st) for n, st in zip(cache.shape, cache.stride())) < INT32_MAX
+    strides) is at most 2**31 - 1: the kernel can then address it in int32."""
+    return last_offset(cache) <= INT32_MAX
 
 
 #: Address the caches in int32 where every offset fits (``_fits_int32``), int64 otherwise: a
