@@ -387,6 +387,22 @@ def test_addressing_paths_within_policy(spec, path, monkeypatch):
     assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
 
 
+@runs_kernel
+def test_fp32_takes_the_compiled_tiles_within_policy(monkeypatch):
+    """fp32 runs 16 x 16 tiles when compiled (FP32_PREFILL_ROWS, FP32_BLOCK_N) but 32 x 32 on
+    the interpreter (FP32_TILE_INTERPRETER, for speed): the compiled shape, run here too."""
+    monkeypatch.setattr(host, "FP32_TILE_INTERPRETER", host.FP32_BLOCK_N)
+    spec = PATH_CASES[-1]  # fp32, window, sinks; a prefill over several query tiles
+    case = spec.build().to(DEVICE)
+    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, True)
+    assert plan.other.BLOCK_N == host.FP32_BLOCK_N == plan.decode.BLOCK_N and plan.other.rows == host.FP32_PREFILL_ROWS
+    out, lse = tpa.paged_attention(
+        *_args(case), scale=case.scale, sliding_window=case.sliding_window, sinks=case.sinks, return_lse=True
+    )
+    c1, c2 = check_attention_lse(out, lse, case)
+    assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+
+
 def test_cache_offsets_take_int32_only_when_every_offset_fits():
     """A cache is addressed in int32 only when its last element's offset is below 2**31
     (shapes on the meta device: no memory)."""

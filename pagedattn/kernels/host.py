@@ -313,7 +313,7 @@ def plan_launch(
             HEADS_FAST=DECODE_HEADS_FAST,
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
-            BLOCK_N=decode_block_n(dtype, kv_fp8),
+            BLOCK_N=decode_block_n(dtype, kv_fp8, interpreter),
             SPLIT_SIZE=(FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE,
             SPLIT_LONG=SPLIT_LONG,
             LONG_FROM=LONG_FROM,
@@ -329,10 +329,11 @@ def plan_launch(
         # the compiler unrolls them: their own, smaller tiles keep compile time down
         # (FP32_PREFILL_ROWS x FP32_BLOCK_N: the figures are at those constants)
         wide = dtype == torch.float32
-        rows = max(FP32_PREFILL_ROWS if wide else PREFILL_ROWS, group_pad, MIN_DOT)
+        fp32_rows, fp32_n = (FP32_TILE_INTERPRETER,) * 2 if interpreter else (FP32_PREFILL_ROWS, FP32_BLOCK_N)
+        rows = max(fp32_rows if wide else PREFILL_ROWS, group_pad, MIN_DOT)
         block_q = rows // group_pad
         max_q = max(query_lens[b] for b in other_seqs)
-        block_n = FP32_BLOCK_N if wide else PREFILL_BLOCK_N
+        block_n = fp32_n if wide else PREFILL_BLOCK_N
         stages = PREFILL_STAGES if not wide else 2
         # a deeper pipeline only where its K/V buffers fit beside the query tile (16-bit tiles;
         # head_dim 256 keeps 2 stages); the compile test checks the launch limit
@@ -370,11 +371,12 @@ def plan_launch(
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 
 
-def decode_block_n(dtype: torch.dtype, kv_fp8: bool) -> int:
+def decode_block_n(dtype: torch.dtype, kv_fp8: bool, interpreter: bool = False) -> int:
     """Keys per decode step: ``FP32_BLOCK_N`` for fp32 queries (sized for compile time, see
-    there), ``FP8_DECODE_BLOCK_N`` over an fp8 cache when set, else ``DECODE_BLOCK_N``."""
+    there; ``FP32_TILE_INTERPRETER`` on the interpreter), ``FP8_DECODE_BLOCK_N`` over an fp8
+    cache when set, else ``DECODE_BLOCK_N``."""
     if dtype == torch.float32:
-        return FP32_BLOCK_N
+        return FP32_TILE_INTERPRETER if interpreter else FP32_BLOCK_N
     return (FP8_DECODE_BLOCK_N or DECODE_BLOCK_N) if kv_fp8 else DECODE_BLOCK_N
 
 
@@ -421,6 +423,11 @@ PREFILL_MAXNREG: int | None = None  # half-precision prefill, head_dim <= 128 on
 #: still held 158 of the 450 busy seconds of the H200 thorough profile at 32 x 32.
 FP32_PREFILL_ROWS = 16
 FP32_BLOCK_N = 16
+#: ... but on the interpreter, which compiles nothing and pays per tile step in Python, fp32
+#: keeps 32 x 32 tiles: the CPU quick profile of the triton backend took 52 s at 16 x 16
+#: against 38 s at 32 x 32 (2 cores). The 16 x 16 tiles are what the H200 ran (thorough
+#: profile); tile widths 16 to 64 run on the interpreter in tests/test_triton.py.
+FP32_TILE_INTERPRETER = 32
 
 #: Issue 17's second round (see benchmarks/NOTES.md): the softmax in base 2 with the scale
 #: folded into one multiply-add per score, no mask on key tiles every row sees wholly, and
