@@ -332,17 +332,8 @@ PATH_CASES = [
 ]
 
 
-@runs_kernel
-@pytest.mark.parametrize("path", sorted(SOFTMAX_PATHS))
-@pytest.mark.parametrize("spec", PATH_CASES, ids=lambda s: s.id)
-def test_softmax_paths_within_policy(spec, path, monkeypatch):
-    for name, value in SOFTMAX_PATHS[path].items():
-        monkeypatch.setattr(host, name, value)
-    monkeypatch.setattr(host, "PREFILL_BLOCK_N", 16)  # several whole tiles below the diagonal on a small case
-    monkeypatch.setattr(host, "PREFILL_ROWS", 32)  # and several query tiles
-    case = spec.build().to(DEVICE)
-    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, False)
-    assert plan.other.grid[1] >= 2, "several query tiles"
+def _assert_output_and_lse_within_policy(case):
+    """The kernel on ``case`` with every variant the case carries, output and lse judged."""
     out, lse = tpa.paged_attention(
         *_args(case),
         scale=case.scale,
@@ -356,6 +347,20 @@ def test_softmax_paths_within_policy(spec, path, monkeypatch):
     )
     c1, c2 = check_attention_lse(out, lse, case)
     assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+
+
+@runs_kernel
+@pytest.mark.parametrize("path", sorted(SOFTMAX_PATHS))
+@pytest.mark.parametrize("spec", PATH_CASES, ids=lambda s: s.id)
+def test_softmax_paths_within_policy(spec, path, monkeypatch):
+    for name, value in SOFTMAX_PATHS[path].items():
+        monkeypatch.setattr(host, name, value)
+    monkeypatch.setattr(host, "PREFILL_BLOCK_N", 16)  # several whole tiles below the diagonal on a small case
+    monkeypatch.setattr(host, "PREFILL_ROWS", 32)  # and several query tiles
+    case = spec.build().to(DEVICE)
+    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, False)
+    assert plan.other.grid[1] >= 2, "several query tiles"
+    _assert_output_and_lse_within_policy(case)
 
 
 #: the addressing paths the defaults do not take: int64 cache offsets (a cache past 2**31
@@ -373,18 +378,7 @@ def test_addressing_paths_within_policy(spec, path, monkeypatch):
     owner, name, value = ADDRESSING_PATHS[path]
     monkeypatch.setattr(owner, name, value)
     case = spec.build().to(DEVICE)
-    out, lse = tpa.paged_attention(
-        *_args(case),
-        scale=case.scale,
-        logits_soft_cap=case.logits_soft_cap,
-        alibi_slopes=case.alibi_slopes,
-        sinks=case.sinks,
-        k_scale=case.k_scale,
-        v_scale=case.v_scale,
-        return_lse=True,
-    )
-    c1, c2 = check_attention_lse(out, lse, case)
-    assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+    _assert_output_and_lse_within_policy(case)
 
 
 @runs_kernel
@@ -396,11 +390,7 @@ def test_fp32_takes_the_compiled_tiles_within_policy(monkeypatch):
     case = spec.build().to(DEVICE)
     plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, True)
     assert plan.other.BLOCK_N == host.FP32_BLOCK_N == plan.decode.BLOCK_N and plan.other.rows == host.FP32_PREFILL_ROWS
-    out, lse = tpa.paged_attention(
-        *_args(case), scale=case.scale, sliding_window=case.sliding_window, sinks=case.sinks, return_lse=True
-    )
-    c1, c2 = check_attention_lse(out, lse, case)
-    assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+    _assert_output_and_lse_within_policy(case)
 
 
 def test_cache_offsets_take_int32_only_when_every_offset_fits():

@@ -8,14 +8,7 @@
 # its own limit inside one deadline (BUDGET_S); what finished comes back under $OUT: call.log (steps, limits, wall times, tails), logs.tgz, JSON files.
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 unset TRITON_INTERPRET
-. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step
-count_compiles() {  # the kernels a Triton cache holds, by name
-  python - "$1" <<'PY' | tee -a $OUT/call.log
-import collections, pathlib, sys
-c = collections.Counter(p.stem for p in pathlib.Path(sys.argv[1]).rglob("*.cubin"))
-print("compiled kernels:", sum(c.values()), dict(c))
-PY
-}
+. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step, count_compiles
 { nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nproc
   python -c "import torch, triton, sys, pytest; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0], 'pytest', pytest.__version__)"
   cat .tree-commit 2>/dev/null; } >> $OUT/call.log 2>&1

@@ -1,5 +1,6 @@
 # Sourced by the H200 call scripts (h200_call*.sh): a deadline of BUDGET_S seconds (default
-# 560) for the whole call, `log` (a timestamped line in $OUT/call.log) and `step NAME MAX CMD...`
+# 560) for the whole call, `log` (a timestamped line in $OUT/call.log), `count_compiles DIR`
+# (the kernels a Triton cache holds, by name) and `step NAME MAX CMD...`
 # (runs CMD with min(MAX, time left), logs its exit status and wall time and the last TAIL lines
 # of its output, and keeps every step's full log in $OUT/logs.tgz), so that a call ends in time
 # and what finished comes back.
@@ -16,4 +17,11 @@ step() {
   log "$name: rc=$rc wall $(( ($(date +%s%N) - s) / 1000000 )) ms"
   grep -v '^\s*$' /tmp/logs/$name.log | tail -${TAIL:-6} | cut -c1-240 | tee -a $OUT/call.log
   tar -czf $OUT/logs.tgz -C /tmp logs
+}
+count_compiles() {  # the kernels a Triton cache holds, by name
+  python - "$1" <<'PY' | tee -a $OUT/call.log
+import collections, pathlib, sys
+c = collections.Counter(p.stem for p in pathlib.Path(sys.argv[1]).rglob("*.cubin"))
+print("compiled kernels:", sum(c.values()), dict(c))
+PY
 }
