@@ -16,14 +16,31 @@ first. The numerics differ from the kernel's (four partial softmax states per sp
 merged at its end), still one fixed order: batch invariant. On the interpreter it computes
 attention over a 512-key permuted history (fp16, two kv heads) within 1.2e-4 of torch.
 """
+
 import os, sys, json, re, subprocess
 import torch, triton
 import triton.language as tl
 
+
 @triton.jit
-def dec4_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, out_ptr, seq_len, stride_kb, stride_ks, stride_kh, scale,
-                GROUP_PAD: tl.constexpr, D: tl.constexpr, W: tl.constexpr, SUB: tl.constexpr, BLOCK_SIZE: tl.constexpr,
-                SPLIT: tl.constexpr):
+def dec4_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    tab_ptr,
+    out_ptr,
+    seq_len,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    scale,
+    GROUP_PAD: tl.constexpr,
+    D: tl.constexpr,
+    W: tl.constexpr,
+    SUB: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
     kv_head = tl.program_id(0)
     split = tl.program_id(1)
     g = tl.arange(0, GROUP_PAD)
@@ -59,16 +76,29 @@ def dec4_kernel(q_ptr, k_ptr, v_ptr, tab_ptr, out_ptr, seq_len, stride_kb, strid
     o = tl.sum(acc * a[:, :, None], 0) / l_tot[:, None]
     tl.store(out_ptr + (kv_head * GROUP_PAD + g)[:, None] * D + d[None, :], o)
 
+
 if __name__ == "__main__":
     from triton.compiler import ASTSource
     from triton.backends.compiler import GPUTarget
+
     names = dec4_kernel.arg_names
     consts = dict(GROUP_PAD=16, D=128, W=int(sys.argv[1]), SUB=int(sys.argv[2]), BLOCK_SIZE=16, SPLIT=512)
-    types = {"q_ptr": "*bf16", "k_ptr": "*bf16", "v_ptr": "*bf16", "tab_ptr": "*i32", "out_ptr": "*bf16", "scale": "fp32"}
+    types = {
+        "q_ptr": "*bf16",
+        "k_ptr": "*bf16",
+        "v_ptr": "*bf16",
+        "tab_ptr": "*i32",
+        "out_ptr": "*bf16",
+        "scale": "fp32",
+    }
     sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
     aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n in ("stride_kb", "stride_ks", "stride_kh")]
-    src = ASTSource(fn=dec4_kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()},
-                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+    src = ASTSource(
+        fn=dec4_kernel,
+        signature=sig,
+        constexprs={(names.index(c),): v for c, v in consts.items()},
+        attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
+    )
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
     import tempfile
 
@@ -79,16 +109,30 @@ if __name__ == "__main__":
     print("layout:", [l.strip() for l in c.asm["ttgir"].splitlines() if l.startswith("#mma")][:1])
     bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin")
     sass = subprocess.run([os.path.join(bin_dir, "nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
-    regs = subprocess.run([os.path.join(bin_dir, "ptxas"), "-v", "-arch=sm_90a", ptx, "-o", os.devnull],
-                          capture_output=True, text=True).stderr
-    print("shared", c.metadata.shared, "cp.async waits", re.findall(r"cp\.async\.wait_group\s+(\d+)", c.asm["ptx"]),
-          "|", " ".join(re.findall(r"Used \d+ registers", regs)))
+    regs = subprocess.run(
+        [os.path.join(bin_dir, "ptxas"), "-v", "-arch=sm_90a", ptx, "-o", os.devnull], capture_output=True, text=True
+    ).stderr
+    print(
+        "shared",
+        c.metadata.shared,
+        "cp.async waits",
+        re.findall(r"cp\.async\.wait_group\s+(\d+)", c.asm["ptx"]),
+        "|",
+        " ".join(re.findall(r"Used \d+ registers", regs)),
+    )
     lines = sass.splitlines()
     labels = {m.group(1): i for i, l in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", l.strip()))}
     for i, l in enumerate(lines):  # the longest backward branch: the key loop
         m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", l)
         if m and m.group(1) in labels and i - labels[m.group(1)] > 100:
-            body = [x for x in lines[labels[m.group(1)]:i + 1] if re.search(r"/\*[0-9a-f]{4}\*/", x)]
-            print("key loop:", len(body), "instructions,", sum("BAR.SYNC" in x for x in body), "barriers,",
-                  sum("HMMA" in x for x in body), "HMMA")
+            body = [x for x in lines[labels[m.group(1)] : i + 1] if re.search(r"/\*[0-9a-f]{4}\*/", x)]
+            print(
+                "key loop:",
+                len(body),
+                "instructions,",
+                sum("BAR.SYNC" in x for x in body),
+                "barriers,",
+                sum("HMMA" in x for x in body),
+                "HMMA",
+            )
             break
