@@ -437,6 +437,7 @@ DECODE_MASK_SPLIT = False
 PREFILL_MASK_SPLIT = True
 PREFILL_HEAVY_FIRST = True
 #: Issue 17's fourth round: decode programs on one grid axis, kv heads fastest, so the programs
-#: of one split of one sequence start together (H200, B >= 8: +0 to +11% over the 3-axis grid,
-#: most at B=128, 2k keys; within 1% where it lost, B=8; results/h200-probe-issue17d.json).
+#: of one split of one sequence start together. H200, int32 offsets on both sides: 0 to +3% at
+#: B >= 32 over the 3-axis grid, within 1% at B=8 (results/h200-probe-issue17d.json); 3 to 7%
+#: slower at B=1 (results/h200-probe-issue17e.json, measured after this default was verified).
 DECODE_HEADS_FAST = True

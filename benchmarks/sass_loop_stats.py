@@ -1,0 +1,101 @@
+"""What the kernel's inner loops compile to on sm_90, without a GPU: instructions, barriers,
+tensor-core and memory instructions per iteration of each key loop, and registers.
+
+    python benchmarks/sass_loop_stats.py                      # this checkout's defaults
+    python benchmarks/sass_loop_stats.py --switch OFFSETS_I32=False
+    python benchmarks/sass_loop_stats.py --root /path/to/other/checkout
+
+It compiles the configuration the sm_90 compile test compiles (bf16, Hq=32, Hkv=8, D=128,
+page 16; ``tests/test_triton.py``'s ``_AOT`` script, taken from ``--root``, run there without
+the interpreter) and reads the cubins with the ``nvdisasm`` and ``ptxas`` that ship with
+triton. Set PYTHONPATH to pick the triton (the H200 runs 3.6). A loop is a backward branch
+spanning more than 40 instructions; the prefill kernel has two (unmasked, then masked tiles).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+
+def aot_script(root: str) -> str:
+    """The ``_AOT`` compile script of ``root``'s ``tests/test_triton.py``."""
+    tree = ast.parse(open(os.path.join(root, "tests", "test_triton.py")).read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "_AOT":
+            return ast.literal_eval(node.value)
+    raise SystemExit(f"{root}: tests/test_triton.py has no _AOT script")
+
+
+def loop_stats(sass: str) -> list[dict]:
+    lines = sass.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", line.strip()))}
+    loops = []
+    for i, line in enumerate(lines):
+        m = re.search(r"BRA\s+`?\(?\.?(L_x_\d+)", line)
+        if not m or m.group(1) not in labels or labels[m.group(1)] >= i:
+            continue
+        body = [x for x in lines[labels[m.group(1)] : i + 1] if re.search(r"/\*[0-9a-f]{4}\*/", x)]
+        if len(body) <= 40:
+            continue
+        ops = [re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", x) for x in body]
+        names = [o.group(1) for o in ops if o]
+        count = {k: names.count(k) for k in ("BAR", "HGMMA", "HMMA", "MUFU", "LDG", "LDGSTS", "LDS", "LDSM", "STS")}
+        integer = sum(names.count(k) for k in ("IMAD", "LEA", "IADD3", "SHF", "VIADD", "ISETP", "SEL", "LOP3"))
+        loops.append({"instructions": len(body), "integer": integer, **count})
+    return loops
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    ap.add_argument("--switch", action="append", default=[], help="NAME=VALUE, a host or kernel-module constant")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--kv-dtype", default=None, help="e.g. float8_e4m3fn")
+    args = ap.parse_args()
+    switches = {k: ast.literal_eval(v) for k, v in (s.split("=", 1) for s in args.switch)}
+    out = tempfile.mkdtemp()
+    script = aot_script(args.root).replace(
+        "        results.append({",
+        "        open(os.path.join(OUT, name + '.cubin'), 'wb').write(c.asm['cubin'])\n"
+        "        open(os.path.join(OUT, name + '.ptx'), 'w').write(c.asm['ptx'])\n"
+        "        results.append({",
+        1,
+    )
+    script = f"import os\nOUT = {out!r}\n" + script
+    config = [[args.dtype, 32, 8, 128, 16, args.kv_dtype, False] + ([switches] if switches else [])]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), args.root) if p)
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    proc = subprocess.run(
+        [sys.executable, "-c", script, json.dumps(config)], capture_output=True, text=True, env=env, cwd=args.root
+    )
+    if proc.returncode:
+        raise SystemExit(proc.stderr[-3000:])
+    import triton
+
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    print(f"triton {triton.__version__}, {config[0]}")
+    for name in ("prefill", "decode"):
+        sass = subprocess.run(
+            [os.path.join(bin_dir, "nvdisasm"), "-c", os.path.join(out, name + ".cubin")], capture_output=True, text=True
+        ).stdout
+        regs = subprocess.run(
+            [os.path.join(bin_dir, "ptxas"), "-v", "-arch=sm_90a", os.path.join(out, name + ".ptx"), "-o", os.devnull],
+            capture_output=True,
+            text=True,
+        ).stderr
+        used = " ".join(re.findall(r"Used \d+ registers", regs)) or "registers: ptxas could not read"
+        print(f"{name}: {used}")
+        for i, loop in enumerate(loop_stats(sass)):
+            print(f"  loop {i}: " + ", ".join(f"{k} {v}" for k, v in loop.items()))
+
+
+if __name__ == "__main__":
+    main()
