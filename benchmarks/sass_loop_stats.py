@@ -84,14 +84,27 @@ def main() -> None:
     print(f"triton {triton.__version__}, {config[0]}")
     for name in ("prefill", "decode"):
         sass = subprocess.run(
-            [os.path.join(bin_dir, "nvdisasm"), "-c", os.path.join(out, name + ".cubin")], capture_output=True, text=True
-        ).stdout
-        regs = subprocess.run(
-            [os.path.join(bin_dir, "ptxas"), "-v", "-arch=sm_90a", os.path.join(out, name + ".ptx"), "-o", os.devnull],
+            [os.path.join(bin_dir, "nvdisasm"), "-c", os.path.join(out, name + ".cubin")],
             capture_output=True,
             text=True,
-        ).stderr
-        used = " ".join(re.findall(r"Used \d+ registers", regs)) or "registers: ptxas could not read"
+        ).stdout
+        used = "registers: no bundled ptxas could read the PTX"
+        for ptxas in ("ptxas", "ptxas-blackwell"):  # the newer one reads newer PTX versions
+            regs = subprocess.run(
+                [
+                    os.path.join(bin_dir, ptxas),
+                    "-v",
+                    "-arch=sm_90a",
+                    os.path.join(out, name + ".ptx"),
+                    "-o",
+                    os.devnull,
+                ],
+                capture_output=True,
+                text=True,
+            ).stderr
+            if re.search(r"Used \d+ registers", regs):
+                used = " ".join(re.findall(r"Used \d+ registers", regs)) + f" ({ptxas})"
+                break
         print(f"{name}: {used}")
         for i, loop in enumerate(loop_stats(sass)):
             print(f"  loop {i}: " + ", ".join(f"{k} {v}" for k, v in loop.items()))

@@ -76,3 +76,19 @@ def test_suite_bench_smoke(tmp_path):
     for row in result["checks"]:
         assert row["oracle_s"] > 0 and row["check_s"] > 0 and row["oracle_peak_mb"] >= 0, row
         assert row["case"] in proc.stdout
+
+
+@pytest.mark.slow
+def test_sass_loop_stats_reads_the_compiled_loops():
+    """benchmarks/sass_loop_stats.py (compiles the kernel for sm_90 through the compile test's
+    script, reads the cubins) finds the two prefill loops and the decode loop, with their
+    tensor-core instructions: the figures NOTES quotes come from it."""
+    pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
+    tool = Path(__file__).parent.parent / "benchmarks" / "sass_loop_stats.py"
+    proc = subprocess.run([sys.executable, str(tool)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    kernels = proc.stdout.split("\nprefill:")[1].split("\ndecode:")
+    prefill_loops = [line for line in kernels[0].splitlines() if line.strip().startswith("loop")]
+    decode_loops = [line for line in kernels[1].splitlines() if line.strip().startswith("loop")]
+    assert len(prefill_loops) == 2 and all("HGMMA 12" in line for line in prefill_loops), proc.stdout
+    assert decode_loops and "HMMA 32" in decode_loops[0], proc.stdout
