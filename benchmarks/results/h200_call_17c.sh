@@ -4,13 +4,10 @@
 # decode at the same points, and causal prefill at 8k against SDPA's (ncu_target.py); then
 # probe_issue17c.py times the decode variants in one process. Output under $OUT: call.log,
 # logs.tgz (every step's full output, the ncu reports as text), probe.json.
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step
+. benchmarks/results/h200_steps.sh  # the environment, BUDGET_S, machine_info, log, step, count_compiles
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nproc; echo "ncu: $NCU"; $NCU --version | tail -1
-  python -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
-  cat .tree-commit 2>/dev/null; } >> $OUT/call.log 2>&1
+machine_info
+{ echo "ncu: $NCU"; $NCU --version | tail -1; } >> $OUT/call.log 2>&1
 SECTIONS="--section SpeedOfLight --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats"
 prof() {  # prof NAME ARGS...: one profiled launch of ncu_target.py
   local name=$1; shift

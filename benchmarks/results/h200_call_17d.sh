@@ -2,13 +2,9 @@
 # Issue 17, fourth round, second H200 call (run from the tree's root): probe_issue17d.py times
 # int32 offsets / unsigned key division and the decode orders in one process; Nsight Compute
 # reads the prefill and the e4m3 decode with them. Output under $OUT: call.log, logs.tgz, probe.json.
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step
+. benchmarks/results/h200_steps.sh  # the environment, BUDGET_S, machine_info, log, step, count_compiles
 NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
-  python -c "import torch, triton, sys; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0])"
-  cat .tree-commit 2>/dev/null; } >> $OUT/call.log 2>&1
+machine_info
 TAIL=45 step probe 330 python benchmarks/results/probe_issue17d.py $OUT/probe.json
 SECTIONS="--section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats --section LaunchStats --section ComputeWorkloadAnalysis --section InstructionStats --print-details all"
 TAIL=4 step ncu_prefill_iu 60 $NCU --clock-control none --profile-from-start off $SECTIONS python benchmarks/results/ncu_target.py prefill 1 8192 OFFSETS_I32=True UNSIGNED_INDICES=True

@@ -6,12 +6,8 @@
 # (The first call of the stop, log h200-call-final-a.log, ran the fp8 diagnosis,
 # diag_fp8_small_tile.py, in place of the benchmark: DIAG=1 runs it again.) Each step has
 # its own limit inside one deadline (BUDGET_S); what finished comes back under $OUT: call.log (steps, limits, wall times, tails), logs.tgz, JSON files.
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step, count_compiles
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nproc
-  python -c "import torch, triton, sys, pytest; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0], 'pytest', pytest.__version__)"
-  cat .tree-commit 2>/dev/null; } >> $OUT/call.log 2>&1
+. benchmarks/results/h200_steps.sh  # the environment, BUDGET_S, machine_info, log, step, count_compiles
+machine_info
 TAIL=12 step test_triton 130 python -m pytest -p no:cacheprovider tests/test_triton.py -q -n 4 -rfEx
 export TRITON_CACHE_DIR=/tmp/tcache-thorough
 step thorough 170 python -m pytest -p pagedattn.plugin -p no:cacheprovider conformance \

@@ -3,12 +3,8 @@
 # then the thorough profile twice on empty Triton caches, with xdist's default distribution and
 # with --dist loadgroup (one configuration per worker: no kernel compiled twice), compiles counted;
 # BENCH=1: the kernel benchmark after them.
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
-unset TRITON_INTERPRET
-. benchmarks/results/h200_steps.sh  # BUDGET_S, log, step, count_compiles
-{ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv; nproc
-  python -c "import torch, triton, sys, pytest; print('torch', torch.__version__, 'triton', triton.__version__, 'python', sys.version.split()[0], 'pytest', pytest.__version__)"
-  cat .tree-commit 2>/dev/null; } >> $OUT/call.log 2>&1
+. benchmarks/results/h200_steps.sh  # the environment, BUDGET_S, machine_info, log, step, count_compiles
+machine_info
 TAIL=6 step test_triton 130 python -m pytest -p no:cacheprovider tests/test_triton.py -q -n 4 -rfEx
 for dist in load loadgroup; do
   export TRITON_CACHE_DIR=/tmp/tcache-$dist
