@@ -38,6 +38,13 @@ def last_offset(t: torch.Tensor) -> int:
     return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
 
 
+def _check_int32_offsets(name: str, t: torch.Tensor) -> None:
+    """``ProblemError`` naming ``name`` when an element of ``t`` lies past an int32 offset."""
+    last = last_offset(t)
+    if last > INT32_MAX:
+        raise ProblemError(OWNER, name, f"must keep every element offset <= 2**31 - 1 (int32), got {last}")
+
+
 def fp32_scale_problem(x: float) -> str:
     """``""`` when the real number ``x > 0`` survives the conversion to an fp32 argument
     (inside ``[FP32_TINY, FP32_MAX]``); else what is wrong."""
@@ -109,10 +116,7 @@ def check_paged_inputs(
             )
     # The kernel addresses the query and the output with int32 offsets (the caches in int64
     # where they need it): their strides must keep every element within 2**31 - 1.
-    if last_offset(query) > INT32_MAX:
-        raise ProblemError(
-            OWNER, "query", f"must keep every element offset <= 2**31 - 1 (int32), got {last_offset(query)}"
-        )
+    _check_int32_offsets("query", query)
     if scale is not None:
         problem = positive_float_problem(scale) or fp32_scale_problem(float(scale))
         if problem:
@@ -125,10 +129,7 @@ def check_paged_inputs(
             raise ProblemError(OWNER, "out", f"must be on the query's device {query.device}, got {out.device}")
         if out.stride(-1) != 1:
             raise ProblemError(OWNER, "out", f"must have a contiguous last dimension, got strides {out.stride()}")
-        if last_offset(out) > INT32_MAX:
-            raise ProblemError(
-                OWNER, "out", f"must keep every element offset <= 2**31 - 1 (int32), got {last_offset(out)}"
-            )
+        _check_int32_offsets("out", out)
     return lens_loc
 
 
@@ -304,6 +305,16 @@ def plan_launch(
         # a long history takes longer splits: fewer partial states to write and merge, and
         # still enough programs to fill the GPU alone; the choice reads that history's length only
         max_splits = max(-(-seq_lens[b] // decode_split(seq_lens[b], kv_fp8)) for b in decode_seqs)
+        # the scratch ([n_decode, max_splits, num_heads, HEAD_DIM_PAD] fp32) is addressed in
+        # int32; its size also bounds the decode grid's one axis
+        scratch = len(decode_seqs) * max_splits * num_heads * d_pad
+        if scratch > INT32_MAX:
+            raise ProblemError(
+                OWNER,
+                "seq_lens",
+                f"{len(decode_seqs)} decode sequences of up to {max_splits} splits need a scratch of "
+                f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
+            )
         if DECODE_HEADS_FAST:
             grid = (num_kv_heads * max_splits * len(decode_seqs), 1, 1)
         else:
@@ -339,8 +350,16 @@ def plan_launch(
         # head_dim 256 keeps 2 stages); the compile test checks the launch limit
         if stages > 2 and (rows + 2 * stages * block_n) * d_pad * 2 > PREFILL_SHARED_BUDGET:
             stages = 2
+        q_tiles = -(-max_q // block_q)
+        if q_tiles > GRID_YZ_MAX:  # CUDA's grid: 65535 programs on its second axis
+            raise ProblemError(
+                OWNER,
+                "query_start_loc",
+                f"a query of {max_q} tokens needs {q_tiles} tiles of {block_q} tokens "
+                f"(GQA group {group}, {dtype}); a launch holds at most {GRID_YZ_MAX}",
+            )
         other = LaunchConfig(
-            grid=(len(other_seqs), -(-max_q // block_q), num_kv_heads),
+            grid=(len(other_seqs), q_tiles, num_kv_heads),
             GROUP_PAD=group_pad,
             BLOCK_Q=block_q,
             BLOCK_N=block_n,
@@ -350,23 +369,6 @@ def plan_launch(
             num_stages=stages,
             maxnreg=None if wide or d_pad > 128 else PREFILL_MAXNREG,  # wider tiles would spill
             **common,
-        )
-    # what a launch can hold: CUDA's grid (65535 programs on its second and third axes) and
-    # the decode scratch's int32 offsets ([n_decode, max_splits, num_heads, HEAD_DIM_PAD] fp32,
-    # which also bounds the decode grid's first axis)
-    if other is not None and other.grid[1] > GRID_YZ_MAX:
-        raise ProblemError(
-            OWNER,
-            "query_start_loc",
-            f"a query of {max(query_lens[b] for b in other_seqs)} tokens needs {other.grid[1]} tiles of "
-            f"{other.BLOCK_Q} tokens (GQA group {group}, {dtype}); a launch holds at most {GRID_YZ_MAX}",
-        )
-    if decode is not None and len(decode_seqs) * max_splits * num_heads * d_pad > INT32_MAX:
-        raise ProblemError(
-            OWNER,
-            "seq_lens",
-            f"{len(decode_seqs)} decode sequences of up to {max_splits} splits need a scratch of "
-            f"{len(decode_seqs) * max_splits * num_heads * d_pad} elements; at most 2**31 - 1 (int32 offsets)",
         )
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 

@@ -417,10 +417,12 @@ def _attend(
 #: would be a kernel of its own to compile, and none of them shapes a vectorized access (the
 #: H200 thorough profile compiled 182 decode kernels for 139 configurations with them specialized)
 #: (Not ``stride_pa_seq``: its divisibility by 16, always true, vectorizes the merge's loads.)
-_PLAIN_INTS = ("window", "n_kv_heads", "max_splits", "stride_bt", "stride_lt", "stride_pml_seq")
+#: The prefill kernel has the first three; the decode kernel all.
+_PLAIN_INTS_PREFILL = ("window", "stride_bt", "stride_lt")
+_PLAIN_INTS = (*_PLAIN_INTS_PREFILL, "n_kv_heads", "max_splits", "stride_pml_seq")
 
 
-@triton.jit(do_not_specialize=["window", "stride_bt", "stride_lt"])
+@triton.jit(do_not_specialize=list(_PLAIN_INTS_PREFILL))
 def _prefill_kernel(
     # pointers
     q_ptr,
