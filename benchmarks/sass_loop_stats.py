@@ -33,7 +33,31 @@ def aot_script(root: str) -> str:
     raise SystemExit(f"{root}: tests/test_triton.py has no _AOT script")
 
 
+def _bin(tool: str) -> str:
+    """A tool that ships with the imported triton (nvdisasm, ptxas)."""
+    import triton
+
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", tool)
+
+
+def disassemble(cubin: str) -> str:
+    """``cubin``'s machine code as text (triton's ``nvdisasm``)."""
+    return subprocess.run([_bin("nvdisasm"), "-c", cubin], capture_output=True, text=True).stdout
+
+
+def registers(ptx: str) -> str:
+    """``ptxas -v``'s register count for ``ptx`` on sm_90a, from whichever bundled ptxas reads
+    its PTX version (the newer one reads newer PTX)."""
+    for ptxas in ("ptxas", "ptxas-blackwell"):
+        log = subprocess.run([_bin(ptxas), "-v", "-arch=sm_90a", ptx, "-o", os.devnull], capture_output=True, text=True)
+        if re.search(r"Used \d+ registers", log.stderr):
+            return " ".join(re.findall(r"Used \d+ registers", log.stderr)) + f" ({ptxas})"
+    return "registers: no bundled ptxas could read the PTX"
+
+
 def loop_stats(sass: str) -> list[dict]:
+    """Per key loop of ``sass`` (a backward branch over more than 40 instructions): its
+    instructions, integer ones, and barriers, tensor-core, exp and memory instructions."""
     lines = sass.splitlines()
     labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"^\.(L_x_\d+):", line.strip()))}
     loops = []
@@ -80,32 +104,10 @@ def main() -> None:
         raise SystemExit(proc.stderr[-3000:])
     import triton
 
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     print(f"triton {triton.__version__}, {config[0]}")
     for name in ("prefill", "decode"):
-        sass = subprocess.run(
-            [os.path.join(bin_dir, "nvdisasm"), "-c", os.path.join(out, name + ".cubin")],
-            capture_output=True,
-            text=True,
-        ).stdout
-        used = "registers: no bundled ptxas could read the PTX"
-        for ptxas in ("ptxas", "ptxas-blackwell"):  # the newer one reads newer PTX versions
-            regs = subprocess.run(
-                [
-                    os.path.join(bin_dir, ptxas),
-                    "-v",
-                    "-arch=sm_90a",
-                    os.path.join(out, name + ".ptx"),
-                    "-o",
-                    os.devnull,
-                ],
-                capture_output=True,
-                text=True,
-            ).stderr
-            if re.search(r"Used \d+ registers", regs):
-                used = " ".join(re.findall(r"Used \d+ registers", regs)) + f" ({ptxas})"
-                break
-        print(f"{name}: {used}")
+        sass = disassemble(os.path.join(out, name + ".cubin"))
+        print(f"{name}: {registers(os.path.join(out, name + '.ptx'))}")
         for i, loop in enumerate(loop_stats(sass)):
             print(f"  loop {i}: " + ", ".join(f"{k} {v}" for k, v in loop.items()))
 
