@@ -142,9 +142,9 @@ def test_plan_splits_decode_from_the_rest():
     long_and_short = max(host.LONG_FROM // host.SPLIT_LONG, -(-5000 // host.SPLIT_SIZE))
     assert _plan([host.LONG_FROM, 5000], [1, 1]).max_splits == long_and_short
     assert _plan([4 * host.LONG_FROM], [1]).max_splits == 4 * host.LONG_FROM // host.SPLIT_LONG
-    # one axis, kv heads fastest (DECODE_HEADS_FAST), else (sequences, splits, kv heads)
-    heads_fast = (8 * plan.max_splits * 2, 1, 1)
-    assert plan.decode.grid == (heads_fast if host.DECODE_HEADS_FAST else (2, plan.max_splits, 8))
+    # the decode grid in the order the host picks for two sequences
+    grids = {0: (2, plan.max_splits, 8), 1: (8 * plan.max_splits * 2, 1, 1), 2: (8, plan.max_splits, 2)}
+    assert plan.decode.grid == grids[host.decode_grid_order(2)] and plan.decode.GRID_ORDER == host.decode_grid_order(2)
     assert plan.decode.BLOCK_Q == 1
     assert plan.other.grid == (2, -(-40 // plan.other.BLOCK_Q), 8)
     for split in (plan.decode.SPLIT_SIZE, plan.decode.SPLIT_LONG):
@@ -233,14 +233,15 @@ def test_kernel_within_policy(spec):
 
 
 @runs_kernel
-@pytest.mark.parametrize("heads_fast", [True, False], ids=["heads-fast-grid", "3-axis-grid"])
+@pytest.mark.parametrize("grid", sorted(host.DECODE_GRIDS))
 @pytest.mark.parametrize("long_from, max_splits", [(10**9, 3), (48, 2)], ids=["short-splits", "long-splits-from-48"])
 @pytest.mark.parametrize("spec", KERNEL_CASES[:3], ids=lambda s: s.id)
-def test_many_splits_merge_within_policy(spec, long_from, max_splits, heads_fast, monkeypatch):
+def test_many_splits_merge_within_policy(spec, long_from, max_splits, grid, monkeypatch):
     """Small splits, so the log-sum-exp merge of many partial states runs on small cases;
-    with ``long_from=48`` the 70-key history takes 64-key splits, the others 32. Both decode
-    grids: several sequences and splits count themselves done per (sequence, kv head)."""
-    monkeypatch.setattr(host, "DECODE_HEADS_FAST", heads_fast)
+    with ``long_from=48`` the 70-key history takes 64-key splits, the others 32. Every decode
+    grid order: several sequences and splits count themselves done per (sequence, kv head)."""
+    monkeypatch.setattr(host, "DECODE_GRID", grid)
+    monkeypatch.setattr(host, "DECODE_GRID_SMALL_UNDER", 0)
     monkeypatch.setattr(host, "SPLIT_SIZE", 32)
     monkeypatch.setattr(host, "SPLIT_LONG", 64)
     monkeypatch.setattr(host, "LONG_FROM", long_from)
@@ -364,10 +365,13 @@ def test_softmax_paths_within_policy(spec, path, monkeypatch):
 
 
 #: the addressing paths the defaults do not take: int64 cache offsets (a cache past 2**31
-#: elements), the 3-axis decode grid (decode programs ordered by sequence first)
+#: elements), each decode grid order (for every batch size)
 ADDRESSING_PATHS = {
-    "int64-offsets": (tpa, "OFFSETS_I32", False),
-    "3-axis-decode-grid": (host, "DECODE_HEADS_FAST", False),
+    "int64-offsets": {(tpa, "OFFSETS_I32"): False},
+    **{
+        f"{name.replace('_', '-')}-decode-grid": {(host, "DECODE_GRID"): name, (host, "DECODE_GRID_SMALL_UNDER"): 0}
+        for name in host.DECODE_GRIDS
+    },
 }
 
 
@@ -375,8 +379,8 @@ ADDRESSING_PATHS = {
 @pytest.mark.parametrize("path", sorted(ADDRESSING_PATHS))
 @pytest.mark.parametrize("spec", PATH_CASES[:2], ids=lambda s: s.id)
 def test_addressing_paths_within_policy(spec, path, monkeypatch):
-    owner, name, value = ADDRESSING_PATHS[path]
-    monkeypatch.setattr(owner, name, value)
+    for (owner, name), value in ADDRESSING_PATHS[path].items():
+        monkeypatch.setattr(owner, name, value)
     case = spec.build().to(DEVICE)
     _assert_output_and_lse_within_policy(case)
 
@@ -582,7 +586,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
              "TABLE_AHEAD": True, "OFF_I32": m.OFFSETS_I32}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
-            "HEAVY_FIRST", "HEADS_FAST")
+            "HEAVY_FIRST", "GRID_ORDER")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
@@ -606,13 +610,21 @@ print(json.dumps(results))
 HOPPER_SHARED_MEMORY = 232448
 
 
-#: the first round's softmax and 2-stage prefill
-FIRST_ROUND = {"EXP2_SOFTMAX": False, "PREFILL_MASK_SPLIT": False, "PREFILL_HEAVY_FIRST": False, "PREFILL_STAGES": 2}
+#: the first round's softmax, 2-stage prefill and sequences-first decode grid
+FIRST_ROUND = {
+    "EXP2_SOFTMAX": False,
+    "PREFILL_MASK_SPLIT": False,
+    "PREFILL_HEAVY_FIRST": False,
+    "PREFILL_STAGES": 2,
+    "DECODE_GRID": "sequences_first",
+    "DECODE_GRID_SMALL_UNDER": 0,
+}
 #: unmasked decode tiles, the short-history split tier, a register cap with 32-key prefill tiles,
-#: int64 cache offsets (a cache past 2**31 elements), the 3-axis decode grid
+#: int64 cache offsets (a cache past 2**31 elements), the heads-first 3-axis decode grid
 SWITCHED = {
     "OFFSETS_I32": False,
-    "DECODE_HEADS_FAST": False,
+    "DECODE_GRID": "heads_first",
+    "DECODE_GRID_SMALL_UNDER": 0,
     "DECODE_MASK_SPLIT": True,
     "SHORT_UNDER": 4096,
     "SPLIT_SHORT": 128,

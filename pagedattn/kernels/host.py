@@ -234,7 +234,7 @@ class LaunchConfig:
     EXP2: bool = False  # the softmax in base 2, the scale folded into the exponent's multiply-add
     MASK_SPLIT: bool = False  # key tiles that every row sees wholly take no mask
     HEAVY_FIRST: bool = False  # prefill: the longest causal tiles are launched first
-    HEADS_FAST: bool = False  # decode: one grid axis, kv heads fastest
+    GRID_ORDER: int = 0  # decode: the grid's order of programs (``DECODE_GRIDS``)
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
@@ -315,13 +315,15 @@ def plan_launch(
                 f"{len(decode_seqs)} decode sequences of up to {max_splits} splits need a scratch of "
                 f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
             )
-        if DECODE_HEADS_FAST:
-            grid = (num_kv_heads * max_splits * len(decode_seqs), 1, 1)
-        else:
-            grid = (len(decode_seqs), max_splits, num_kv_heads)
+        order = decode_grid_order(len(decode_seqs))
+        grid = {
+            0: (len(decode_seqs), max_splits, num_kv_heads),
+            1: (num_kv_heads * max_splits * len(decode_seqs), 1, 1),
+            2: (num_kv_heads, max_splits, len(decode_seqs)),
+        }[order]
         decode = LaunchConfig(
             grid=grid,
-            HEADS_FAST=DECODE_HEADS_FAST,
+            GRID_ORDER=order,
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
             BLOCK_N=decode_block_n(dtype, kv_fp8, interpreter),
@@ -371,6 +373,18 @@ def plan_launch(
             **common,
         )
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
+
+
+def decode_grid_order(n_decode: int) -> int:
+    """The decode grid's order for ``n_decode`` sequences (``DECODE_GRIDS``): ``DECODE_GRID``,
+    or from ``DECODE_GRID_SMALL_UNDER`` sequences down ``DECODE_GRID_SMALL``. Scheduling only:
+    a program's work and its bits do not depend on it. The 3-axis orders hold at most
+    ``GRID_YZ_MAX`` splits, and sequences on their third axis: past that, one axis."""
+    name = DECODE_GRID_SMALL if n_decode < DECODE_GRID_SMALL_UNDER else DECODE_GRID
+    order = DECODE_GRIDS[name]
+    if order == 2 and n_decode > GRID_YZ_MAX:
+        return DECODE_GRIDS["heads_fast"]
+    return order
 
 
 def decode_block_n(dtype: torch.dtype, kv_fp8: bool, interpreter: bool = False) -> int:
@@ -438,8 +452,16 @@ EXP2_SOFTMAX = True
 DECODE_MASK_SPLIT = False
 PREFILL_MASK_SPLIT = True
 PREFILL_HEAVY_FIRST = True
+#: The decode grid's orders of programs: ``sequences_first`` (sequences, splits, kv heads),
+#: ``heads_fast`` (one axis, kv heads fastest, then splits, then sequences) and
+#: ``heads_first`` (kv heads, splits, sequences on three axes: the order of ``heads_fast``
+#: without its integer division).
+DECODE_GRIDS = {"sequences_first": 0, "heads_fast": 1, "heads_first": 2}
 #: Issue 17's fourth round: decode programs on one grid axis, kv heads fastest, so the programs
 #: of one split of one sequence start together. H200, int32 offsets on both sides: 0 to +3% at
 #: B >= 32 over the 3-axis grid, within 1% at B=8 (results/h200-probe-issue17d.json); 3 to 7%
 #: slower at B=1 (results/h200-probe-issue17e.json, measured after this default was verified).
-DECODE_HEADS_FAST = True
+DECODE_GRID = "heads_fast"
+#: ... and for batches of fewer than DECODE_GRID_SMALL_UNDER decode sequences
+DECODE_GRID_SMALL = "heads_fast"
+DECODE_GRID_SMALL_UNDER = 0

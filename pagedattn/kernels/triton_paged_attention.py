@@ -21,8 +21,8 @@ The softmax runs in base 2 (``EXP2``): the scale, times log2(e), meets the runni
 max in one multiply-add per score, and the max and sums stay in base 2 until the
 lse is written. Prefill key tiles that every row of a query tile sees wholly (below
 the causal diagonal) take no mask (``MASK_SPLIT``), and prefill programs take the
-longest causal tiles first (``HEAVY_FIRST``). Decode programs run on one grid axis,
-kv heads fastest (``HEADS_FAST``). Caches whose every offset fits int32 are addressed in
+longest causal tiles first (``HEAVY_FIRST``). Decode programs run in the grid order
+the host picks by the batch's size (``GRID_ORDER``, ``host.decode_grid_order``). Caches whose every offset fits int32 are addressed in
 int32 (``OFF_I32``, ``OFFSETS_I32``), and key indices are divided as unsigned
 (``_page_of``): address arithmetic was two fifths of the prefill loop's instructions.
 Each switch is a host constant (``host.EXP2_SOFTMAX``, ``PREFILL_MASK_SPLIT``, ...), so
@@ -648,7 +648,7 @@ def _decode_kernel(
     WRITE_LSE: tl.constexpr,
     EXP2: tl.constexpr,
     MASK_SPLIT: tl.constexpr,
-    HEADS_FAST: tl.constexpr,
+    GRID_ORDER: tl.constexpr,
 ):
     """One split of one decode sequence's history for one kv head's query group; the
     split that finishes last merges them all (one launch: no second kernel to wait for).
@@ -658,13 +658,17 @@ def _decode_kernel(
     merging program resets it, so a captured CUDA graph can replay the launch). The
     merge reads the splits in split order, whichever finished last: the same bits in
     any batch and any schedule. The sink joins there, once, not in every split."""
-    if HEADS_FAST:
+    if GRID_ORDER == 1:
         # one axis, kv heads fastest: the programs of one split of one sequence start
         # together and read the same pages (a page row holds every kv head) at once
         pid = tl.program_id(0)
         kv_head = pid % n_kv_heads
         split = (pid // n_kv_heads) % max_splits
         i = pid // (n_kv_heads * max_splits)  # index among the decode sequences
+    elif GRID_ORDER == 2:  # the same order on three axes
+        kv_head = tl.program_id(0)
+        split = tl.program_id(1)
+        i = tl.program_id(2)
     else:
         i = tl.program_id(0)  # index among the decode sequences
         split = tl.program_id(1)
@@ -1031,7 +1035,7 @@ def run(
             IEEE_FP32=cfg.IEEE_FP32,
             EXP2=cfg.EXP2,
             MASK_SPLIT=cfg.MASK_SPLIT,
-            HEADS_FAST=cfg.HEADS_FAST,
+            GRID_ORDER=cfg.GRID_ORDER,
             **flags,
             **cfg.launch_options,
         )
