@@ -24,7 +24,7 @@ from pagedattn import collection, recorder, report
 from pagedattn.book import RecordBook
 from pagedattn.expectations import load_expectations
 from pagedattn.options import DEFAULT_TIMEOUT_S, NO_LIMIT, PROFILES, case_timeout, positive_seconds
-from pagedattn.record import note
+from pagedattn.record import note, noted
 from pagedattn.replay import ReplaySpec, rerun_command
 from pagedattn.session import RUN_KEY, SUITE_DIR, SUITE_KEY, Run
 
@@ -89,6 +89,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="SECONDS",
         help="seconds for the whole search family, finding and shrinking, shared by its items (default: 60 on a "
         "GPU, 30 on the CPU)",
+    )
+    group.addoption(
+        "--warmup-ahead",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="compile later cases' kernels in a background thread while cases run, for backends with "
+        "warmup_ahead (auto: on a GPU, off on the CPU and under --isolate or --replay)",
     )
     group.addoption(
         "--replay-dir",
@@ -257,6 +264,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(collection.need_backend())
         return
     collection.arrange(config, run, items)
+    _start_warmup_ahead(config, run, items)
+
+
+def _start_warmup_ahead(config: pytest.Config, run: Run, items: list[pytest.Item]) -> None:
+    """Start this process's warm-up ahead (``pagedattn.ahead``) over its suite items, where
+    ``--warmup-ahead`` and the backend allow; records the choice in ``run.info``."""
+    suite = config.stash.get(SUITE_KEY, None)
+    if suite is None:
+        return
+    from pagedattn.adapters.protocol import SupportsWarmupAhead
+
+    choice = config.getoption("--warmup-ahead")
+    able = isinstance(suite.backend, SupportsWarmupAhead) and not run.isolate and not config.getoption("--replay")
+    on = able and (choice == "on" or (choice == "auto" and not run.device.startswith("cpu")))
+    run.info["warmup_ahead"] = on
+    if not on:
+        return
+    from pagedattn import ahead
+    from pagedattn.cases.spec import CaseSpec
+
+    cases = []
+    for item in items:
+        spec, facts = collection.spec_of(item), noted(item)
+        if isinstance(spec, CaseSpec) and facts.get("operation") in ("attention", "lse"):
+            cases.append((spec, facts["operation"]))
+    suite.ahead = ahead.WarmupAhead(suite.backend, suite.device, ahead.plan(cases))
+    suite.ahead.start()
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
@@ -277,6 +311,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is None or not run.spec:
         return
+    suite = config.stash.get(SUITE_KEY, None)
+    if suite is not None and suite.ahead is not None:
+        suite.ahead.stop()
+        run.info["warmup_ahead_stats"] = suite.ahead.stats()
     if hasattr(config, "workerinput"):
         config.workeroutput["pagedattn_info"] = run.info  # type: ignore[attr-defined]
         config.workeroutput["pagedattn_broken"] = run.broken  # type: ignore[attr-defined]

@@ -122,8 +122,12 @@ class Recorder:
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         info = getattr(node, "workeroutput", {}).get("pagedattn_info")
         if info and not self.run.info.get("capabilities"):
-            self.run.info = info
+            self.run.info = dict(info)  # this worker's warm-up ahead counts included
             self.run.broken = getattr(node, "workeroutput", {}).get("pagedattn_broken", "")
+        elif info and info.get("warmup_ahead_stats"):  # every worker's warm-up ahead, summed
+            total = self.run.info.setdefault("warmup_ahead_stats", {})
+            for key, value in info["warmup_ahead_stats"].items():
+                total[key] = round(total.get(key, 0) + value, 2)
 
 
 def _stop_reason(session: pytest.Session, run: Run) -> str:

@@ -149,6 +149,7 @@ def report_header(config: pytest.Config) -> dict[str, Any]:
             "declined_invariances": {k: v for k, v in (info.get("invariances") or {}).items() if v},
             "qk_precision": info.get("qk_precision", "fp32"),
             "tanh_precision": info.get("tanh_precision", "ieee"),
+            "warmup_ahead": ahead_summary(info),
         },
         "error": run.broken or None,
         "grouping_lost": run.grouping_lost or None,
@@ -159,6 +160,14 @@ def report_header(config: pytest.Config) -> dict[str, Any]:
         },
         "probes": probe_summary(cases),
     }
+
+
+def ahead_summary(info: dict[str, Any]) -> dict[str, Any] | None:
+    """The warm-up ahead of the run (``pagedattn.ahead``): its counts summed over the
+    processes, or ``None`` where it was off."""
+    if not info.get("warmup_ahead"):
+        return None
+    return dict(info.get("warmup_ahead_stats") or {})
 
 
 def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
@@ -199,6 +208,13 @@ def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
         tr.write_line(f"not run: {n} case{'s' if n > 1 else ''}: {reason}", red=True)
     configurations = {r.configuration for r in recs if r.configuration}
     tr.write_line(f"{len(recs)} cases in {len(configurations)} configurations")
+    ahead = ahead_summary(run.info)
+    if ahead is not None:
+        tr.write_line(
+            f"warm-up ahead: {ahead.get('compiled', 0)} kernel classes compiled beside the cases "
+            f"({ahead.get('seconds', 0):g} s; {ahead.get('reached_first', 0)} reached first by their cases, "
+            f"{ahead.get('failed', 0)} failed)"
+        )
     path = config.getoption("--report-json")
     if path:
         tr.write_line(f"JSON report: {path} (python -m pagedattn report {path})")

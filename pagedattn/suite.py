@@ -84,6 +84,7 @@ class Suite:
     tb_long: bool = False  # --tb=long: failure messages carry the backend's full traceback
     _probed: dict[str, int] = field(default_factory=dict)
     _warmed: set[tuple[int, str]] = field(default_factory=set)
+    ahead: Any = None  # pagedattn.ahead.WarmupAhead, when this process warms up ahead
 
     @property
     def caps(self) -> Claims:
@@ -147,6 +148,8 @@ class Suite:
             if operation == "attention" and family is None and self.take_probe(reason):
                 note(node, probe=self._probe(case))
             pytest.skip(f"unsupported: {reason}")
+        if self.ahead is not None:
+            self.ahead.reached_case(spec, operation)
         self._warmup(case, operation)
         return case
 

@@ -244,3 +244,22 @@ class WarmsUp(Correct):
 
         with open(os.environ["PAGEDATTN_TEST_WARMLOG"], "a") as f:
             f.write(f"{os.getpid()} {case_configuration(case, 'attention')}\n")
+
+
+class WarmsUpAhead(Correct):
+    """A JIT-style backend that compiles ahead: ``warmup_ahead(case, operation)`` logs the
+    process, the calling thread, the configuration and the case's regimes to the file named
+    by ``PAGEDATTN_TEST_WARMLOG``."""
+
+    def warmup_ahead(self, case, operation):
+        import os
+        import threading
+
+        from pagedattn.suite import case_configuration
+
+        regimes = "+".join(sorted({"decode" if q == 1 else "prefill" for q in case.query_lens}))
+        with open(os.environ["PAGEDATTN_TEST_WARMLOG"], "a") as f:
+            f.write(
+                f"{os.getpid()} {threading.current_thread().name} {case_configuration(case, operation)} "
+                f"{case.num_heads}/{case.num_kv_heads} {regimes}\n"
+            )

@@ -375,3 +375,31 @@ def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
     assert base_record("::test_gather[gather-gqa2-bs1-d64-fp32]").operation == "gather"
     assert base_record("::test_decode[decode-x-fp32]@fp32|kv=fp32|d64|bs16|plain|lse").operation == "lse"
     assert base_record("::test_decode[decode-x-fp32]").operation == "attention"
+
+
+def test_warmup_ahead_compiles_each_kernel_class_once_across_workers(pytester, bad, monkeypatch):
+    """``--warmup-ahead=on`` under -n 2: each worker's background thread compiles later kernel
+    classes (``pagedattn.ahead``); across both workers no class twice, and the report counts
+    what they did. The verdicts are the serial run's."""
+    warm = pytester.path / "warm.log"
+    monkeypatch.setenv("PAGEDATTN_TEST_WARMLOG", str(warm))
+    result = _run(pytester, DECODE, f"--backend={bad}:WarmsUpAhead", "-n", "2", "--warmup-ahead=on", "--report-json=r.json")
+    result.assert_outcomes(passed=N_DECODE)
+    lines = [line.split() for line in warm.read_text().splitlines()] if warm.exists() else []
+    assert lines, "no warm-up ran ahead"
+    assert {thread for _, thread, *_ in lines} == {"pagedattn-warmup-ahead"}
+    classes = [tuple(rest) for _, _, *rest in lines]
+    assert len(classes) == len(set(classes)), f"a kernel class compiled twice: {classes}"
+    stats = json.loads((pytester.path / "r.json").read_text())["target"]["warmup_ahead"]
+    assert stats["compiled"] == len(lines) and stats["failed"] == 0
+    result.stdout.fnmatch_lines([f"*warm-up ahead: {len(lines)} kernel classes compiled beside the cases*"])
+
+
+@pytest.mark.parametrize("how", [["--warmup-ahead=auto"], ["--warmup-ahead=on", "--isolate"]], ids=["auto-on-cpu", "isolated"])
+def test_warmup_ahead_is_off_on_the_cpu_by_default_and_under_isolate(pytester, bad, monkeypatch, how):
+    warm = pytester.path / "warm.log"
+    monkeypatch.setenv("PAGEDATTN_TEST_WARMLOG", str(warm))
+    result = _run_here(pytester, DECODE, f"--backend={bad}:WarmsUpAhead", "--device=cpu", *how, "--report-json=r.json")
+    result.assert_outcomes(passed=N_DECODE)
+    assert not warm.exists()
+    assert json.loads((pytester.path / "r.json").read_text())["target"]["warmup_ahead"] is None

@@ -712,3 +712,41 @@ def test_fp8_prefill_at_every_tile_width(dtype, kv_dtype, block_n, monkeypatch):
     out = tpa.paged_attention(*_args(case), scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
     check = check_attention(out, case)
     assert check.passed and not check.warning, str(check)
+
+
+@runs_kernel
+@pytest.mark.parametrize("return_lse", [False, True], ids=["attention", "lse"])
+def test_compile_only_launches_nothing_and_compiles_what_the_launch_runs(return_lse):
+    """``compile_only`` (the suite's warm-up ahead) writes nothing; compiled, it fills the
+    kernels' caches with exactly the specializations the launch then runs (no compile
+    after it). A head dim and block size no other test here uses: a fresh configuration."""
+    spec = CaseSpec("t", ((37, 1), (29, 11)), num_heads=6, num_kv_heads=2, head_dim=40, block_size=7, dtype=torch.float16)
+    case = spec.build().to(DEVICE)
+    kernels = (tpa._decode_kernel, tpa._prefill_kernel)
+
+    def compiled():
+        return sum(len(caches[0]) for k in kernels for caches in getattr(k, "device_caches", {}).values())
+
+    out = torch.full_like(case.query, float("nan"))
+    before = compiled()
+    kw = dict(scale=case.scale, return_lse=return_lse)
+    result = tpa.paged_attention(*_args(case), out=out, compile_only=True, **kw)
+    assert (result[0] if return_lse else result) is out and torch.isnan(out).all(), "compile_only wrote the output"
+    after = compiled()
+    if not tpa.interpreter_active():
+        assert after == before + 2, f"compile_only compiled {after - before} kernels, expected decode and prefill"
+    result = tpa.paged_attention(*_args(case), out=out, **kw)
+    assert compiled() == after, "the launch compiled again: compile_only specialized differently"
+    check = check_attention(result[0] if return_lse else result, case)
+    assert check.passed and not check.warning, str(check)
+
+
+def test_the_adapter_warms_up_ahead_without_running_anything():
+    from pagedattn.adapters.triton import TritonBackend
+
+    backend = TritonBackend()
+    case = BASE.build().to(DEVICE)
+    pristine = case.clone()
+    assert backend.warmup_ahead(case, "attention") is None
+    for name, t in case.tensors().items():
+        assert torch.equal(t.nan_to_num(7.0), getattr(pristine, name).nan_to_num(7.0)), name

@@ -29,6 +29,7 @@ __all__ = [
     "SupportsLse",
     "SupportsOut",
     "SupportsWarmup",
+    "SupportsWarmupAhead",
     "SupportsWriteCache",
 ]
 
@@ -90,7 +91,9 @@ class Backend(Protocol):
     ``SupportsOut`` (``paged_attention(case, out=...)``), ``SupportsLse``
     (``paged_attention_lse``, operation ``lse``), ``SupportsGather`` (``gather``,
     operation ``gather``), ``SupportsWriteCache`` (``write_cache``, operation
-    ``write_cache``), ``SupportsWarmup`` (``warmup``) and ``SupportsClose`` (``close``).
+    ``write_cache``), ``SupportsWarmup`` (``warmup``), ``SupportsWarmupAhead``
+    (``warmup_ahead``, compiles beside the cases; not under ``--isolate``) and
+    ``SupportsClose`` (``close``).
     An operation is run only when it is claimed in ``capabilities.operations`` too. Two
     optional attributes feed the report: ``version`` (str) and ``target`` (str: where the
     kernel really runs, e.g. ``"triton (interpreter, cpu)"``).
@@ -184,6 +187,19 @@ class SupportsWarmup(Protocol):
         """Called once per configuration (``pagedattn.cases.configuration.Configuration.key``:
         dtype, kv dtype, head dim, block size, variants, operation) before the case's own
         call, outside ``--case-timeout``; its result is ignored."""
+        ...
+
+
+@runtime_checkable
+class SupportsWarmupAhead(Protocol):
+    """A JIT backend whose compiles can run ahead of the cases, beside them."""
+
+    def warmup_ahead(self, case: PagedCase, operation: str) -> None:
+        """Compile what ``case`` needs as ``operation`` (``"attention"`` or ``"lse"``) and
+        launch nothing. Called from a background thread while other cases run on the
+        backend (``pagedattn.ahead``), at most once per kernel class, for cases that run
+        later; it must be safe to call concurrently with every other method. Its result
+        is ignored, and what it raises too (the case meets the error itself)."""
         ...
 
 

@@ -76,6 +76,12 @@ class TritonBackend:
     def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
         return self._call(case, return_lse=True)
 
+    def warmup_ahead(self, case: PagedCase, operation: str) -> None:
+        """Compile the kernels ``case`` needs as ``operation`` and launch nothing (the
+        suite's warm-up ahead, from a second thread); the interpreter compiles nothing."""
+        if not self.interpreter:
+            self._call(case, return_lse=operation == "lse", compile_only=True)
+
     def _call(self, case: PagedCase, **kwargs):
         return self._kernel.paged_attention(
             case.query,

@@ -45,8 +45,10 @@ import it only after the interpreter has been decided.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -914,6 +916,8 @@ def run(
     value_cache: torch.Tensor,
     out: torch.Tensor | None = None,
     lse: torch.Tensor | None = None,
+    *,
+    compile_only: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The launches of a prepared batch, over tensors of the prepared shapes (checked
     here without touching the device: shapes, dtypes, devices, last-dim strides).
@@ -925,6 +929,10 @@ def run(
     block tables, lengths and scratch are read where ``prepare`` found or made them, so
     keep the prepared batch alive as long as the graph: freed, its scratch would be
     reused by other tensors, and a replay would count splits in their memory).
+    ``compile_only``: compile the batch's kernels (Triton's ``warmup``: into its in-memory
+    and on-disk caches) and launch nothing; ``out`` is returned unwritten. Safe from a
+    second thread while other batches run (the conformance suite's warm-up ahead); on the
+    interpreter, which compiles nothing, it does nothing.
     Returns ``out``, or ``(out, lse)`` when prepared with ``return_lse=True``."""
     for name, t, shape, dtype in (
         ("query", query, prep.query_shape, prep.dtype),
@@ -988,7 +996,7 @@ def run(
     if plan.decode is not None:
         cfg, part_acc, part_ml = plan.decode, prep.part_acc, prep.part_ml
         assert part_acc is not None and part_ml is not None  # prepared with the decode launch
-        _decode_kernel[cfg.grid](
+        _launcher(_decode_kernel, cfg.grid, compile_only)(
             query,
             key_cache,
             value_cache,
@@ -1041,7 +1049,7 @@ def run(
         )
     if plan.other is not None:
         cfg = plan.other
-        _prefill_kernel[cfg.grid](
+        _launcher(_prefill_kernel, cfg.grid, compile_only)(
             query,
             key_cache,
             value_cache,
@@ -1089,6 +1097,16 @@ def run(
 F16_DOTS_FOR_FP8 = True
 
 
+def _launcher(kernel: Any, grid: tuple[int, int, int], compile_only: bool) -> Any:
+    """``kernel[grid]``, or with ``compile_only`` its compile without a launch (``warmup``;
+    a no-op on the interpreter)."""
+    if not compile_only:
+        return kernel[grid]
+    if interpreter_active():
+        return lambda *args, **kwargs: None
+    return functools.partial(kernel.warmup, grid=grid)
+
+
 def _fits_int32(cache: torch.Tensor) -> bool:
     """True when every element offset of ``cache`` (from its first element, through its
     strides) is at most 2**31 - 1: the kernel can then address it in int32."""
@@ -1124,6 +1142,7 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     return_lse: bool = False,
+    compile_only: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Paged attention over a ragged batch: ``run(prepare(...), ...)``.
 
@@ -1144,6 +1163,7 @@ def paged_attention(
         sinks: ``[num_heads]`` float32: a logit per head that joins the denominator.
         k_scale, v_scale: dequantization scales of an fp8 cache (1.0 otherwise).
         return_lse: also return the log-sum-exp.
+        compile_only: compile this batch's kernels and launch nothing (``run``).
 
     Returns:
         ``[num_tokens, num_heads, head_dim]`` in the query dtype (``out`` if given);
@@ -1167,4 +1187,4 @@ def paged_attention(
         v_scale=v_scale,
         return_lse=return_lse,
     )
-    return run(prep, query, key_cache, value_cache, out)
+    return run(prep, query, key_cache, value_cache, out, compile_only=compile_only)

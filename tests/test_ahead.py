@@ -1,0 +1,119 @@
+"""The warm-up ahead (``pagedattn.ahead``): which kernel classes it compiles, in what order,
+once per run across processes, never for a class a case reached first, and never in the
+way of a case (a case whose class is compiling here waits for it; a failure is forgotten)."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from pagedattn import ahead
+from pagedattn.cases.spec import CaseSpec
+
+
+def _spec(seqs, family="decode", **kw):
+    return CaseSpec(family, seqs, **kw)
+
+
+SMALL_DECODE = _spec(((20, 1),))
+BIG_DECODE = _spec(((300, 1), (40, 1)))
+MIXED = _spec(((50, 1), (30, 30)), family="mixed")
+FP16_PREFILL = _spec(((64, 64),), family="prefill", dtype=torch.float16)
+
+
+def test_kernel_classes_split_a_case_by_regime():
+    decode, prefill = ahead.kernel_classes(MIXED, "attention")
+    assert decode[-1] == "decode" and prefill[-1] == "prefill" and decode[:-1] == prefill[:-1]
+    assert ahead.kernel_classes(MIXED, "lse")[0][0] != decode[0]  # the operation is part of the configuration
+    assert ahead.kernel_classes(_spec(((20, 1),), num_heads=8), "attention") != ahead.kernel_classes(SMALL_DECODE, "attention")
+
+
+def test_plan_takes_the_smallest_case_of_each_class_needed_last_first():
+    plans = ahead.plan([(BIG_DECODE, "attention"), (FP16_PREFILL, "attention"), (SMALL_DECODE, "attention"), (MIXED, "attention")])
+    keys = [p.key for p in plans]
+    assert len(keys) == len(set(keys)) == 3  # fp32 decode, fp32 prefill, fp16 prefill
+    # the class needed last comes first: MIXED (last case) needs the fp32 decode and prefill classes
+    assert {keys[0][-1], keys[1][-1]} == {"decode", "prefill"} and keys[2][0] != keys[0][0]
+    decode = next(p for p in plans if p.key[-1] == "decode" and p.key[0] == keys[0][0])
+    assert decode.spec is SMALL_DECODE  # the smallest case of the class, not the first
+
+
+class _Log:
+    """A backend whose warm-ups log (key, thread), optionally blocking or raising."""
+
+    def __init__(self, gate=None, fail=False):
+        self.calls, self.gate, self.fail = [], gate, fail
+
+    def warmup_ahead(self, case, operation):
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.calls.append((case.query_lens, operation, threading.current_thread().name))
+        if self.fail:
+            raise RuntimeError("compile failed")
+
+
+def _finish(w):
+    w._thread.join(10)
+    assert not w._thread.is_alive()
+
+
+def test_each_class_is_compiled_once_across_processes_sharing_claims(tmp_path):
+    cases = [(BIG_DECODE, "attention"), (FP16_PREFILL, "attention"), (MIXED, "attention")]
+    first, second = _Log(), _Log()
+    a = ahead.WarmupAhead(first, "cpu", ahead.plan(cases), claim_dir=tmp_path)
+    b = ahead.WarmupAhead(second, "cpu", ahead.plan(cases), claim_dir=tmp_path)
+    a.start()
+    _finish(a)
+    b.start()
+    _finish(b)
+    assert a.compiled == len(first.calls) == 3 and {t for *_, t in first.calls} == {"pagedattn-warmup-ahead"}
+    assert b.compiled == 0 and b.elsewhere == 3 and second.calls == []
+
+
+def test_a_class_reached_by_its_case_first_is_not_compiled_ahead():
+    backend = _Log()
+    w = ahead.WarmupAhead(backend, "cpu", ahead.plan([(SMALL_DECODE, "attention"), (FP16_PREFILL, "attention")]), claim_dir=None)
+    w.reached_case(SMALL_DECODE, "attention")  # before the thread starts: the case compiles it itself
+    w.start()
+    _finish(w)
+    assert w.reached == 1 and w.compiled == 1 and [c[0] for c in backend.calls] == [[64]]
+
+
+def test_a_case_waits_for_its_class_compiling_here_and_a_failure_is_forgotten():
+    gate = threading.Event()
+    backend = _Log(gate=gate, fail=True)
+    w = ahead.WarmupAhead(backend, "cpu", ahead.plan([(SMALL_DECODE, "attention")]), claim_dir=None)
+    w.start()
+    deadline = time.time() + 10
+    while not w._busy and time.time() < deadline:  # the thread has taken the class
+        time.sleep(0.01)
+    assert w._busy
+    threading.Timer(0.3, gate.set).start()
+    t0 = time.perf_counter()
+    w.reached_case(SMALL_DECODE, "attention")  # waits for the compile in flight, raises nothing
+    assert time.perf_counter() - t0 >= 0.2
+    _finish(w)
+    assert w.failed == 1 and w.compiled == 0 and w.reached == 0 and w.stats()["failed"] == 1
+
+
+def test_stop_ends_the_walk_before_the_next_class():
+    gate = threading.Event()
+    backend = _Log(gate=gate)
+    cases = [(SMALL_DECODE, "attention"), (FP16_PREFILL, "attention"), (MIXED, "attention")]
+    w = ahead.WarmupAhead(backend, "cpu", ahead.plan(cases), claim_dir=None)
+    w.start()
+    w._stop.set()
+    gate.set()
+    _finish(w)
+    assert len(backend.calls) <= 1
+
+
+@pytest.mark.parametrize("uid", [None, "abc123"])
+def test_claims_are_per_xdist_run(monkeypatch, uid):
+    if uid is None:
+        monkeypatch.delenv("PYTEST_XDIST_TESTRUNUID", raising=False)
+        assert ahead._claim_dir() is None
+    else:
+        monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", uid)
+        assert ahead._claim_dir().name == f"pagedattn-ahead-{uid}"
