@@ -113,6 +113,7 @@ class WarmupAhead:
     reached: int = 0  # ... that a case needed before this thread came to them
     failed: int = 0  # warm-ups that raised (the case reports its own error)
     seconds: float = 0.0  # time in warm-up calls
+    error: str = ""  # what ended the walk early, if anything did
     _done: set[Key] = field(default_factory=set)
     _busy: dict[Key, threading.Event] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -136,6 +137,7 @@ class WarmupAhead:
             "reached_first": self.reached,
             "failed": self.failed,
             "seconds": round(self.seconds, 2),
+            "errors": int(bool(self.error)),
         }
 
     def reached_case(self, spec: Any, operation: str) -> None:
@@ -153,8 +155,15 @@ class WarmupAhead:
                 busy.wait(WAIT_S)
 
     def _walk(self) -> None:
-        if self.device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(self.device))  # this thread's current device
+        try:
+            index = torch.device(self.device).index
+            if self.device.startswith("cuda") and index is not None:
+                torch.cuda.set_device(index)  # this thread's current device ("cuda": the default, as in the main thread)
+            self._each()
+        except Exception as exc:  # never an unhandled exception in a thread: the walk just ends
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def _each(self) -> None:
         for p in self.plans:
             if self._stop.is_set():
                 return

@@ -215,6 +215,8 @@ def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
             f"({ahead.get('seconds', 0):g} s; {ahead.get('reached_first', 0)} reached first by their cases, "
             f"{ahead.get('failed', 0)} failed)"
         )
+        if ahead.get("errors"):
+            tr.write_line(f"warm-up ahead: ended early in {ahead['errors']} process(es)", yellow=True)
     path = config.getoption("--report-json")
     if path:
         tr.write_line(f"JSON report: {path} (python -m pagedattn report {path})")

@@ -117,3 +117,28 @@ def test_claims_are_per_xdist_run(monkeypatch, uid):
     else:
         monkeypatch.setenv("PYTEST_XDIST_TESTRUNUID", uid)
         assert ahead._claim_dir().name == f"pagedattn-ahead-{uid}"
+
+
+@pytest.mark.parametrize("device, index", [("cuda", None), ("cuda:1", 1)])
+def test_the_thread_takes_the_run_device_and_never_raises(monkeypatch, device, index):
+    """"cuda" (no index) is the default device, as in the main thread; "cuda:N" is set in the
+    thread. A warm-up that fails there (here: building its case) is counted, not raised."""
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+
+    def no_build(self, seed=0):
+        raise RuntimeError("no case here")
+
+    monkeypatch.setattr(CaseSpec, "build", no_build)
+    w = ahead.WarmupAhead(_Log(), device, ahead.plan([(SMALL_DECODE, "attention")]), claim_dir=None)
+    w.start()
+    _finish(w)
+    assert chosen == ([] if index is None else [index])
+    assert w.failed == 1 and w.compiled == 0 and w.error == ""
+
+
+def test_an_error_outside_a_warmup_ends_the_walk_quietly():
+    w = ahead.WarmupAhead(_Log(), "nonsense-device", ahead.plan([(SMALL_DECODE, "attention")]), claim_dir=None)
+    w.start()
+    _finish(w)
+    assert w.error and w.stats()["errors"] == 1
