@@ -125,7 +125,7 @@ def report_header(config: pytest.Config) -> dict[str, Any]:
     import torch
 
     run = config.stash[RUN_KEY]
-    cases = [r.to_dict() for r in records(config)]
+    cases = run.book.case_dicts() if run.book is not None else []
     info = run.info
     return {
         "schema": SCHEMA,

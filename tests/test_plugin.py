@@ -369,6 +369,7 @@ def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
     assert got["decode-pass-fp32"]["nodeid"] == "m.py::test_decode[decode-pass-fp32]"  # no xdist group suffix
     assert got["decode-pass-fp32"]["configuration"] == "fp32|kv=fp32|d64|bs16|plain|attention"
     rec = base_record("::test_property[mixed-gqa2-bs16-d64-bf16-L50-B4-permuted-fp8_e4m3-determinism]")
+    assert json.loads(path.read_text())["complete"] and path.read_text().startswith("{\n")  # the final one indented
     assert (rec.family, rec.dtype) == ("properties", "bf16/fp8_e4m3")
     # a record known only by its node id (a case a killed run never reached) names its operation
     assert base_record("::test_cache_write[cache_write-gqa2-bs1-d64-fp32]").operation == "write_cache"
@@ -403,3 +404,26 @@ def test_warmup_ahead_is_off_on_the_cpu_by_default_and_under_isolate(pytester, b
     result.assert_outcomes(passed=N_DECODE)
     assert not warm.exists()
     assert json.loads((pytester.path / "r.json").read_text())["target"]["warmup_ahead"] is None
+
+
+def test_the_record_book_writes_only_changed_cases_anew_and_the_same_json(tmp_path):
+    """A flush in progress re-encodes only the records changed since the last one; the file
+    is exactly the report encoded whole (non-finite metrics as strings included)."""
+    from pagedattn.book import RecordBook
+    from pagedattn.record import clean
+
+    path = tmp_path / "r.json"
+    book = RecordBook(str(path), header=lambda: {"schema": "test", "cases_seen": len(book.case_dicts())})
+    ids = [f"m.py::test_decode[decode-{n}-fp32]@fp32|kv=fp32|d64|bs16|plain|attention" for n in range(4)]
+    for nodeid in ids:
+        book.collected(nodeid)
+    for n, nodeid in enumerate(ids):
+        book.start(nodeid)
+        assert path.read_text() == json.dumps(clean(book.report()))
+        encoded = dict(book._texts)
+        book.update(_report(nodeid, "call", "passed", {"metrics": {"budget_used": float("nan") if n == 1 else 0.5}}))
+        book.flush()
+        assert path.read_text() == json.dumps(clean(book.report()))
+        changed = {k for k in ids if book._texts[k] != encoded[k]}
+        assert changed == {nodeid}, changed  # only the case that finished
+    assert json.loads(path.read_text())["cases"][1]["metrics"]["budget_used"] == "nan"
