@@ -167,8 +167,10 @@ class RecordBook:
 
     def case_dicts(self) -> list[dict[str, Any]]:
         """Every record as its report entry (``clean(to_dict())``), in collection order; the
-        same objects until a record changes: read them, do not change them."""
-        for nodeid in self._dirty:
+        same objects until a record changes: read them, do not change them. A record is
+        known to change through the book's methods (``get`` included); one put into
+        ``records`` directly is encoded when first seen."""
+        for nodeid in self._dirty | (self.records.keys() - self._dicts.keys()):
             d = self._dicts[nodeid] = clean(self.records[nodeid].to_dict())
             self._texts[nodeid] = json.dumps(d)
         self._dirty.clear()

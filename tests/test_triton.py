@@ -135,7 +135,7 @@ def test_launch_limits_fail_before_any_launch():
     assert host.last_offset(wide) == 3 * 2**30 + 7 * 128 + 127 > host.INT32_MAX
 
 
-def test_plan_splits_decode_from_the_rest():
+def test_plan_splits_decode_from_the_rest(monkeypatch):
     plan = _plan([5000, 40, 300, 1], [1, 40, 7, 1])
     assert plan.decode_seqs == [0, 3] and plan.other_seqs == [1, 2]
     assert plan.max_splits == -(-5000 // host.SPLIT_SIZE)
@@ -145,6 +145,11 @@ def test_plan_splits_decode_from_the_rest():
     # the decode grid in the order the host picks for two sequences
     grids = {0: (2, plan.max_splits, 8), 1: (8 * plan.max_splits * 2, 1, 1), 2: (8, plan.max_splits, 2)}
     assert plan.decode.grid == grids[host.decode_grid_order(2)] and plan.decode.GRID_ORDER == host.decode_grid_order(2)
+    # kv heads first holds the sequences on the third grid axis: past its limit, the one-axis form
+    for name, order in host.DECODE_GRIDS.items():
+        monkeypatch.setattr(host, "DECODE_GRID", name)
+        assert host.decode_grid_order(host.GRID_YZ_MAX) == order
+        assert host.decode_grid_order(host.GRID_YZ_MAX + 1) == (1 if name == "heads_first" else order)
     assert plan.decode.BLOCK_Q == 1
     assert plan.other.grid == (2, -(-40 // plan.other.BLOCK_Q), 8)
     for split in (plan.decode.SPLIT_SIZE, plan.decode.SPLIT_LONG):
@@ -241,7 +246,6 @@ def test_many_splits_merge_within_policy(spec, long_from, max_splits, grid, monk
     with ``long_from=48`` the 70-key history takes 64-key splits, the others 32. Every decode
     grid order: several sequences and splits count themselves done per (sequence, kv head)."""
     monkeypatch.setattr(host, "DECODE_GRID", grid)
-    monkeypatch.setattr(host, "DECODE_GRID_SMALL_UNDER", 0)
     monkeypatch.setattr(host, "SPLIT_SIZE", 32)
     monkeypatch.setattr(host, "SPLIT_LONG", 64)
     monkeypatch.setattr(host, "LONG_FROM", long_from)
@@ -369,7 +373,7 @@ def test_softmax_paths_within_policy(spec, path, monkeypatch):
 ADDRESSING_PATHS = {
     "int64-offsets": {(tpa, "OFFSETS_I32"): False},
     **{
-        f"{name.replace('_', '-')}-decode-grid": {(host, "DECODE_GRID"): name, (host, "DECODE_GRID_SMALL_UNDER"): 0}
+        f"{name.replace('_', '-')}-decode-grid": {(host, "DECODE_GRID"): name}
         for name in host.DECODE_GRIDS
     },
 }
@@ -617,14 +621,12 @@ FIRST_ROUND = {
     "PREFILL_HEAVY_FIRST": False,
     "PREFILL_STAGES": 2,
     "DECODE_GRID": "sequences_first",
-    "DECODE_GRID_SMALL_UNDER": 0,
 }
 #: unmasked decode tiles, the short-history split tier, a register cap with 32-key prefill tiles,
-#: int64 cache offsets (a cache past 2**31 elements), the heads-first 3-axis decode grid
+#: int64 cache offsets (a cache past 2**31 elements), the one-axis decode grid (heads fastest)
 SWITCHED = {
     "OFFSETS_I32": False,
-    "DECODE_GRID": "heads_first",
-    "DECODE_GRID_SMALL_UNDER": 0,
+    "DECODE_GRID": "heads_fast",
     "DECODE_MASK_SPLIT": True,
     "SHORT_UNDER": 4096,
     "SPLIT_SHORT": 128,

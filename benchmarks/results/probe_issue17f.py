@@ -12,6 +12,9 @@
    same B and L.
 
     PYTHONPATH=. python benchmarks/results/probe_issue17f.py OUT_JSON
+
+Ran on f959571 (results/h200-probe-issue17f.json, h200-call-17f.log); ``heads_first`` became
+the default after it.
 """
 
 import json
@@ -38,7 +41,6 @@ Hq, Hkv, D = (32, 8, 128) if not DRY else (4, 2, 32)
 dtype = torch.bfloat16 if not DRY else torch.float16
 res = {"machine": machine(dev), "grid": [], "proto": []}
 t0 = time.time()
-host.DECODE_GRID_SMALL_UNDER = 0
 
 
 def kernel_graph(q, k, v, tables, seq_lens, loc, keep):

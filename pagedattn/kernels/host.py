@@ -376,13 +376,12 @@ def plan_launch(
 
 
 def decode_grid_order(n_decode: int) -> int:
-    """The decode grid's order for ``n_decode`` sequences (``DECODE_GRIDS``): ``DECODE_GRID``,
-    or from ``DECODE_GRID_SMALL_UNDER`` sequences down ``DECODE_GRID_SMALL``. Scheduling only:
-    a program's work and its bits do not depend on it. The 3-axis orders hold at most
-    ``GRID_YZ_MAX`` splits, and sequences on their third axis: past that, one axis."""
-    name = DECODE_GRID_SMALL if n_decode < DECODE_GRID_SMALL_UNDER else DECODE_GRID
-    order = DECODE_GRIDS[name]
-    if order == 2 and n_decode > GRID_YZ_MAX:
+    """The decode grid's order for ``n_decode`` sequences: ``DECODE_GRIDS[DECODE_GRID]``.
+    Scheduling only: a program's work and its bits do not depend on it. ``heads_first``
+    holds the sequences on the grid's third axis, at most ``GRID_YZ_MAX`` of them: past
+    that, the same order on one axis (``heads_fast``)."""
+    order = DECODE_GRIDS[DECODE_GRID]
+    if order == DECODE_GRIDS["heads_first"] and n_decode > GRID_YZ_MAX:
         return DECODE_GRIDS["heads_fast"]
     return order
 
@@ -452,16 +451,16 @@ EXP2_SOFTMAX = True
 DECODE_MASK_SPLIT = False
 PREFILL_MASK_SPLIT = True
 PREFILL_HEAVY_FIRST = True
-#: The decode grid's orders of programs: ``sequences_first`` (sequences, splits, kv heads),
-#: ``heads_fast`` (one axis, kv heads fastest, then splits, then sequences) and
-#: ``heads_first`` (kv heads, splits, sequences on three axes: the order of ``heads_fast``
-#: without its integer division).
+#: The decode grid's orders of programs: ``sequences_first`` (sequences, splits, kv heads: the
+#: first rounds'), ``heads_fast`` (one axis, kv heads fastest, then splits, then sequences: the
+#: fourth round's, so the programs of one split of one sequence start together) and
+#: ``heads_first`` (kv heads, splits, sequences on three axes: that order without its integer
+#: division by runtime sizes).
 DECODE_GRIDS = {"sequences_first": 0, "heads_fast": 1, "heads_first": 2}
-#: Issue 17's fourth round: decode programs on one grid axis, kv heads fastest, so the programs
-#: of one split of one sequence start together. H200, int32 offsets on both sides: 0 to +3% at
-#: B >= 32 over the 3-axis grid, within 1% at B=8 (results/h200-probe-issue17d.json); 3 to 7%
-#: slower at B=1 (results/h200-probe-issue17e.json, measured after this default was verified).
-DECODE_GRID = "heads_fast"
-#: ... and for batches of fewer than DECODE_GRID_SMALL_UNDER decode sequences
-DECODE_GRID_SMALL = "heads_fast"
-DECODE_GRID_SMALL_UNDER = 0
+#: Issue 17, fifth round (H200, one process, from a CUDA graph, results/h200-probe-issue17f.json):
+#: ratio to SDPA, sequences_first / heads_fast / heads_first: B=1 2k 0.721 / 0.701 / 0.723, 4k
+#: 0.829 / 0.800 / 0.817, 8k 0.891 / 0.882 / 0.881, 32k 0.825 / 0.822 / 0.825; B=8 2k 1.002 /
+#: 1.030 / 1.007, 8k 0.920 / 0.914 / 0.923; B=32 2k 0.892 / 0.899 / 0.904, 8k 0.885 / 0.909 / 0.911.
+#: heads_first is within 2% of the best order at every point (the fourth round's 3-7% loss of
+#: heads_fast at B=1 is 1-4% here), so no order is chosen by batch size.
+DECODE_GRID = "heads_first"
