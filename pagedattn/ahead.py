@@ -9,13 +9,15 @@ a second thread) gets a background thread per pytest process that walks this pro
 cases from the **last** one back, one case per kernel class, while the cases run from
 the first one on: the two meet in the middle, and most cases find their kernels
 compiled. Under pytest-xdist the workers share the walk through claim files (one per
-kernel class, created exclusively), so each class is compiled ahead at most once.
+kernel class, created exclusively, and a ``.done`` file beside it when its compile is
+over): each class is compiled once in the run, by a thread or by the first case that
+needs it, and a case whose class another worker is compiling waits for that compile
+instead of doing it again.
 
 What it never does: run a kernel (a compile-only call cannot fault the device under a
-case that did not cause it), judge anything, or hold a case up: a case whose kernel
-class this process's thread is compiling waits for that compile (it would compile the
-same kernel again otherwise); any other case runs at once. A warm-up that raises is
-counted and forgotten: the case itself meets the same error and reports it.
+case that did not cause it), judge anything, or hold a case up for longer than a compile
+in flight (at most ``WAIT_S``; it would compile the same kernel otherwise). A warm-up that
+raises is counted and forgotten: the case itself meets the same error and reports it.
 """
 
 from __future__ import annotations
@@ -35,9 +37,12 @@ import torch
 from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.spec import CaseSpec
 
-#: How long a case waits for its kernel class's compile in this process's thread, seconds
-#: (a compile takes 1-3 s on the H200's host; past this, the case compiles on its own).
-WAIT_S = 120.0
+#: How long a case waits for its kernel class's compile in flight, seconds: in this process's
+#: thread, or in another worker's (a compile takes 1-3 s on the H200's host; past this the
+#: case compiles on its own, as it would have without the warm-up).
+WAIT_S = 60.0
+#: How often a case looks for another worker's compile to finish, seconds.
+POLL_S = 0.02
 
 Key = tuple[Any, ...]
 
@@ -87,16 +92,36 @@ def _claim_dir() -> Path | None:
     return Path(tempfile.gettempdir()) / f"pagedattn-ahead-{uid}"
 
 
+def _claim_file(directory: Path, key: Key) -> Path:
+    return directory / hashlib.sha1(repr(key).encode()).hexdigest()
+
+
 def _claim(directory: Path | None, key: Key) -> bool:
     """This process takes ``key`` (no other worker of the run has): True once per run."""
     if directory is None:
         return True
     directory.mkdir(parents=True, exist_ok=True)
-    name = hashlib.sha1(repr(key).encode()).hexdigest()
     try:
-        os.close(os.open(directory / name, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        os.close(os.open(_claim_file(directory, key), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     except FileExistsError:
         return False
+    return True
+
+
+def _finish(directory: Path | None, key: Key) -> None:
+    """``key``'s compile is over here (done or failed): whoever waits for it goes on."""
+    if directory is not None:
+        _claim_file(directory, key).with_suffix(".done").touch()
+
+
+def _wait_done(directory: Path, key: Key, timeout: float) -> bool:
+    """Wait until whoever claimed ``key`` has finished it; False after ``timeout`` s."""
+    done = _claim_file(directory, key).with_suffix(".done")
+    deadline = time.monotonic() + timeout
+    while not done.exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(POLL_S)
     return True
 
 
@@ -111,6 +136,7 @@ class WarmupAhead:
     compiled: int = 0  # kernel classes this thread compiled ahead
     elsewhere: int = 0  # ... that another worker claimed first
     reached: int = 0  # ... that a case needed before this thread came to them
+    waited: float = 0.0  # seconds cases waited for compiles in flight (here or in another worker)
     failed: int = 0  # warm-ups that raised (the case reports its own error)
     seconds: float = 0.0  # time in warm-up calls
     error: str = ""  # what ended the walk early, if anything did
@@ -135,24 +161,35 @@ class WarmupAhead:
             "compiled": self.compiled,
             "claimed_elsewhere": self.elsewhere,
             "reached_first": self.reached,
+            "waited_s": round(self.waited, 2),
             "failed": self.failed,
             "seconds": round(self.seconds, 2),
             "errors": int(bool(self.error)),
         }
 
     def reached_case(self, spec: Any, operation: str) -> None:
-        """A case is about to run: wait for its kernel classes' compiles in flight here,
-        and keep the thread off the classes it will now compile itself."""
+        """A case is about to run: wait for its kernel classes' compiles in flight (in this
+        process's thread, or in another worker's), and keep every thread off the classes
+        this case will now compile itself (claimed for the run, and finished at once: a
+        case's own compile makes nobody wait)."""
         if not isinstance(spec, CaseSpec):
             return
+        t0 = time.perf_counter()
         for key in kernel_classes(spec, operation):
             with self._lock:
                 busy = self._busy.get(key)
-                if busy is None and key not in self._done:
+                first = busy is None and key not in self._done
+                if first:
                     self._done.add(key)
                     self.reached += 1
             if busy is not None:
                 busy.wait(WAIT_S)
+            elif first and self.claim_dir is not None:
+                if _claim(self.claim_dir, key):
+                    _finish(self.claim_dir, key)
+                else:  # another worker took it: its compile is in flight or over
+                    _wait_done(self.claim_dir, key, WAIT_S)
+        self.waited += time.perf_counter() - t0
 
     def _walk(self) -> None:
         try:
@@ -184,6 +221,7 @@ class WarmupAhead:
                 self.failed += 1
             finally:
                 self.seconds += time.perf_counter() - t0
+                _finish(self.claim_dir, p.key)
                 with self._lock:
                     del self._busy[p.key]
                 event.set()

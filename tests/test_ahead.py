@@ -142,3 +142,33 @@ def test_an_error_outside_a_warmup_ends_the_walk_quietly():
     w.start()
     _finish(w)
     assert w.error and w.stats()["errors"] == 1
+
+
+def test_a_case_claims_its_class_for_the_run_and_waits_for_another_workers_compile(tmp_path, monkeypatch):
+    """Across workers (a shared claim directory): a case that reaches an unclaimed class
+    claims it, so no thread compiles it again; a case whose class another worker is
+    compiling waits for that compile's ``.done``, not longer."""
+    cases = [(SMALL_DECODE, "attention"), (FP16_PREFILL, "attention")]
+    main = ahead.WarmupAhead(_Log(), "cpu", ahead.plan(cases), claim_dir=tmp_path)
+    main.reached_case(SMALL_DECODE, "attention")  # claims and finishes the fp32 decode class
+    other = _Log()
+    thread = ahead.WarmupAhead(other, "cpu", ahead.plan(cases), claim_dir=tmp_path)
+    thread.start()
+    _finish(thread)
+    assert [c[0] for c in other.calls] == [[64]] and thread.elsewhere == 1  # only the prefill class
+    # a third worker claims a class and is compiling it: the case waits for its .done
+    fp16_decode = _spec(((9, 1),), family="mixed", dtype=torch.float16)
+    (key,) = ahead.kernel_classes(fp16_decode, "attention")
+    assert ahead._claim(tmp_path, key)
+    late = ahead.WarmupAhead(_Log(), "cpu", [], claim_dir=tmp_path)
+    threading.Timer(0.3, ahead._finish, (tmp_path, key)).start()
+    t0 = time.perf_counter()
+    late.reached_case(fp16_decode, "attention")
+    assert 0.2 <= time.perf_counter() - t0 < ahead.WAIT_S and late.waited >= 0.2
+    # a claim never finished (its worker died): the case waits WAIT_S, then compiles itself
+    monkeypatch.setattr(ahead, "WAIT_S", 0.1)
+    (stuck,) = ahead.kernel_classes(_spec(((5, 1),), head_dim=32), "attention")
+    assert ahead._claim(tmp_path, stuck)
+    t0 = time.perf_counter()
+    late.reached_case(_spec(((5, 1),), head_dim=32), "attention")
+    assert time.perf_counter() - t0 < 2.0

@@ -4,7 +4,7 @@
 # warm-up ahead and once without, then the kernel's GPU tests.
 . benchmarks/results/h200_steps.sh  # the environment, BUDGET_S, machine_info, log, step, count_compiles
 machine_info
-TAIL=3 step collect_n8 60 python -m pytest -p pagedattn.plugin -p no:cacheprovider conformance \
+[ -z "$NO_COLLECT" ] && TAIL=3 step collect_n8 60 python -m pytest -p pagedattn.plugin -p no:cacheprovider conformance \
   --backend=pagedattn.adapters.triton:TritonBackend --profile=thorough -n 8 --collect-only -q
 for mode in ${MODES:-auto off auto}; do
   export TRITON_CACHE_DIR=$(mktemp -d /tmp/tcache-$mode-XXXX)
@@ -14,5 +14,5 @@ for mode in ${MODES:-auto off auto}; do
   count_compiles $TRITON_CACHE_DIR
 done
 unset TRITON_CACHE_DIR
-TAIL=4 step test_triton 130 python -m pytest -p no:cacheprovider tests/test_triton.py -q -n 4 -rfEx
+[ -z "$NO_TESTS" ] && TAIL=4 step test_triton 130 python -m pytest -p no:cacheprovider tests/test_triton.py -q -n 4 -rfEx
 log "done"
