@@ -14,16 +14,23 @@ over): each class is compiled once in the run, by a thread or by the first case 
 needs it, and a case whose class another worker is compiling waits for that compile
 instead of doing it again.
 
-What it never does: run a kernel (a compile-only call cannot fault the device under a
-case that did not cause it), judge anything, or hold a case up for longer than a compile
-in flight (at most ``WAIT_S``; it would compile the same kernel otherwise). A warm-up that
-raises is counted and forgotten: the case itself meets the same error and reports it.
+What it does on the device: it builds each warmed case's tensors there, and the backend's
+host side may allocate (the Triton kernel's ``prepare`` does); it launches no kernel, so a
+kernel fault cannot land under a case that did not cause it. What it never does: judge
+anything, warm up a case the backend does not claim, or hold a case up for longer than a
+compile in flight (at most ``WAIT_S``; it would compile the same kernel otherwise). A
+warm-up that raises (or skips) is counted and forgotten: the case itself meets the same
+outcome and reports it. A compiler that *kills* the process (an abort in LLVM) kills it
+under whichever case is running: the crash message says that the warm-up ahead was on, and
+a rerun with ``--isolate`` (where it is off) or ``--warmup-ahead=off`` puts the crash on
+its own case.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -43,6 +50,11 @@ from pagedattn.cases.spec import CaseSpec
 WAIT_S = 60.0
 #: How often a case looks for another worker's compile to finish, seconds.
 POLL_S = 0.02
+#: Added to the message of a case whose process died while the warm-up ahead was on.
+CRASH_HINT = (
+    " (the warm-up ahead was compiling beside it: a compiler that died there is reported here; "
+    "--isolate or --warmup-ahead=off puts it on its own case)"
+)
 
 Key = tuple[Any, ...]
 
@@ -84,12 +96,14 @@ def plan(cases: Sequence[tuple[CaseSpec, str]]) -> list[_Plan]:
     return [_Plan(k, *smallest[k]) for k in order]
 
 
-def _claim_dir() -> Path | None:
-    """Where the workers of one pytest-xdist run claim kernel classes (``None``: one process)."""
-    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not uid:
-        return None
-    return Path(tempfile.gettempdir()) / f"pagedattn-ahead-{uid}"
+def claim_dir(testrunuid: str) -> Path:
+    """Where the workers of one pytest-xdist run (``testrunuid``, xdist's ``workerinput``)
+    claim kernel classes; the controller removes it when the run ends (``remove_claims``)."""
+    return Path(tempfile.gettempdir()) / f"pagedattn-ahead-{testrunuid}"
+
+
+def remove_claims(testrunuid: str) -> None:
+    shutil.rmtree(claim_dir(testrunuid), ignore_errors=True)
 
 
 def _claim_file(directory: Path, key: Key) -> Path:
@@ -127,21 +141,25 @@ def _wait_done(directory: Path, key: Key, timeout: float) -> bool:
 
 @dataclass
 class WarmupAhead:
-    """The background warm-up of one pytest process (see the module docstring)."""
+    """The background warm-up of one pytest process (see the module docstring).
+    ``claims``: the backend's ``capabilities`` (cases they do not claim are not warmed up);
+    ``claim_dir``: the run's claim directory under pytest-xdist, ``None`` in one process."""
 
     backend: Any  # a SupportsWarmupAhead backend
     device: str
     plans: list[_Plan]
-    claim_dir: Path | None = field(default_factory=_claim_dir)
+    claim_dir: Path | None = None
+    claims: Any = None  # pagedattn.adapters.protocol.Claims, or None: every case
     compiled: int = 0  # kernel classes this thread compiled ahead
     elsewhere: int = 0  # ... that another worker claimed first
     reached: int = 0  # ... that a case needed before this thread came to them
     waited: float = 0.0  # seconds cases waited for compiles in flight (here or in another worker)
-    failed: int = 0  # warm-ups that raised (the case reports its own error)
+    failed: int = 0  # warm-ups that raised or skipped (the case reports its own outcome)
     seconds: float = 0.0  # time in warm-up calls
     error: str = ""  # what ended the walk early, if anything did
-    _done: set[Key] = field(default_factory=set)
-    _busy: dict[Key, threading.Event] = field(default_factory=dict)
+    _reached: set[Key] = field(default_factory=set)  # classes a case needed first (this process)
+    _warmed: set[Key] = field(default_factory=set)  # classes this thread compiled
+    _busy: dict[Key, threading.Event] = field(default_factory=dict)  # compiling here now
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
@@ -155,6 +173,11 @@ class WarmupAhead:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+
+    def in_flight(self) -> list[Key]:
+        """The kernel classes this process's thread is compiling now."""
+        with self._lock:
+            return list(self._busy)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -171,33 +194,39 @@ class WarmupAhead:
         """A case is about to run: wait for its kernel classes' compiles in flight (in this
         process's thread, or in another worker's), and keep every thread off the classes
         this case will now compile itself (claimed for the run, and finished at once: a
-        case's own compile makes nobody wait)."""
-        if not isinstance(spec, CaseSpec):
+        case's own compile makes nobody wait). Never raises: a claim file that cannot be
+        written or read just means the case compiles on its own."""
+        if not isinstance(spec, CaseSpec) or operation not in ("attention", "lse"):
             return
         t0 = time.perf_counter()
         for key in kernel_classes(spec, operation):
             with self._lock:
                 busy = self._busy.get(key)
-                first = busy is None and key not in self._done
+                first = busy is None and key not in self._reached and key not in self._warmed
                 if first:
-                    self._done.add(key)
+                    self._reached.add(key)
                     self.reached += 1
             if busy is not None:
                 busy.wait(WAIT_S)
             elif first and self.claim_dir is not None:
-                if _claim(self.claim_dir, key):
-                    _finish(self.claim_dir, key)
-                else:  # another worker took it: its compile is in flight or over
-                    _wait_done(self.claim_dir, key, WAIT_S)
+                try:
+                    if _claim(self.claim_dir, key):
+                        _finish(self.claim_dir, key)
+                    else:  # another worker took it: its compile is in flight or over
+                        _wait_done(self.claim_dir, key, WAIT_S)
+                except OSError:
+                    pass
         self.waited += time.perf_counter() - t0
 
     def _walk(self) -> None:
         try:
             index = torch.device(self.device).index
             if self.device.startswith("cuda") and index is not None:
-                torch.cuda.set_device(index)  # this thread's current device ("cuda": the default, as in the main thread)
+                torch.cuda.set_device(
+                    index
+                )  # this thread's current device ("cuda": the default, as in the main thread)
             self._each()
-        except Exception as exc:  # never an unhandled exception in a thread: the walk just ends
+        except BaseException as exc:  # never an unhandled exception in a thread: the walk just ends
             self.error = f"{type(exc).__name__}: {exc}"
 
     def _each(self) -> None:
@@ -205,23 +234,31 @@ class WarmupAhead:
             if self._stop.is_set():
                 return
             with self._lock:
-                if p.key in self._done:
+                if p.key in self._reached:
                     continue
-                self._done.add(p.key)
-                if not _claim(self.claim_dir, p.key):
-                    self.elsewhere += 1
+            if not _claim(self.claim_dir, p.key):
+                self.elsewhere += 1  # a case reaching it waits for that worker's .done
+                continue
+            with self._lock:
+                if p.key in self._reached:  # a case got here while this thread claimed it
+                    _finish(self.claim_dir, p.key)
                     continue
                 event = self._busy[p.key] = threading.Event()
             t0 = time.perf_counter()
             try:
                 case = p.spec.build().to(self.device)
-                self.backend.warmup_ahead(case, p.operation)
-                self.compiled += 1
-            except Exception:  # the case meets the same error and reports it
+                if self.claims is None or not self.claims.case_reason(case, p.operation):
+                    self.backend.warmup_ahead(case, p.operation)
+                    self.compiled += 1
+            except BaseException:  # a raise, a pytest.skip: the case meets it and reports it
                 self.failed += 1
             finally:
                 self.seconds += time.perf_counter() - t0
-                _finish(self.claim_dir, p.key)
                 with self._lock:
+                    self._warmed.add(p.key)
                     del self._busy[p.key]
                 event.set()
+                try:
+                    _finish(self.claim_dir, p.key)
+                except OSError:  # the waiting cases give up after WAIT_S and compile themselves
+                    pass

@@ -51,12 +51,19 @@ class RecordBook:
         #: record -> a command that reruns that case (for a crash that left no replay file)
         self.rerun: Callable[[CaseRecord], str] | None = None
         self._flushed = 0.0
+        #: appended to a crash's message where something else ran beside the case (the warm-up ahead)
+        self.crash_hint = ""
         #: each record's clean dict and its JSON text, redone only for records changed since
         #: the last flush (a flush before every case was 40 ms of re-encoding 223 unchanged
         #: records on the CPU: a third of the quick profile's time)
         self._dirty: set[str] = set()
         self._dicts: dict[str, dict[str, Any]] = {}
         self._texts: dict[str, str] = {}
+
+    @property
+    def died(self) -> str:
+        """The message of a case written ahead as crashed (``DIED``, and the crash hint)."""
+        return DIED + self.crash_hint
 
     # the key is pytest's node id as reported (an xdist group suffix included)
     def collected(self, nodeid: str, facts: dict[str, Any] | None = None) -> None:
@@ -77,7 +84,7 @@ class RecordBook:
 
     def start(self, nodeid: str) -> None:
         rec = self.get(nodeid)
-        rec.status, rec.message, rec.reason = Status.CRASHED, DIED, ""
+        rec.status, rec.message, rec.reason = Status.CRASHED, self.died, ""
         if self.rerun and not rec.replay:
             rec.replay = self.rerun(rec)
         self.running.add(nodeid)
@@ -112,7 +119,9 @@ class RecordBook:
         when = report.when
         if when == "???":  # pytest-xdist: the worker died while running this case
             rec.status = Status.CRASHED
-            rec.message = f"{report.longrepr}; the process died while running this case: rerun with --isolate"
+            rec.message = (
+                f"{report.longrepr}; the process died while running this case: rerun with --isolate{self.crash_hint}"
+            )
             return True
         if hasattr(report, "wasxfail") and when in ("setup", "call"):
             rec.status = Status.XFAILED if report.skipped else Status.XPASSED
@@ -143,7 +152,7 @@ class RecordBook:
         if when == "call":  # passed
             metrics = rec.metrics or {}
             rec.status = Status.WARNED if facts.get("warned") or metrics.get("status") == "warned" else Status.PASSED
-            if rec.status is Status.PASSED or rec.message == DIED:  # the start's placeholder goes
+            if rec.status is Status.PASSED or rec.message == self.died:  # the start's placeholder goes
                 rec.message = facts.get("message", "") if rec.status is Status.WARNED else ""
             return True
         return False
@@ -152,7 +161,7 @@ class RecordBook:
         """The run is over: a case still running died with its process; the rest never ran."""
         for nodeid in list(self.running):
             rec = self.records[nodeid]
-            if rec.status is Status.CRASHED and rec.message == DIED:
+            if rec.status is Status.CRASHED and rec.message == self.died:
                 rec.message = "the run ended while this case was running (crash, kill or interrupt)"
         self.running.clear()
         for rec in self.records.values():

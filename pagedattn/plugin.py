@@ -149,6 +149,10 @@ def pytest_configure(config: pytest.Config) -> None:
         run.controller = True
         if config.getoption("dist") == "load" and run.isolate:
             config.option.dist = "loadgroup"
+        if run.book is not None and warmup_ahead_wanted(config, run):  # if the backend offers it
+            from pagedattn.ahead import CRASH_HINT
+
+            run.book.crash_hint = CRASH_HINT
         return
     if worker is not None and worker.get("pagedattn_loadgroup"):
         config.option.loadgroup = True  # xdist's worker appends each item's group to its node id
@@ -264,20 +268,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(collection.need_backend())
         return
     collection.arrange(config, run, items)
-    _start_warmup_ahead(config, run, items)
 
 
-def _start_warmup_ahead(config: pytest.Config, run: Run, items: list[pytest.Item]) -> None:
-    """Start this process's warm-up ahead (``pagedattn.ahead``) over its suite items, where
-    ``--warmup-ahead`` and the backend allow; records the choice in ``run.info``."""
-    suite = config.stash.get(SUITE_KEY, None)
-    if suite is None:
+def warmup_ahead_wanted(config: pytest.Config, run: Run) -> bool:
+    """``--warmup-ahead`` asks for it here: ``on``, or ``auto`` off the CPU; never under
+    ``--isolate``, ``--replay`` or ``--collect-only`` (the backend must offer it too)."""
+    choice = config.getoption("--warmup-ahead")
+    if run.isolate or config.getoption("--replay") or config.getoption("collectonly", False):
+        return False
+    return choice == "on" or (choice == "auto" and not run.device.startswith("cpu"))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """After deselection (``-k``, ``-m``): start this process's warm-up ahead
+    (``pagedattn.ahead``) over the items it may run, where ``--warmup-ahead`` and the
+    backend allow; the choice goes into ``run.info``."""
+    config = session.config
+    run, suite = config.stash.get(RUN_KEY, None), config.stash.get(SUITE_KEY, None)
+    if run is None or suite is None:
         return
     from pagedattn.adapters.protocol import SupportsWarmupAhead
 
-    choice = config.getoption("--warmup-ahead")
-    able = isinstance(suite.backend, SupportsWarmupAhead) and not run.isolate and not config.getoption("--replay")
-    on = able and (choice == "on" or (choice == "auto" and not run.device.startswith("cpu")))
+    on = isinstance(suite.backend, SupportsWarmupAhead) and warmup_ahead_wanted(config, run)
     run.info["warmup_ahead"] = on
     if not on:
         return
@@ -285,12 +297,16 @@ def _start_warmup_ahead(config: pytest.Config, run: Run, items: list[pytest.Item
     from pagedattn.cases.spec import CaseSpec
 
     cases = []
-    for item in items:
+    for item in session.items:
         spec, facts = collection.spec_of(item), noted(item)
         if isinstance(spec, CaseSpec) and facts.get("operation") in ("attention", "lse"):
             cases.append((spec, facts["operation"]))
-    suite.ahead = ahead.WarmupAhead(suite.backend, suite.device, ahead.plan(cases))
+    worker = getattr(config, "workerinput", None)
+    claims = ahead.claim_dir(worker["testrunuid"]) if worker and worker.get("testrunuid") else None
+    suite.ahead = ahead.WarmupAhead(suite.backend, suite.device, ahead.plan(cases), claims, suite.caps)
     suite.ahead.start()
+    if run.book is not None:  # a serial run: its own book hears of crashes
+        run.book.crash_hint = ahead.CRASH_HINT
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:
@@ -315,6 +331,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if suite is not None and suite.ahead is not None:
         suite.ahead.stop()
         run.info["warmup_ahead_stats"] = suite.ahead.stats()
+    if run.controller and run.testrunuid:
+        from pagedattn.ahead import remove_claims
+
+        remove_claims(run.testrunuid)  # the workers' claim files
     if hasattr(config, "workerinput"):
         config.workeroutput["pagedattn_info"] = run.info  # type: ignore[attr-defined]
         config.workeroutput["pagedattn_broken"] = run.broken  # type: ignore[attr-defined]

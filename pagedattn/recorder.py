@@ -120,6 +120,7 @@ class Recorder:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
+        self.run.testrunuid = getattr(node, "workerinput", {}).get("testrunuid", "") or self.run.testrunuid
         info = getattr(node, "workeroutput", {}).get("pagedattn_info")
         if info and not self.run.info.get("capabilities"):
             self.run.info = dict(info)  # this worker's warm-up ahead counts included

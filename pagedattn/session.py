@@ -39,6 +39,7 @@ class Run:
     #: why ``--dist loadgroup`` did not keep configurations together, or "" (it did, or is off)
     grouping_lost: str = ""
     expectations: list[dict[str, Any]] = field(default_factory=list)  # --expectations entries
+    testrunuid: str = ""  # pytest-xdist's run id, seen by the controller (the warm-up's claims)
 
 
 SUITE_KEY = pytest.StashKey["Suite | None"]()

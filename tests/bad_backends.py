@@ -249,7 +249,14 @@ class WarmsUp(Correct):
 class WarmsUpAhead(Correct):
     """A JIT-style backend that compiles ahead: ``warmup_ahead(case, operation)`` logs the
     process, the calling thread, the configuration and the case's regimes to the file named
-    by ``PAGEDATTN_TEST_WARMLOG``."""
+    by ``PAGEDATTN_TEST_WARMLOG``. Its cases take 20 ms longer, as a compiling backend's
+    first ones do, so the thread gets ahead of them."""
+
+    def paged_attention(self, case):
+        import time
+
+        time.sleep(0.02)
+        return super().paged_attention(case)
 
     def warmup_ahead(self, case, operation):
         import os
@@ -263,3 +270,20 @@ class WarmsUpAhead(Correct):
                 f"{os.getpid()} {threading.current_thread().name} {case_configuration(case, operation)} "
                 f"{case.num_heads}/{case.num_kv_heads} {regimes}\n"
             )
+
+
+class DiesWarmingUpAhead(Correct):
+    """Its warm-up ahead kills the process (a compiler abort), a little after it starts."""
+
+    def paged_attention(self, case):
+        import time
+
+        time.sleep(0.05)
+        return super().paged_attention(case)
+
+    def warmup_ahead(self, case, operation):
+        import os
+        import time
+
+        time.sleep(0.2)
+        os.abort()

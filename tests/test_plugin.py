@@ -1,10 +1,12 @@
 """The pytest plugin, run with pytester: loading routes, errors, properties, replay, reports."""
 
 import json
+import os
 import re
 
 import pytest
 
+from pagedattn.ahead import claim_dir
 from tests.helpers import N_DECODE, N_DECODE_FP32, import_session_modules, run_inprocess
 
 import_session_modules()  # before the in-process runs below (see its docstring)
@@ -384,8 +386,19 @@ def test_warmup_ahead_compiles_each_kernel_class_once_across_workers(pytester, b
     what they did. The verdicts are the serial run's."""
     warm = pytester.path / "warm.log"
     monkeypatch.setenv("PAGEDATTN_TEST_WARMLOG", str(warm))
-    result = _run(pytester, DECODE, f"--backend={bad}:WarmsUpAhead", "-n", "2", "--warmup-ahead=on", "--report-json=r.json")
+    uid = f"pagedattn-test-{os.getpid()}"
+    result = _run(
+        pytester,
+        DECODE,
+        f"--backend={bad}:WarmsUpAhead",
+        "-n",
+        "2",
+        f"--testrunuid={uid}",
+        "--warmup-ahead=on",
+        "--report-json=r.json",
+    )
     result.assert_outcomes(passed=N_DECODE)
+    assert not claim_dir(uid).exists(), "the controller left the workers' claim files"
     lines = [line.split() for line in warm.read_text().splitlines()] if warm.exists() else []
     assert lines, "no warm-up ran ahead"
     assert {thread for _, thread, *_ in lines} == {"pagedattn-warmup-ahead"}
@@ -396,7 +409,9 @@ def test_warmup_ahead_compiles_each_kernel_class_once_across_workers(pytester, b
     result.stdout.fnmatch_lines([f"*warm-up ahead: {len(lines)} kernel classes compiled beside the cases*"])
 
 
-@pytest.mark.parametrize("how", [["--warmup-ahead=auto"], ["--warmup-ahead=on", "--isolate"]], ids=["auto-on-cpu", "isolated"])
+@pytest.mark.parametrize(
+    "how", [["--warmup-ahead=auto"], ["--warmup-ahead=on", "--isolate"]], ids=["auto-on-cpu", "isolated"]
+)
 def test_warmup_ahead_is_off_on_the_cpu_by_default_and_under_isolate(pytester, bad, monkeypatch, how):
     warm = pytester.path / "warm.log"
     monkeypatch.setenv("PAGEDATTN_TEST_WARMLOG", str(warm))
@@ -427,3 +442,36 @@ def test_the_record_book_writes_only_changed_cases_anew_and_the_same_json(tmp_pa
         changed = {k for k in ids if book._texts[k] != encoded[k]}
         assert changed == {nodeid}, changed  # only the case that finished
     assert json.loads(path.read_text())["cases"][1]["metrics"]["budget_used"] == "nan"
+
+
+def test_warmup_ahead_starts_after_deselection_and_not_when_only_collecting(pytester, bad, monkeypatch):
+    warm = pytester.path / "warm.log"
+    monkeypatch.setenv("PAGEDATTN_TEST_WARMLOG", str(warm))
+    only = _run_here(
+        pytester, DECODE, f"--backend={bad}:WarmsUpAhead", "--device=cpu", "--collect-only", "--warmup-ahead=on"
+    )
+    assert only.ret == 0 and not warm.exists()
+    result = _run_here(
+        pytester, DECODE, f"--backend={bad}:WarmsUpAhead", "--device=cpu", "--warmup-ahead=on", "-k", "bf16"
+    )
+    assert result.ret == 0
+    configurations = {line.split()[2] for line in warm.read_text().splitlines()}
+    assert configurations and all(c.startswith("bf16") for c in configurations), configurations
+
+
+def test_a_process_killed_by_its_warmup_ahead_says_so_in_the_crashed_case(pytester, bad):
+    """A compile that kills the process lands under whichever case runs then: its crash
+    message says the warm-up ahead was on, and how to put the crash on its own case."""
+    result = _run(
+        pytester,
+        DECODE,
+        f"--backend={bad}:DiesWarmingUpAhead",
+        "--device=cpu",
+        "--warmup-ahead=on",
+        "--report-json=r.json",
+    )
+    assert result.ret != 0
+    report = json.loads((pytester.path / "r.json").read_text())
+    crashed = [c for c in report["cases"] if c["status"] == "crashed"]
+    assert len(crashed) == 1 and "warm-up ahead was compiling beside it" in crashed[0]["message"], crashed
+    assert "--warmup-ahead=off" in crashed[0]["message"]

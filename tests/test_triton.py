@@ -145,11 +145,14 @@ def test_plan_splits_decode_from_the_rest(monkeypatch):
     # the decode grid in the order the host picks for two sequences
     grids = {0: (2, plan.max_splits, 8), 1: (8 * plan.max_splits * 2, 1, 1), 2: (8, plan.max_splits, 2)}
     assert plan.decode.grid == grids[host.decode_grid_order(2)] and plan.decode.GRID_ORDER == host.decode_grid_order(2)
-    # kv heads first holds the sequences on the third grid axis: past its limit, the one-axis form
+    # the three-axis orders hold at most GRID_YZ_MAX programs on their second and third axes
+    # (sequences or splits, kv heads): past that, the one-axis form
+    big = host.GRID_YZ_MAX + 1
     for name, order in host.DECODE_GRIDS.items():
         monkeypatch.setattr(host, "DECODE_GRID", name)
-        assert host.decode_grid_order(host.GRID_YZ_MAX) == order
-        assert host.decode_grid_order(host.GRID_YZ_MAX + 1) == (1 if name == "heads_first" else order)
+        assert host.decode_grid_order(host.GRID_YZ_MAX, host.GRID_YZ_MAX, 8) == order
+        assert host.decode_grid_order(big, 3, 8) == (1 if name == "heads_first" else order)
+        assert host.decode_grid_order(2, big, 8) == 1
     assert plan.decode.BLOCK_Q == 1
     assert plan.other.grid == (2, -(-40 // plan.other.BLOCK_Q), 8)
     for split in (plan.decode.SPLIT_SIZE, plan.decode.SPLIT_LONG):
@@ -372,10 +375,7 @@ def test_softmax_paths_within_policy(spec, path, monkeypatch):
 #: elements), each decode grid order (for every batch size)
 ADDRESSING_PATHS = {
     "int64-offsets": {(tpa, "OFFSETS_I32"): False},
-    **{
-        f"{name.replace('_', '-')}-decode-grid": {(host, "DECODE_GRID"): name}
-        for name in host.DECODE_GRIDS
-    },
+    **{f"{name.replace('_', '-')}-decode-grid": {(host, "DECODE_GRID"): name} for name in host.DECODE_GRIDS},
 }
 
 
@@ -717,12 +717,14 @@ def test_fp8_prefill_at_every_tile_width(dtype, kv_dtype, block_n, monkeypatch):
 
 
 @runs_kernel
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("return_lse", [False, True], ids=["attention", "lse"])
-def test_compile_only_launches_nothing_and_compiles_what_the_launch_runs(return_lse):
-    """``compile_only`` (the suite's warm-up ahead) writes nothing; compiled, it fills the
-    kernels' caches with exactly the specializations the launch then runs (no compile
-    after it). A head dim and block size no other test here uses: a fresh configuration."""
-    spec = CaseSpec("t", ((37, 1), (29, 11)), num_heads=6, num_kv_heads=2, head_dim=40, block_size=7, dtype=torch.float16)
+def test_compile_only_launches_nothing_and_compiles_what_the_launch_runs(return_lse, dtype):
+    """``compile_only`` (the suite's warm-up ahead) writes nothing (bf16 on the interpreter
+    included, where the kernel writes an fp32 copy); compiled, it fills the kernels' caches
+    with exactly the specializations the launch then runs (no compile after it; GPU only).
+    A head dim and block size no other test here uses: a fresh configuration."""
+    spec = CaseSpec("t", ((37, 1), (29, 11)), num_heads=6, num_kv_heads=2, head_dim=40, block_size=7, dtype=dtype)
     case = spec.build().to(DEVICE)
     kernels = (tpa._decode_kernel, tpa._prefill_kernel)
 
@@ -743,12 +745,19 @@ def test_compile_only_launches_nothing_and_compiles_what_the_launch_runs(return_
     assert check.passed and not check.warning, str(check)
 
 
-def test_the_adapter_warms_up_ahead_without_running_anything():
+@pytest.mark.parametrize("operation", ["attention", "lse"])
+def test_the_adapter_warms_up_ahead_by_compiling_only(operation, monkeypatch):
+    """Compiled, ``warmup_ahead`` asks the kernel to compile the case's kernels (the lse
+    ones for "lse") and launch nothing; on the interpreter it calls nothing at all."""
     from pagedattn.adapters.triton import TritonBackend
 
     backend = TritonBackend()
+    calls = []
+    monkeypatch.setattr(backend._kernel, "paged_attention", lambda *a, **kw: calls.append(kw))
     case = BASE.build().to(DEVICE)
-    pristine = case.clone()
-    assert backend.warmup_ahead(case, "attention") is None
-    for name, t in case.tensors().items():
-        assert torch.equal(t.nan_to_num(7.0), getattr(pristine, name).nan_to_num(7.0)), name
+    monkeypatch.setattr(backend, "interpreter", True)
+    backend.warmup_ahead(case, operation)
+    assert calls == []
+    monkeypatch.setattr(backend, "interpreter", False)
+    backend.warmup_ahead(case, operation)
+    assert len(calls) == 1 and calls[0]["compile_only"] is True and calls[0]["return_lse"] == (operation == "lse")

@@ -17,7 +17,11 @@ import sys
 import tempfile
 import time
 
-CONFIGS = [["bfloat16", 32, 8, 128, 16, None, False], ["float16", 8, 2, 96, 16, None, False], ["float32", 8, 2, 96, 16, None, False]]
+CONFIGS = [
+    ["bfloat16", 32, 8, 128, 16, None, False],
+    ["float16", 8, 2, 96, 16, None, False],
+    ["float32", 8, 2, 96, 16, None, False],
+]
 
 CHILD = r"""
 import json, sys, time
@@ -47,7 +51,11 @@ if __name__ == "__main__":
     t0 = time.perf_counter()
     for i in range(n):
         env_i = {**env, "TRITON_CACHE_DIR": tempfile.mkdtemp(prefix=f"compile-stages-{i}-")}  # an empty cache each
-        procs.append(subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(CONFIGS)], env=env_i, stdout=subprocess.PIPE, text=True))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", CHILD, json.dumps(CONFIGS)], env=env_i, stdout=subprocess.PIPE, text=True
+            )
+        )
     for p in procs:
         out, _ = p.communicate()
         print(out.strip().splitlines()[-1] if out.strip() else f"failed: {p.returncode}")

@@ -74,7 +74,10 @@ for B, L in POINTS:
             row["us"].setdefault(name, []).append(1e3 * bench(g, dev))
     row["ratio"] = {n: min(row["us"]["sdpa"]) / min(t) for n, t in row["us"].items()}
     res["grid"].append(row)
-    print(f"[{time.time() - t0:4.0f}s] B={B} L={L} " + " ".join(f"{n} {x:.3f}" for n, x in row["ratio"].items()), flush=True)
+    print(
+        f"[{time.time() - t0:4.0f}s] B={B} L={L} " + " ".join(f"{n} {x:.3f}" for n, x in row["ratio"].items()),
+        flush=True,
+    )
     dump()
     del keep, graphs
 
@@ -93,11 +96,29 @@ for B, L in [(32, 4096), (8, 8192), (128, 2048)] if not DRY else [(2, 512)]:
     graphs["kernel"] = kernel_graph(q, k, v, tables, seq_lens, loc, keep)
     regs = {}
     for W, SUB in ((1, 64), (2, 32), (4, 16)):
+
         def launch(W=W, SUB=SUB):
             return dec4_kernel[(Hkv, n_splits)](
-                qp, k, v, flat, outp, B * L, k.stride(0), k.stride(1), k.stride(2), 0.125 * 1.4426950408889634,
-                GROUP_PAD=group_pad, D=D, W=W, SUB=SUB, BLOCK_SIZE=16, SPLIT=SPLIT, num_warps=4, num_stages=3,
+                qp,
+                k,
+                v,
+                flat,
+                outp,
+                B * L,
+                k.stride(0),
+                k.stride(1),
+                k.stride(2),
+                0.125 * 1.4426950408889634,
+                GROUP_PAD=group_pad,
+                D=D,
+                W=W,
+                SUB=SUB,
+                BLOCK_SIZE=16,
+                SPLIT=SPLIT,
+                num_warps=4,
+                num_stages=3,
             )
+
         c = launch()
         regs[f"proto_{W}x{SUB}"] = getattr(c, "n_regs", None) if c is not None else None
         graphs[f"proto_{W}x{SUB}"] = graph_replay(launch, dev)
@@ -109,6 +130,10 @@ for B, L in [(32, 4096), (8, 8192), (128, 2048)] if not DRY else [(2, 512)]:
     row["tb_s"] = {n: nbytes / (min(t) * 1e-6) / 1e12 for n, t in row["us"].items()}
     row["ratio"] = {n: min(row["us"]["sdpa"]) / min(t) for n, t in row["us"].items()}
     res["proto"].append(row)
-    print(f"[{time.time() - t0:4.0f}s] proto B={B} L={L} regs {regs} " + " ".join(f"{n} {x:.3f}" for n, x in row["ratio"].items()), flush=True)
+    print(
+        f"[{time.time() - t0:4.0f}s] proto B={B} L={L} regs {regs} "
+        + " ".join(f"{n} {x:.3f}" for n, x in row["ratio"].items()),
+        flush=True,
+    )
     dump()
     del keep, graphs

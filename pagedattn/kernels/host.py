@@ -315,7 +315,7 @@ def plan_launch(
                 f"{len(decode_seqs)} decode sequences of up to {max_splits} splits need a scratch of "
                 f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
             )
-        order = decode_grid_order(len(decode_seqs))
+        order = decode_grid_order(len(decode_seqs), max_splits, num_kv_heads)
         grid = {
             0: (len(decode_seqs), max_splits, num_kv_heads),
             1: (num_kv_heads * max_splits * len(decode_seqs), 1, 1),
@@ -375,15 +375,16 @@ def plan_launch(
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 
 
-def decode_grid_order(n_decode: int) -> int:
-    """The decode grid's order for ``n_decode`` sequences: ``DECODE_GRIDS[DECODE_GRID]``.
-    Scheduling only: a program's work and its bits do not depend on it. ``heads_first``
-    holds the sequences on the grid's third axis, at most ``GRID_YZ_MAX`` of them: past
-    that, the same order on one axis (``heads_fast``)."""
+def decode_grid_order(n_decode: int, max_splits: int = 1, num_kv_heads: int = 1) -> int:
+    """The decode grid's order for ``n_decode`` sequences of up to ``max_splits`` splits:
+    ``DECODE_GRIDS[DECODE_GRID]``. Scheduling only: a program's work and its bits do not
+    depend on it. The three-axis orders hold at most ``GRID_YZ_MAX`` programs on their
+    second and third axes (``heads_first``: splits and sequences; ``sequences_first``:
+    splits and kv heads): past that, one axis, kv heads fastest (``heads_fast``), the same
+    order as ``heads_first``."""
     order = DECODE_GRIDS[DECODE_GRID]
-    if order == DECODE_GRIDS["heads_first"] and n_decode > GRID_YZ_MAX:
-        return DECODE_GRIDS["heads_fast"]
-    return order
+    y, z = {0: (max_splits, num_kv_heads), 1: (1, 1), 2: (max_splits, n_decode)}[order]
+    return DECODE_GRIDS["heads_fast"] if max(y, z) > GRID_YZ_MAX else order
 
 
 def decode_block_n(dtype: torch.dtype, kv_fp8: bool, interpreter: bool = False) -> int:

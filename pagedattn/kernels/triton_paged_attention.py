@@ -22,11 +22,12 @@ max in one multiply-add per score, and the max and sums stay in base 2 until the
 lse is written. Prefill key tiles that every row of a query tile sees wholly (below
 the causal diagonal) take no mask (``MASK_SPLIT``), and prefill programs take the
 longest causal tiles first (``HEAVY_FIRST``). Decode programs run in the grid order
-the host picks by the batch's size (``GRID_ORDER``, ``host.decode_grid_order``). Caches whose every offset fits int32 are addressed in
-int32 (``OFF_I32``, ``OFFSETS_I32``), and key indices are divided as unsigned
-(``_page_of``): address arithmetic was two fifths of the prefill loop's instructions.
-Each switch is a host constant (``host.EXP2_SOFTMAX``, ``PREFILL_MASK_SPLIT``, ...), so
-the benchmark can time the kernel with and without it in one process.
+the host picks (``GRID_ORDER``, ``host.decode_grid_order``: kv heads first). Caches
+whose every offset fits int32 are addressed in int32 (``OFF_I32``, ``OFFSETS_I32``),
+and key indices are divided as unsigned (``_page_of``): address arithmetic was two
+fifths of the prefill loop's instructions. Each switch is a host constant
+(``host.EXP2_SOFTMAX``, ``PREFILL_MASK_SPLIT``, ...), so the benchmark can time the
+kernel with and without it in one process.
 
 Without a GPU, Triton runs this under its interpreter, which must be switched
 on with ``TRITON_INTERPRET=1`` *before* this module (and triton) is imported:
@@ -1087,7 +1088,7 @@ def run(
             **flags,
             **cfg.launch_options,
         )
-    if target is not out:
+    if target is not out and not compile_only:
         out.copy_(target)
     return (out, lse) if lse is not None and var.return_lse else out
 
