@@ -50,11 +50,6 @@ from pagedattn.cases.spec import CaseSpec
 WAIT_S = 60.0
 #: How often a case looks for another worker's compile to finish, seconds.
 POLL_S = 0.02
-#: Added to the message of a case whose process died while the warm-up ahead was on.
-CRASH_HINT = (
-    " (the warm-up ahead was compiling beside it: a compiler that died there is reported here; "
-    "--isolate or --warmup-ahead=off puts it on its own case)"
-)
 
 Key = tuple[Any, ...]
 

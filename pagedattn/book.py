@@ -29,6 +29,13 @@ from pagedattn.table import summary_rows
 #: message of a case whose process died under it (serial run, no --isolate)
 DIED = "the process died while running this case (crash or kill); rerun with --isolate to contain it"
 
+#: added to the message of a case whose process died while the warm-up ahead (``pagedattn.ahead``)
+#: was on in the run: its compiles run beside the cases, in the same process
+CRASH_HINT = (
+    " (the warm-up ahead was compiling beside it: a compiler that died there is reported here; "
+    "--isolate or --warmup-ahead=off puts it on its own case)"
+)
+
 #: a finished case is written at once unless the file was written less than this ago (the
 #: next case's start writes it in any case: a started case must be on disk before it runs)
 FLUSH_S = 2.0
@@ -152,7 +159,7 @@ class RecordBook:
         if when == "call":  # passed
             metrics = rec.metrics or {}
             rec.status = Status.WARNED if facts.get("warned") or metrics.get("status") == "warned" else Status.PASSED
-            if rec.status is Status.PASSED or rec.message == self.died:  # the start's placeholder goes
+            if rec.status is Status.PASSED or rec.message.startswith(DIED):  # the start's placeholder goes
                 rec.message = facts.get("message", "") if rec.status is Status.WARNED else ""
             return True
         return False
@@ -161,8 +168,8 @@ class RecordBook:
         """The run is over: a case still running died with its process; the rest never ran."""
         for nodeid in list(self.running):
             rec = self.records[nodeid]
-            if rec.status is Status.CRASHED and rec.message == self.died:
-                rec.message = "the run ended while this case was running (crash, kill or interrupt)"
+            if rec.status is Status.CRASHED and rec.message.startswith(DIED):  # the start's placeholder
+                rec.message = "the run ended while this case was running (crash, kill or interrupt)" + self.crash_hint
         self.running.clear()
         for rec in self.records.values():
             if rec.status is Status.NOT_RUN and not rec.reason:

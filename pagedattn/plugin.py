@@ -21,7 +21,7 @@ import pytest
 # installed; torch, the cases, the suite and the backend loaders are imported by the hooks
 # that need them, once --backend is given
 from pagedattn import collection, recorder, report
-from pagedattn.book import RecordBook
+from pagedattn.book import CRASH_HINT, RecordBook
 from pagedattn.expectations import load_expectations
 from pagedattn.options import DEFAULT_TIMEOUT_S, NO_LIMIT, PROFILES, case_timeout, positive_seconds
 from pagedattn.record import note, noted
@@ -149,10 +149,6 @@ def pytest_configure(config: pytest.Config) -> None:
         run.controller = True
         if config.getoption("dist") == "load" and run.isolate:
             config.option.dist = "loadgroup"
-        if run.book is not None and warmup_ahead_wanted(config, run):  # if the backend offers it
-            from pagedattn.ahead import CRASH_HINT
-
-            run.book.crash_hint = CRASH_HINT
         return
     if worker is not None and worker.get("pagedattn_loadgroup"):
         config.option.loadgroup = True  # xdist's worker appends each item's group to its node id
@@ -305,8 +301,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     claims = ahead.claim_dir(worker["testrunuid"]) if worker and worker.get("testrunuid") else None
     suite.ahead = ahead.WarmupAhead(suite.backend, suite.device, ahead.plan(cases), claims, suite.caps)
     suite.ahead.start()
-    if run.book is not None:  # a serial run: its own book hears of crashes
-        run.book.crash_hint = ahead.CRASH_HINT
+    if run.book is not None:  # a serial run: its own book hears of crashes (xdist: AHEAD_KEY)
+        run.book.crash_hint = CRASH_HINT
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:

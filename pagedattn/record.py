@@ -22,6 +22,9 @@ from pagedattn.status import Status
 
 #: ``item.user_properties`` key of the facts the suite attaches to a case
 FACTS_KEY = "pagedattn"
+#: ``item.user_properties`` key that says the warm-up ahead runs in the case's process
+#: (``pagedattn.ahead``): the report's owner then adds ``book.CRASH_HINT`` to crashes
+AHEAD_KEY = "pagedattn_warmup_ahead"
 
 
 def clean(x: Any) -> Any:

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from pagedattn._version import dist_version
-from pagedattn.book import RecordBook
-from pagedattn.record import noted, split_group
+from pagedattn.book import CRASH_HINT, RecordBook
+from pagedattn.record import AHEAD_KEY, noted, split_group
 from pagedattn.session import Run
 from pagedattn.status import FAILING, Status
 
@@ -107,6 +107,8 @@ class Recorder:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if any(key == AHEAD_KEY for key, _ in report.user_properties):
+            self.book.crash_hint = CRASH_HINT  # a process of this run compiles beside its cases
         rec = self.book.update(report)
         if rec is None:
             return

@@ -25,7 +25,7 @@ from pagedattn.isolation import IsolatedBackend
 from pagedattn.oracle import PagedCase, bits_equal, check_attention, check_attention_lse, check_bitexact, paged_gather
 from pagedattn.oracle.bitexact import BitCheck, bits_view
 from pagedattn.oracle.verdict import AttentionCheck
-from pagedattn.record import note, noted
+from pagedattn.record import AHEAD_KEY, note, noted
 from pagedattn.replay import ReplayFiles
 
 __all__ = ["PagedAttnWarning", "Suite", "case_configuration", "guarded"]
@@ -149,6 +149,7 @@ class Suite:
                 note(node, probe=self._probe(case))
             pytest.skip(f"unsupported: {reason}")
         if self.ahead is not None:
+            node.user_properties.append((AHEAD_KEY, True))  # the report's owner words crashes with it
             self.ahead.reached_case(spec, operation)
         self._warmup(case, operation)
         return case

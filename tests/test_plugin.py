@@ -475,3 +475,34 @@ def test_a_process_killed_by_its_warmup_ahead_says_so_in_the_crashed_case(pytest
     crashed = [c for c in report["cases"] if c["status"] == "crashed"]
     assert len(crashed) == 1 and "warm-up ahead was compiling beside it" in crashed[0]["message"], crashed
     assert "--warmup-ahead=off" in crashed[0]["message"]
+
+
+def test_crashes_say_the_warmup_ahead_was_on_once_a_report_says_so(tmp_path):
+    """Under xdist the report's owner learns from the cases' reports (``AHEAD_KEY``) that the
+    workers compile beside their cases: crashes after that carry the hint, and a case whose
+    start placeholder was written before the hint still loses it when it finishes."""
+    from pagedattn.book import CRASH_HINT, RecordBook
+    from pagedattn.record import AHEAD_KEY
+    from pagedattn.recorder import Recorder
+    from pagedattn.session import Run
+
+    book = RecordBook(str(tmp_path / "r.json"), header={"schema": "test"})
+    recorder = Recorder.__new__(Recorder)
+    recorder.book, recorder.run = book, Run()
+    ids = [f"m.py::test_decode[decode-{n}-fp32]@fp32|kv=fp32|d64|bs16|plain|attention" for n in range(3)]
+    for nodeid in ids:
+        book.collected(nodeid)
+    book.start(ids[0])
+    book.start(ids[1])  # started before the hint: its placeholder has none
+    plain = _report(ids[0], "call", "passed", {"metrics": {"budget_used": 0.5}})
+    recorder.pytest_runtest_logreport(plain)
+    assert book.crash_hint == ""
+    warned = _report(ids[1], "call", "passed", {"metrics": {"status": "warned"}, "message": "close"})
+    warned.user_properties.append((AHEAD_KEY, True))
+    recorder.pytest_runtest_logreport(warned)
+    assert book.crash_hint == CRASH_HINT
+    assert book.records[ids[1]].message == "close"  # the placeholder went, hint or not
+    book.start(ids[2])
+    assert book.records[ids[2]].message.endswith(CRASH_HINT)
+    recorder.pytest_runtest_logreport(_report(ids[2], "???", "failed", None, "worker 'gw0' crashed"))
+    assert book.records[ids[2]].status.value == "crashed" and book.records[ids[2]].message.endswith(CRASH_HINT)
