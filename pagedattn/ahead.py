@@ -9,21 +9,23 @@ a second thread) gets a background thread per pytest process that walks this pro
 cases from the **last** one back, one case per kernel class, while the cases run from
 the first one on: the two meet in the middle, and most cases find their kernels
 compiled. Under pytest-xdist the workers share the walk through claim files (one per
-kernel class, created exclusively, and a ``.done`` file beside it when its compile is
-over): each class is compiled once in the run, by a thread or by the first case that
-needs it, and a case whose class another worker is compiling waits for that compile
-instead of doing it again.
+kernel class, created exclusively, holding the claimer's process id, and a ``.done``
+file beside it when its compile is over): a thread compiles a class only if no worker
+has claimed it, and a case whose class another worker's thread is compiling waits for
+that compile instead of doing it again. A class that a case reaches first is claimed by
+it and compiled in that case (and, on another worker that needs it at the same time, in
+that worker's case too: only the threads' compiles are shared).
 
 What it does on the device: it builds each warmed case's tensors there, and the backend's
 host side may allocate (the Triton kernel's ``prepare`` does); it launches no kernel, so a
 kernel fault cannot land under a case that did not cause it. What it never does: judge
 anything, warm up a case the backend does not claim, or hold a case up for longer than a
-compile in flight (at most ``WAIT_S``; it would compile the same kernel otherwise). A
-warm-up that raises (or skips) is counted and forgotten: the case itself meets the same
-outcome and reports it. A compiler that *kills* the process (an abort in LLVM) kills it
-under whichever case is running: the crash message says that the warm-up ahead was on, and
-a rerun with ``--isolate`` (where it is off) or ``--warmup-ahead=off`` puts the crash on
-its own case.
+compile in flight (at most ``WAIT_S`` a class; a claim whose process has died is not waited
+for). A warm-up that raises (or skips) is counted and forgotten: the case itself meets the
+same outcome and reports it. A compiler that *kills* the process (an abort in LLVM) kills
+it under whichever case is running: the crash message of a case that started while this
+process's walk was on says so, and a rerun with ``--isolate`` (where it is off) or
+``--warmup-ahead=off`` puts the crash on its own case.
 """
 
 from __future__ import annotations
@@ -68,27 +70,34 @@ def _size(spec: CaseSpec) -> int:
     return sum(s for s, _ in spec.seqs) * spec.num_kv_heads * spec.head_dim
 
 
+#: The cases of a kernel class the thread tries, smallest first, until the backend claims one.
+CANDIDATES = 4
+
+
 @dataclass
 class _Plan:
-    """One warm-up: the smallest case needing a kernel class, as ``(spec, operation)``."""
+    """One warm-up: the smallest cases needing a kernel class (at most ``CANDIDATES``,
+    smallest first: the first the backend claims is warmed up), as ``(spec, operation)``."""
 
     key: Key
-    spec: CaseSpec
-    operation: str
+    cases: list[tuple[CaseSpec, str]]
+
+    @property
+    def spec(self) -> CaseSpec:
+        return self.cases[0][0]
 
 
 def plan(cases: Sequence[tuple[CaseSpec, str]]) -> list[_Plan]:
-    """The warm-ups for ``cases`` (in the order they run): per kernel class the smallest case
-    that needs it, the class needed last first."""
+    """The warm-ups for ``cases`` (in the order they run): per kernel class its smallest
+    cases, the class needed last first."""
     last: dict[Key, int] = {}
-    smallest: dict[Key, tuple[CaseSpec, str]] = {}
+    members: dict[Key, dict[str, tuple[CaseSpec, str]]] = {}
     for n, (spec, operation) in enumerate(cases):
         for key in kernel_classes(spec, operation):
             last[key] = n
-            if key not in smallest or _size(spec) < _size(smallest[key][0]):
-                smallest[key] = (spec, operation)
+            members.setdefault(key, {})[f"{spec.id}/{operation}"] = (spec, operation)
     order = sorted(last, key=lambda k: -last[k])
-    return [_Plan(k, *smallest[k]) for k in order]
+    return [_Plan(k, sorted(members[k].values(), key=lambda c: _size(c[0]))[:CANDIDATES]) for k in order]
 
 
 def claim_dir(testrunuid: str) -> Path:
@@ -106,14 +115,34 @@ def _claim_file(directory: Path, key: Key) -> Path:
 
 
 def _claim(directory: Path | None, key: Key) -> bool:
-    """This process takes ``key`` (no other worker of the run has): True once per run."""
+    """This process takes ``key`` (no other worker of the run has): True once per run. The
+    claim file holds this process's id (a waiter gives up on a claimer that has died)."""
     if directory is None:
         return True
     directory.mkdir(parents=True, exist_ok=True)
     try:
-        os.close(os.open(_claim_file(directory, key), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        fd = os.open(_claim_file(directory, key), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
     except FileExistsError:
         return False
+    with os.fdopen(fd, "w") as f:
+        f.write(str(os.getpid()))
+    return True
+
+
+def _alive(claim: Path) -> bool:
+    """Whether the process that wrote ``claim`` is still running (True when unknown)."""
+    try:
+        pid = int(claim.read_text() or "0")
+    except (OSError, ValueError):
+        return True
+    if pid <= 0:
+        return True  # written, not yet filled
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
     return True
 
 
@@ -124,11 +153,17 @@ def _finish(directory: Path | None, key: Key) -> None:
 
 
 def _wait_done(directory: Path, key: Key, timeout: float) -> bool:
-    """Wait until whoever claimed ``key`` has finished it; False after ``timeout`` s."""
-    done = _claim_file(directory, key).with_suffix(".done")
+    """Wait until whoever claimed ``key`` has finished it; False after ``timeout`` s, or at
+    once when the claimer has died (its compile will never finish)."""
+    claim = _claim_file(directory, key)
+    done = claim.with_suffix(".done")
     deadline = time.monotonic() + timeout
+    polls = 0
     while not done.exists():
         if time.monotonic() > deadline:
+            return False
+        polls += 1
+        if polls % 25 == 0 and not _alive(claim):  # every half second
             return False
         time.sleep(POLL_S)
     return True
@@ -158,6 +193,7 @@ class WarmupAhead:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
+    on_end: Any = None  # called (no arguments) in the thread when the walk ends
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._walk, name="pagedattn-warmup-ahead", daemon=True)
@@ -169,10 +205,9 @@ class WarmupAhead:
         if self._thread is not None:
             self._thread.join(timeout)
 
-    def in_flight(self) -> list[Key]:
-        """The kernel classes this process's thread is compiling now."""
-        with self._lock:
-            return list(self._busy)
+    def walking(self) -> bool:
+        """Whether the walk is still on (its thread alive, not stopped)."""
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -215,6 +250,13 @@ class WarmupAhead:
 
     def _walk(self) -> None:
         try:
+            self._walk_all()
+        finally:
+            if self.on_end is not None:
+                self.on_end()
+
+    def _walk_all(self) -> None:
+        try:
             index = torch.device(self.device).index
             if self.device.startswith("cuda") and index is not None:
                 torch.cuda.set_device(
@@ -231,20 +273,34 @@ class WarmupAhead:
             with self._lock:
                 if p.key in self._reached:
                     continue
-            if not _claim(self.claim_dir, p.key):
-                self.elsewhere += 1  # a case reaching it waits for that worker's .done
+            try:
+                mine = _claim(self.claim_dir, p.key)
+            except OSError:  # no claim files here: no shared walk either
+                return
+            if not mine:
+                with self._lock:
+                    if p.key not in self._reached:  # (else this process's case claimed it)
+                        self.elsewhere += 1  # a case reaching it waits for that worker's .done
                 continue
             with self._lock:
-                if p.key in self._reached:  # a case got here while this thread claimed it
+                late = p.key in self._reached  # a case got here while this thread claimed it
+                if not late:
+                    event = self._busy[p.key] = threading.Event()
+            if late:
+                try:
                     _finish(self.claim_dir, p.key)
-                    continue
-                event = self._busy[p.key] = threading.Event()
+                except OSError:
+                    pass
+                continue
             t0 = time.perf_counter()
             try:
-                case = p.spec.build().to(self.device)
-                if self.claims is None or not self.claims.case_reason(case, p.operation):
-                    self.backend.warmup_ahead(case, p.operation)
-                    self.compiled += 1
+                for spec, operation in p.cases:  # the smallest case the backend claims
+                    case = spec.build().to(self.device)
+                    if self.claims is None or not self.claims.case_reason(case, operation):
+                        self.backend.warmup_ahead(case, operation)
+                        self.compiled += 1
+                        break
+                    del case
             except BaseException:  # a raise, a pytest.skip: the case meets it and reports it
                 self.failed += 1
             finally:

@@ -300,9 +300,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     worker = getattr(config, "workerinput", None)
     claims = ahead.claim_dir(worker["testrunuid"]) if worker and worker.get("testrunuid") else None
     suite.ahead = ahead.WarmupAhead(suite.backend, suite.device, ahead.plan(cases), claims, suite.caps)
+    book = run.book
+    if book is not None:  # a serial run: its own book words crashes while the walk is on
+        book.crash_hint = CRASH_HINT  # (under xdist the controller learns it from AHEAD_KEY)
+        suite.ahead.on_end = lambda: setattr(book, "crash_hint", "")
     suite.ahead.start()
-    if run.book is not None:  # a serial run: its own book hears of crashes (xdist: AHEAD_KEY)
-        run.book.crash_hint = CRASH_HINT
 
 
 def pytest_report_collectionfinish(config: pytest.Config, items: list[pytest.Item]) -> list[str]:

@@ -68,6 +68,7 @@ class Recorder:
         self.config = config
         self.run = run
         self.book = book
+        self.ahead_workers: dict[str, bool] = {}  # xdist worker -> its warm-up ahead was on (AHEAD_KEY)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.run.controller:
@@ -107,8 +108,7 @@ class Recorder:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if any(key == AHEAD_KEY for key, _ in report.user_properties):
-            self.book.crash_hint = CRASH_HINT  # a process of this run compiles beside its cases
+        self._crash_hint(report)
         rec = self.book.update(report)
         if rec is None:
             return
@@ -119,6 +119,18 @@ class Recorder:
             ("pagedattn_status", rec.status.value),
             ("pagedattn", json.dumps(rec.to_dict() | {"traceback": None})),
         ]
+
+    def _crash_hint(self, report: pytest.TestReport) -> None:
+        """Under pytest-xdist: whether the worker of ``report`` last said its warm-up ahead
+        was compiling beside its cases (``AHEAD_KEY``); a crash of that worker is worded so.
+        (A serial run's plugin sets the hint itself, while its walk is on.)"""
+        worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
+        if worker is None:
+            return
+        said = [value for key, value in report.user_properties if key == AHEAD_KEY]
+        if said:
+            self.ahead_workers[worker] = bool(said[-1])
+        self.book.crash_hint = CRASH_HINT if self.ahead_workers.get(worker) else ""
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:

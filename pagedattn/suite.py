@@ -149,7 +149,8 @@ class Suite:
                 note(node, probe=self._probe(case))
             pytest.skip(f"unsupported: {reason}")
         if self.ahead is not None:
-            node.user_properties.append((AHEAD_KEY, True))  # the report's owner words crashes with it
+            # whether this process compiles beside the case: the report's owner words crashes by it
+            node.user_properties.append((AHEAD_KEY, self.ahead.walking()))
             self.ahead.reached_case(spec, operation)
         self._warmup(case, operation)
         return case

@@ -209,3 +209,31 @@ def test_unclaimed_cases_and_other_operations_are_not_warmed_and_skips_do_not_es
     assert w.failed == 1 and w.error == ""
     w.reached_case(SMALL_DECODE, "gather")  # not a kernel class of attention: not counted
     assert w.reached == 0
+
+
+def test_a_class_whose_smallest_case_is_unclaimed_is_warmed_with_the_next():
+    class Claims:
+        def case_reason(self, case, operation):
+            return "mixed batches not claimed" if len(set(case.query_lens)) > 1 else None
+
+    mixed_small = _spec(((9, 1), (5, 5)), family="mixed")  # smaller, needs the decode class too
+    backend = _Log()
+    w = ahead.WarmupAhead(
+        backend, "cpu", ahead.plan([(BIG_DECODE, "attention"), (mixed_small, "attention")]), claims=Claims()
+    )
+    w.start()
+    _finish(w)
+    assert [c[0] for c in backend.calls] == [[1, 1]] and w.compiled == 1  # BIG_DECODE, for the decode class
+
+
+def test_a_case_does_not_wait_for_a_claim_whose_process_died(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (key,) = ahead.kernel_classes(SMALL_DECODE, "attention")
+    ahead._claim_file(tmp_path, key).write_text(dead.stdout.strip())  # claimed by a finished process
+    monkeypatch.setattr(ahead, "WAIT_S", 600.0)
+    w = ahead.WarmupAhead(_Log(), "cpu", [], claim_dir=tmp_path)
+    w.reached_case(SMALL_DECODE, "attention")  # returns: the claimer is gone (else: 600 s)
+    assert not ahead._claim_file(tmp_path, key).with_suffix(".done").exists()

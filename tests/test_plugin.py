@@ -477,10 +477,13 @@ def test_a_process_killed_by_its_warmup_ahead_says_so_in_the_crashed_case(pytest
     assert "--warmup-ahead=off" in crashed[0]["message"]
 
 
-def test_crashes_say_the_warmup_ahead_was_on_once_a_report_says_so(tmp_path):
-    """Under xdist the report's owner learns from the cases' reports (``AHEAD_KEY``) that the
-    workers compile beside their cases: crashes after that carry the hint, and a case whose
-    start placeholder was written before the hint still loses it when it finishes."""
+def test_a_worker_crash_says_the_warmup_ahead_was_on_only_where_it_was(tmp_path):
+    """Under xdist the report's owner learns from each worker's reports (``AHEAD_KEY``)
+    whether that worker's warm-up ahead is compiling beside its cases: a crash of that
+    worker carries the hint, a crash of a worker whose walk is over (or never ran) does not;
+    a start placeholder goes when its case finishes, hint or not."""
+    from types import SimpleNamespace
+
     from pagedattn.book import CRASH_HINT, RecordBook
     from pagedattn.record import AHEAD_KEY
     from pagedattn.recorder import Recorder
@@ -488,21 +491,42 @@ def test_crashes_say_the_warmup_ahead_was_on_once_a_report_says_so(tmp_path):
 
     book = RecordBook(str(tmp_path / "r.json"), header={"schema": "test"})
     recorder = Recorder.__new__(Recorder)
-    recorder.book, recorder.run = book, Run()
-    ids = [f"m.py::test_decode[decode-{n}-fp32]@fp32|kv=fp32|d64|bs16|plain|attention" for n in range(3)]
+    recorder.book, recorder.run, recorder.ahead_workers = book, Run(), {}
+    ids = [f"m.py::test_decode[decode-{n}-fp32]@fp32|kv=fp32|d64|bs16|plain|attention" for n in range(4)]
     for nodeid in ids:
         book.collected(nodeid)
+
+    def report(nodeid, worker, ahead, *args):
+        rep = _report(nodeid, *args)
+        rep.node = SimpleNamespace(gateway=SimpleNamespace(id=worker))
+        if ahead is not None:
+            rep.user_properties.append((AHEAD_KEY, ahead))
+        return rep
+
     book.start(ids[0])
-    book.start(ids[1])  # started before the hint: its placeholder has none
-    plain = _report(ids[0], "call", "passed", {"metrics": {"budget_used": 0.5}})
-    recorder.pytest_runtest_logreport(plain)
-    assert book.crash_hint == ""
-    warned = _report(ids[1], "call", "passed", {"metrics": {"status": "warned"}, "message": "close"})
-    warned.user_properties.append((AHEAD_KEY, True))
-    recorder.pytest_runtest_logreport(warned)
-    assert book.crash_hint == CRASH_HINT
-    assert book.records[ids[1]].message == "close"  # the placeholder went, hint or not
-    book.start(ids[2])
-    assert book.records[ids[2]].message.endswith(CRASH_HINT)
-    recorder.pytest_runtest_logreport(_report(ids[2], "???", "failed", None, "worker 'gw0' crashed"))
-    assert book.records[ids[2]].status.value == "crashed" and book.records[ids[2]].message.endswith(CRASH_HINT)
+    recorder.pytest_runtest_logreport(report(ids[0], "gw0", True, "call", "passed", {"metrics": {"status": "warned"}}))
+    assert book.records[ids[0]].status.value == "warned" and "died" not in book.records[ids[0]].message
+    recorder.pytest_runtest_logreport(report(ids[1], "gw1", False, "call", "passed", {"metrics": {}}))
+    for nodeid in ids[2:]:
+        book.start(nodeid)
+    recorder.pytest_runtest_logreport(report(ids[2], "gw1", None, "???", "failed", None, "worker 'gw1' crashed"))
+    assert book.records[ids[2]].status.value == "crashed" and CRASH_HINT not in book.records[ids[2]].message
+    recorder.pytest_runtest_logreport(report(ids[3], "gw0", None, "???", "failed", None, "worker 'gw0' crashed"))
+    assert book.records[ids[3]].status.value == "crashed" and book.records[ids[3]].message.endswith(CRASH_HINT)
+
+
+def test_a_serial_crash_carries_the_hint_only_while_the_walk_is_on(tmp_path):
+    """In one process the plugin sets the hint when the walk starts and the walk's end
+    clears it: a crash after the walk is worded like any other."""
+    from pagedattn import ahead
+    from pagedattn.book import CRASH_HINT, RecordBook
+
+    book = RecordBook(str(tmp_path / "r.json"), header={"schema": "test"})
+    book.crash_hint = CRASH_HINT
+    walk = ahead.WarmupAhead(object(), "cpu", [], on_end=lambda: setattr(book, "crash_hint", ""))
+    walk.start()
+    walk._thread.join(10)
+    assert not walk.walking() and book.crash_hint == ""
+    book.collected("m.py::test_decode[decode-x-fp32]")
+    book.start("m.py::test_decode[decode-x-fp32]")
+    assert CRASH_HINT not in book.records["m.py::test_decode[decode-x-fp32]"].message
