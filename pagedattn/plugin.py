@@ -95,7 +95,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         default="auto",
         choices=("auto", "on", "off"),
         help="compile later cases' kernels in a background thread while cases run, for backends with "
-        "warmup_ahead (auto: on a GPU, off on the CPU and under --isolate or --replay)",
+        "warmup_ahead (auto: on a GPU; never on the CPU unless 'on', nor under --isolate, --replay or "
+        "--collect-only)",
     )
     group.addoption(
         "--replay-dir",
