@@ -16,9 +16,10 @@ that compile instead of doing it again. A class that a case reaches first is cla
 it and compiled in that case (and, on another worker that needs it at the same time, in
 that worker's case too: only the threads' compiles are shared).
 
-What it does on the device: it builds each warmed case's tensors there, and the backend's
-host side may allocate (the Triton kernel's ``prepare`` does); it launches no kernel, so a
-kernel fault cannot land under a case that did not cause it. What it never does: judge
+What it does on the device: it copies each warmed case there, and the backend's host side
+runs torch work on it (the Triton kernel's ``prepare`` checks the inputs and allocates); it
+launches none of the backend's kernels, so a fault of the kernel under test cannot land under
+another case (a fault in that torch work still could). What it never does: judge
 anything, warm up a case the backend does not claim, or hold a case up for longer than a
 compile in flight (at most ``WAIT_S`` a class; a claim whose process has died is not waited
 for). A warm-up that raises (or skips) is counted and forgotten: the case itself meets the

@@ -462,6 +462,6 @@ DECODE_GRIDS = {"sequences_first": 0, "heads_fast": 1, "heads_first": 2}
 #: ratio to SDPA, sequences_first / heads_fast / heads_first: B=1 2k 0.721 / 0.701 / 0.723, 4k
 #: 0.829 / 0.800 / 0.817, 8k 0.891 / 0.882 / 0.881, 32k 0.825 / 0.822 / 0.825; B=8 2k 1.002 /
 #: 1.030 / 1.007, 8k 0.920 / 0.914 / 0.923; B=32 2k 0.892 / 0.899 / 0.904, 8k 0.885 / 0.909 / 0.911.
-#: heads_first is within 2% of the best order at every point (the fourth round's 3-7% loss of
-#: heads_fast at B=1 is 1-4% here), so no order is chosen by batch size.
+#: heads_first is within 2.2% of the best order at every point (the fourth round's 3-7% loss of
+#: heads_fast at B=1 is 0.3-3.5% here), so no order is chosen by batch size.
 DECODE_GRID = "heads_first"
