@@ -196,7 +196,8 @@ class SupportsWarmupAhead(Protocol):
 
     def warmup_ahead(self, case: PagedCase, operation: str) -> None:
         """Compile what ``case`` needs as ``operation`` (``"attention"`` or ``"lse"``) and
-        launch none of the kernels under test (torch work on the case's tensors is fine). Called from a background thread while other cases run on the
+        launch none of the kernels under test (torch work on the case's tensors is
+        fine). Called from a background thread while other cases run on the
         backend (``pagedattn.ahead``), at most once per kernel class, for cases that run
         later; it must be safe to call concurrently with every other method. Its result
         is ignored, and what it raises too (the case meets the error itself)."""
