@@ -144,7 +144,10 @@ def _alive(claim: Path) -> bool:
         return False
     except OSError:
         return True
-    return True
+    try:  # a crashed xdist worker stays a zombie until the controller reaps it
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
 
 
 def _finish(directory: Path | None, key: Key) -> None:

@@ -273,17 +273,24 @@ class WarmsUpAhead(Correct):
 
 
 class DiesWarmingUpAhead(Correct):
-    """Its warm-up ahead kills the process (a compiler abort), a little after it starts."""
+    """Its warm-up ahead kills the process (a compiler abort) once two cases have run there
+    (their reports, which say the warm-up is on, have left the process by then)."""
+
+    done = 0
 
     def paged_attention(self, case):
         import time
 
         time.sleep(0.05)
-        return super().paged_attention(case)
+        out = super().paged_attention(case)
+        DiesWarmingUpAhead.done += 1
+        return out
 
     def warmup_ahead(self, case, operation):
         import os
         import time
 
-        time.sleep(0.2)
+        while DiesWarmingUpAhead.done < 2:
+            time.sleep(0.01)
+        time.sleep(0.3)
         os.abort()

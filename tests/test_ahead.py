@@ -2,6 +2,7 @@
 once per run across processes, never for a class a case reached first, and never in the
 way of a case (a case whose class is compiling here waits for it; a failure is forgotten)."""
 
+import os
 import threading
 import time
 
@@ -237,3 +238,28 @@ def test_a_case_does_not_wait_for_a_claim_whose_process_died(tmp_path, monkeypat
     w = ahead.WarmupAhead(_Log(), "cpu", [], claim_dir=tmp_path)
     w.reached_case(SMALL_DECODE, "attention")  # returns: the claimer is gone (else: 600 s)
     assert not ahead._claim_file(tmp_path, key).with_suffix(".done").exists()
+
+
+def test_a_zombie_claimer_counts_as_dead(tmp_path):
+    """A crashed pytest-xdist worker stays a zombie until its controller reaps it: its claims
+    must not hold the other workers' cases for WAIT_S."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.time() + 30
+    while time.time() < deadline:  # exited, not yet reaped: a zombie
+        try:
+            state = open(f"/proc/{child.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            pytest.fail("no /proc here: this test needs Linux")
+        if state == "Z":
+            break
+        time.sleep(0.02)
+    claim = tmp_path / "claim"
+    claim.write_text(str(child.pid))
+    assert not ahead._alive(claim)
+    child.wait()
+    assert not ahead._alive(claim)
+    claim.write_text(str(os.getpid()))
+    assert ahead._alive(claim)

@@ -530,3 +530,27 @@ def test_a_serial_crash_carries_the_hint_only_while_the_walk_is_on(tmp_path):
     book.collected("m.py::test_decode[decode-x-fp32]")
     book.start("m.py::test_decode[decode-x-fp32]")
     assert CRASH_HINT not in book.records["m.py::test_decode[decode-x-fp32]"].message
+
+
+def test_workers_killed_by_their_warmup_ahead_lose_no_case(pytester, bad):
+    """Under -n 2 every worker's warm-up kills it after its second case (xdist replaces it,
+    and the replacement dies the same way): every case is still accounted for, passed or
+    crashed, each crash worded with the hint (the worker's reports said its walk was on);
+    the dead workers' claims (zombies until reaped) hold no case up."""
+    result = _run(
+        pytester,
+        DECODE,
+        f"--backend={bad}:DiesWarmingUpAhead",
+        "-n",
+        "2",
+        "--device=cpu",
+        "--warmup-ahead=on",
+        "--report-json=r.json",
+    )
+    assert result.ret != 0
+    report = json.loads((pytester.path / "r.json").read_text())
+    statuses = [c["status"] for c in report["cases"]]
+    assert len(statuses) == N_DECODE and set(statuses) <= {"passed", "crashed"} and "crashed" in statuses
+    for case in report["cases"]:
+        if case["status"] == "crashed":
+            assert "warm-up ahead was compiling beside it" in case["message"], case["message"]
