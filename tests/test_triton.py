@@ -144,15 +144,17 @@ def test_plan_splits_decode_from_the_rest(monkeypatch):
     assert _plan([4 * host.LONG_FROM], [1]).max_splits == 4 * host.LONG_FROM // host.SPLIT_LONG
     # the decode grid in the order the host picks for two sequences
     grids = {0: (2, plan.max_splits, 8), 1: (8 * plan.max_splits * 2, 1, 1), 2: (8, plan.max_splits, 2)}
-    assert plan.decode.grid == grids[host.decode_grid_order(2)] and plan.decode.GRID_ORDER == host.decode_grid_order(2)
+    order = host.DECODE_GRIDS[host.DECODE_GRID]
+    assert (plan.decode.GRID_ORDER, plan.decode.grid) == (order, grids[order]) == host.decode_grid(2, plan.max_splits, 8)
     # the three-axis orders hold at most GRID_YZ_MAX programs on their second and third axes
     # (sequences or splits, kv heads): past that, the one-axis form
     big = host.GRID_YZ_MAX + 1
     for name, order in host.DECODE_GRIDS.items():
         monkeypatch.setattr(host, "DECODE_GRID", name)
-        assert host.decode_grid_order(host.GRID_YZ_MAX, host.GRID_YZ_MAX, 8) == order
-        assert host.decode_grid_order(big, 3, 8) == (1 if name == "heads_first" else order)
-        assert host.decode_grid_order(2, big, 8) == 1
+        assert host.decode_grid(host.GRID_YZ_MAX, host.GRID_YZ_MAX, 8)[0] == order
+        one_axis = (1, (8 * 3 * big, 1, 1))
+        assert host.decode_grid(big, 3, 8) == {0: (0, (big, 3, 8)), 1: one_axis, 2: one_axis}[order]
+        assert host.decode_grid(2, big, 8) == (1, (8 * big * 2, 1, 1))
     assert plan.decode.BLOCK_Q == 1
     assert plan.other.grid == (2, -(-40 // plan.other.BLOCK_Q), 8)
     for split in (plan.decode.SPLIT_SIZE, plan.decode.SPLIT_LONG):

@@ -315,12 +315,7 @@ def plan_launch(
                 f"{len(decode_seqs)} decode sequences of up to {max_splits} splits need a scratch of "
                 f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
             )
-        order = decode_grid_order(len(decode_seqs), max_splits, num_kv_heads)
-        grid = {
-            0: (len(decode_seqs), max_splits, num_kv_heads),
-            1: (num_kv_heads * max_splits * len(decode_seqs), 1, 1),
-            2: (num_kv_heads, max_splits, len(decode_seqs)),
-        }[order]
+        order, grid = decode_grid(len(decode_seqs), max_splits, num_kv_heads)
         decode = LaunchConfig(
             grid=grid,
             GRID_ORDER=order,
@@ -375,16 +370,21 @@ def plan_launch(
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 
 
-def decode_grid_order(n_decode: int, max_splits: int = 1, num_kv_heads: int = 1) -> int:
-    """The decode grid's order for ``n_decode`` sequences of up to ``max_splits`` splits:
-    ``DECODE_GRIDS[DECODE_GRID]``. Scheduling only: a program's work and its bits do not
-    depend on it. The three-axis orders hold at most ``GRID_YZ_MAX`` programs on their
-    second and third axes (``heads_first``: splits and sequences; ``sequences_first``:
-    splits and kv heads): past that, one axis, kv heads fastest (``heads_fast``), the same
-    order as ``heads_first``."""
+def decode_grid(n_decode: int, max_splits: int, num_kv_heads: int) -> tuple[int, tuple[int, int, int]]:
+    """The decode launch's grid order (``DECODE_GRIDS[DECODE_GRID]``) and grid for
+    ``n_decode`` sequences of up to ``max_splits`` splits. Scheduling only: a program's work
+    and its bits do not depend on it. A three-axis grid holds at most ``GRID_YZ_MAX``
+    programs on its second and third axes: past that, one axis, kv heads fastest
+    (``heads_fast``), the same order as ``heads_first``."""
+    grids = {
+        DECODE_GRIDS["sequences_first"]: (n_decode, max_splits, num_kv_heads),
+        DECODE_GRIDS["heads_fast"]: (num_kv_heads * max_splits * n_decode, 1, 1),
+        DECODE_GRIDS["heads_first"]: (num_kv_heads, max_splits, n_decode),
+    }
     order = DECODE_GRIDS[DECODE_GRID]
-    y, z = {0: (max_splits, num_kv_heads), 1: (1, 1), 2: (max_splits, n_decode)}[order]
-    return DECODE_GRIDS["heads_fast"] if max(y, z) > GRID_YZ_MAX else order
+    if max(grids[order][1:]) > GRID_YZ_MAX:
+        order = DECODE_GRIDS["heads_fast"]
+    return order, grids[order]
 
 
 def decode_block_n(dtype: torch.dtype, kv_fp8: bool, interpreter: bool = False) -> int:

@@ -22,7 +22,7 @@ max in one multiply-add per score, and the max and sums stay in base 2 until the
 lse is written. Prefill key tiles that every row of a query tile sees wholly (below
 the causal diagonal) take no mask (``MASK_SPLIT``), and prefill programs take the
 longest causal tiles first (``HEAVY_FIRST``). Decode programs run in the grid order
-the host picks (``GRID_ORDER``, ``host.decode_grid_order``: kv heads first). Caches
+the host picks (``GRID_ORDER``, ``host.decode_grid``: kv heads first). Caches
 whose every offset fits int32 are addressed in int32 (``OFF_I32``, ``OFFSETS_I32``),
 and key indices are divided as unsigned (``_page_of``): address arithmetic was two
 fifths of the prefill loop's instructions. Each switch is a host constant
