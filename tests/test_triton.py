@@ -145,7 +145,8 @@ def test_plan_splits_decode_from_the_rest(monkeypatch):
     # the decode grid in the order the host picks for two sequences
     grids = {0: (2, plan.max_splits, 8), 1: (8 * plan.max_splits * 2, 1, 1), 2: (8, plan.max_splits, 2)}
     order = host.DECODE_GRIDS[host.DECODE_GRID]
-    assert (plan.decode.GRID_ORDER, plan.decode.grid) == (order, grids[order]) == host.decode_grid(2, plan.max_splits, 8)
+    picked = (plan.decode.GRID_ORDER, plan.decode.grid)
+    assert picked == (order, grids[order]) == host.decode_grid(2, plan.max_splits, 8)
     # the three-axis orders hold at most GRID_YZ_MAX programs on their second and third axes
     # (sequences or splits, kv heads): past that, the one-axis form
     big = host.GRID_YZ_MAX + 1
