@@ -408,14 +408,14 @@ def test_cache_offsets_take_int32_only_when_every_offset_fits():
     """A cache is addressed in int32 only when its last element's offset is below 2**31
     (shapes on the meta device: no memory)."""
     fits = torch.empty(2**31 // (16 * 8 * 128), 16, 8, 128, device="meta")  # last offset 2**31 - 1
-    assert tpa._fits_int32(fits) and not tpa._fits_int32(torch.empty(fits.shape[0] + 1, 16, 8, 128, device="meta"))
+    assert host.fits_int32(fits) and not host.fits_int32(torch.empty(fits.shape[0] + 1, 16, 8, 128, device="meta"))
     # a head-major cache viewed as [N, bs, Hkv, D]: its last head starts at 7 * 2**29, past
     # 2**31, so it takes the int64 path, where the head term is widened too (it was not)
     heads_major = torch.empty(8, 2**21, 16, 16, device="meta").permute(1, 2, 0, 3)
-    assert heads_major.stride(2) * 7 > 2**31 and not tpa._fits_int32(heads_major)
+    assert heads_major.stride(2) * 7 > 2**31 and not host.fits_int32(heads_major)
     # through strides: one K of an [N, 2, bs, Hkv, D] pool reaches twice as far as its size says
     pool = torch.empty(2**30 // (16 * 8 * 128) + 1, 2, 16, 8, 128, device="meta")
-    assert pool[:, 0].numel() < 2**31 and not tpa._fits_int32(pool[:, 0])
+    assert pool[:, 0].numel() < 2**31 and not host.fits_int32(pool[:, 0])
 
 
 class _Launch:

@@ -38,11 +38,16 @@ def last_offset(t: torch.Tensor) -> int:
     return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
 
 
+def fits_int32(t: torch.Tensor) -> bool:
+    """True when every element offset of ``t`` (``last_offset``) is at most 2**31 - 1: the
+    kernel can address it in int32."""
+    return last_offset(t) <= INT32_MAX
+
+
 def _check_int32_offsets(name: str, t: torch.Tensor) -> None:
     """``ProblemError`` naming ``name`` when an element of ``t`` lies past an int32 offset."""
-    last = last_offset(t)
-    if last > INT32_MAX:
-        raise ProblemError(OWNER, name, f"must keep every element offset <= 2**31 - 1 (int32), got {last}")
+    if not fits_int32(t):
+        raise ProblemError(OWNER, name, f"must keep every element offset <= 2**31 - 1 (int32), got {last_offset(t)}")
 
 
 def fp32_scale_problem(x: float) -> str:

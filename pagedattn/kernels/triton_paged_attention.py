@@ -56,14 +56,13 @@ import triton
 import triton.language as tl
 
 from pagedattn.kernels.host import (  # noqa: F401  (re-exported: the host side of this kernel)
-    INT32_MAX,
     MIN_DOT,
     LaunchConfig,
     LaunchPlan,
     Variants,
     check_paged_inputs,
     check_variants,
-    last_offset,
+    fits_int32,
     plan_launch,
 )
 
@@ -206,7 +205,7 @@ def _attend_tiles(
         else:
             blk = tl.load(table_ptr + _page_of(j, BLOCK_SIZE), mask=kmask, other=0)
         slot = _slot_of(j, BLOCK_SIZE)
-        if OFF_I32:  # every element offset of both caches fits int32 (``run``: ``_fits_int32``)
+        if OFF_I32:  # every element offset of both caches fits int32 (``run``: ``fits_int32``)
             k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
             v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
         else:  # every term in int64: a head-major cache's head stride alone can pass 2**31
@@ -952,7 +951,7 @@ def run(
         or out.dtype != prep.dtype
         or out.device != prep.device
         or out.stride(-1) != 1
-        or last_offset(out) > INT32_MAX
+        or not fits_int32(out)
     ):
         raise ValueError(
             f"paged_attention.run: out must be {prep.dtype} of shape {prep.query_shape} on {prep.device}, with a "
@@ -982,7 +981,7 @@ def run(
         KV_FP8=kv_fp8,
         F16_DOTS=kv_fp8 and prep.dtype == torch.bfloat16 and F16_DOTS_FOR_FP8,
         TABLE_AHEAD=TABLE_AHEAD,
-        OFF_I32=OFFSETS_I32 and _fits_int32(key_cache) and _fits_int32(value_cache),
+        OFF_I32=OFFSETS_I32 and fits_int32(key_cache) and fits_int32(value_cache),
         WRITE_LSE=var.return_lse,
     )
     tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
@@ -1108,13 +1107,7 @@ def _launcher(kernel: Any, grid: tuple[int, int, int], compile_only: bool) -> An
     return functools.partial(kernel.warmup, grid=grid)
 
 
-def _fits_int32(cache: torch.Tensor) -> bool:
-    """True when every element offset of ``cache`` (from its first element, through its
-    strides) is at most 2**31 - 1: the kernel can then address it in int32."""
-    return last_offset(cache) <= INT32_MAX
-
-
-#: Address the caches in int32 where every offset fits (``_fits_int32``), int64 otherwise: a
+#: Address the caches in int32 where every offset fits (``host.fits_int32``), int64 otherwise: a
 #: 64-bit multiply is three instructions a key on sm_90, and address arithmetic was two fifths
 #: of the prefill loop's instructions (issue 17, fourth round: with the unsigned key division
 #: of ``_page_of``, 401 instead of 509 a step; causal prefill at 8k 438 instead of 362 TFLOP/s
