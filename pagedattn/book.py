@@ -97,9 +97,11 @@ class RecordBook:
         self.running.add(nodeid)
         self.flush()
 
-    def update(self, report: pytest.TestReport) -> CaseRecord | None:
+    def update(self, report: pytest.TestReport, crash_hint: str | None = None) -> CaseRecord | None:
         """Fold one pytest report into its case's record; the record, or ``None`` for a
-        report about nothing this book tracks (a test outside the suite)."""
+        report about nothing this book tracks (a test outside the suite). ``crash_hint``:
+        what a crash of the report's own process adds to its message (``CRASH_HINT`` or
+        ``""``), where that differs from the book's (an xdist worker's warm-up ahead)."""
         facts = next((v for k, v in report.user_properties if k == FACTS_KEY), None)
         if not isinstance(facts, dict) and report.nodeid not in self.records:
             return None
@@ -108,7 +110,7 @@ class RecordBook:
         rec.absorb(facts)
         if report.when in ("setup", "call"):
             rec.duration_s += report.duration
-        done = self._decide(rec, report, facts)
+        done = self._decide(rec, report, facts, self.crash_hint if crash_hint is None else crash_hint)
         if done and rec.status in (Status.CRASHED, Status.TIMED_OUT) and not rec.replay and self.rerun:
             rec.replay = self.rerun(rec)
         elif done and rec.status not in (Status.CRASHED, Status.TIMED_OUT) and self.rerun:
@@ -121,13 +123,13 @@ class RecordBook:
                 self.flush()
         return rec
 
-    def _decide(self, rec: CaseRecord, report: pytest.TestReport, facts: dict[str, Any]) -> bool:
+    def _decide(self, rec: CaseRecord, report: pytest.TestReport, facts: dict[str, Any], crash_hint: str) -> bool:
         """Set the status from the report; whether the case is finished."""
         when = report.when
         if when == "???":  # pytest-xdist: the worker died while running this case
             rec.status = Status.CRASHED
             rec.message = (
-                f"{report.longrepr}; the process died while running this case: rerun with --isolate{self.crash_hint}"
+                f"{report.longrepr}; the process died while running this case: rerun with --isolate{crash_hint}"
             )
             return True
         if hasattr(report, "wasxfail") and when in ("setup", "call"):

@@ -108,8 +108,7 @@ class Recorder:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self._crash_hint(report)
-        rec = self.book.update(report)
+        rec = self.book.update(report, self._crash_hint(report))
         if rec is None:
             return
         if report.when == "???":
@@ -120,17 +119,18 @@ class Recorder:
             ("pagedattn", json.dumps(rec.to_dict() | {"traceback": None})),
         ]
 
-    def _crash_hint(self, report: pytest.TestReport) -> None:
-        """Under pytest-xdist: whether the worker of ``report`` last said its warm-up ahead
-        was compiling beside its cases (``AHEAD_KEY``); a crash of that worker is worded so.
-        (A serial run's plugin sets the hint itself, while its walk is on.)"""
+    def _crash_hint(self, report: pytest.TestReport) -> str | None:
+        """Under pytest-xdist, what a crash of the worker of ``report`` adds to its message:
+        ``CRASH_HINT`` when that worker last said its warm-up ahead was compiling beside its
+        cases (``AHEAD_KEY``), else ``""``. ``None`` in a serial run, whose plugin keeps the
+        book's own hint while its walk is on."""
         worker = getattr(getattr(getattr(report, "node", None), "gateway", None), "id", None)
         if worker is None:
-            return
+            return None
         said = [value for key, value in report.user_properties if key == AHEAD_KEY]
         if said:
             self.ahead_workers[worker] = bool(said[-1])
-        self.book.crash_hint = CRASH_HINT if self.ahead_workers.get(worker) else ""
+        return CRASH_HINT if self.ahead_workers.get(worker) else ""
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
