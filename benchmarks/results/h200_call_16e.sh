@@ -11,13 +11,14 @@ for mode in ${MODES:-auto}; do
   export TRITON_CACHE_DIR=$(mktemp -d /tmp/tcache-$mode-XXXX)
   tag=$mode-$(basename $TRITON_CACHE_DIR)
   python benchmarks/results/timeline_probe.py sample $OUT/cpu-$tag.json & sampler=$!
-  TIMELINE_DIR=$OUT/timeline-$tag PYTHONPATH=$PYTHONPATH:$PWD/benchmarks/results \
-    TAIL=4 step thorough_$mode 150 python -m pytest -p pagedattn.plugin -p timeline_probe -p no:cacheprovider conformance \
+  export TIMELINE_DIR=$OUT/timeline-$tag
+  PYTHONPATH=$PYTHONPATH:$PWD/benchmarks/results TAIL=4 step thorough_$mode 150 python -m pytest -p pagedattn.plugin -p timeline_probe -p no:cacheprovider conformance \
     --backend=pagedattn.adapters.triton:TritonBackend --profile=thorough -n 8 --warmup-ahead=$mode \
     --report-json=$OUT/thorough-$tag.json -q
   kill -INT $sampler; sleep 1
   python benchmarks/results/timeline_probe.py show $OUT/timeline-$tag $OUT/cpu-$tag.json | tee -a $OUT/call.log
   count_compiles $TRITON_CACHE_DIR
 done
+unset TIMELINE_DIR
 unset TRITON_CACHE_DIR
 log "done"
