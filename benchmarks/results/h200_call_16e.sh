@@ -12,13 +12,14 @@ for mode in ${MODES:-auto}; do
   tag=$mode-$(basename $TRITON_CACHE_DIR)
   python benchmarks/results/timeline_probe.py sample $OUT/cpu-$tag.json & sampler=$!
   export TIMELINE_DIR=$OUT/timeline-$tag
-  PYTHONPATH=$PYTHONPATH:$PWD/benchmarks/results TAIL=4 step thorough_$mode 150 python -m pytest -p pagedattn.plugin -p timeline_probe -p no:cacheprovider conformance \
+  export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks/results
+  TAIL=4 step thorough_$mode 150 python -m pytest -p pagedattn.plugin -p timeline_probe -p no:cacheprovider conformance \
     --backend=pagedattn.adapters.triton:TritonBackend --profile=thorough -n 8 --warmup-ahead=$mode \
     --report-json=$OUT/thorough-$tag.json -q
   kill -INT $sampler; sleep 1
   python benchmarks/results/timeline_probe.py show $OUT/timeline-$tag $OUT/cpu-$tag.json | tee -a $OUT/call.log
   count_compiles $TRITON_CACHE_DIR
 done
-unset TIMELINE_DIR
+unset TIMELINE_DIR; export PYTHONPATH=${PYTHONPATH%:$PWD/benchmarks/results}
 unset TRITON_CACHE_DIR
 log "done"
