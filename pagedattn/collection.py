@@ -132,6 +132,36 @@ def arrange(config: pytest.Config, run: Run, items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.xdist_group(name=facts["configuration"]))
     order = {id(item): n for n, item in enumerate(items)}
     items.sort(key=lambda i: (id(i) not in keys, keys.get(id(i), ""), order[id(i)]))
+    spread_search(items, [i for i in items if keys.get(id(i)) == "search"])
+
+
+#: Cases between two of the search's items in the run's order (see ``spread_search``).
+SEARCH_STRIDE = 3
+
+
+def spread_search(items: list[pytest.Item], search: list[pytest.Item]) -> None:
+    """Place the search's items among the run's last cases, ``SEARCH_STRIDE`` cases apart
+    (the last one ``SEARCH_STRIDE`` cases before the end), instead of all at the end.
+
+    Why: each item spends its share of the search's time budget, seconds that no other
+    case comes near, and pytest-xdist's ``load`` scheduler keeps every worker two items
+    ahead: items at the very end went out in pairs, so half the workers ran two shares one
+    after the other while the rest idled (H200, thorough, ``-n 8``: the search's 8 items on
+    4 workers, 15 s of wall instead of 7.5, ``benchmarks/results/h200-call-16e.log``). With
+    cases between them, a worker running a search item takes the next case into its
+    queue, not the next search item, and the cases after them fill the workers that finish
+    first. Late in the run still: the cases before have compiled the grid's kernels that the
+    search draws from. ``items`` is reordered in place; ``search`` is in its run order."""
+    if not search:
+        return
+    ids = {id(i) for i in search}
+    rest = [i for i in items if id(i) not in ids]
+    arranged, taken = [], 0
+    for k, item in enumerate(search):
+        at = max(0, len(rest) - (len(search) - k) * SEARCH_STRIDE)  # cases before this item
+        arranged += rest[taken:at] + [item]
+        taken = max(taken, at)
+    items[:] = arranged + rest[taken:]
 
 
 def collection_line(items: list[pytest.Item]) -> str:

@@ -305,3 +305,34 @@ def test_items_per_profile_each_in_its_own_xdist_group(pytester):
     groups = [m.args[0] for i in items for m in i.iter_markers("xdist_group")]
     assert groups == [f"search-seed{k}" for k in range(len(items))]
     assert [i.callspec.params["search_item"].max_examples for i in items] == [3] * len(items)  # 10 shared by 4
+
+
+def test_items_run_among_the_last_cases_a_stride_apart(pytester):
+    """xdist's ``load`` keeps each worker two items ahead: the search's items, each seconds
+    long, go among the last cases (``collection.spread_search``) so that no worker queues two."""
+    from pagedattn.collection import SEARCH_STRIDE
+    from pagedattn.record import noted as facts
+
+    rec = pytester.inline_run("--pyargs", "pagedattn.conformance", "--backend=reference", "--profile=standard", "--co")
+    items = rec.getcalls("pytest_collection_finish")[0].session.items  # in the run's order
+    where = [n for n, i in enumerate(items) if i.name.startswith("test_search[")]
+    count = search_plan.ITEMS["standard"]
+    assert [items[n].name for n in where] == [f"test_search[seed{k}]" for k in range(count)]
+    assert where == [len(items) - (count - k) * (SEARCH_STRIDE + 1) for k in range(count)], where
+    # the other items keep the order by configuration (compile key)
+    keys = [facts(i).get("configuration", "") for n, i in enumerate(items) if n not in where]
+    assert keys == sorted(keys)
+
+
+@pytest.mark.parametrize(
+    "rest, search, expected", [(7, 2, "cccSccScc"), (2, 3, "SSScc"), (3, 3, "SScScc"), (0, 2, "SS"), (4, 0, "cccc")]
+)
+def test_spread_search_places_each_item_a_stride_before_the_end(rest, search, expected, monkeypatch):
+    from pagedattn import collection
+
+    monkeypatch.setattr(collection, "SEARCH_STRIDE", 2)
+    cases, found = [f"c{k}" for k in range(rest)], [f"S{k}" for k in range(search)]
+    items = cases + found
+    collection.spread_search(items, found)  # type: ignore[arg-type]
+    assert "".join(i[0] for i in items) == expected
+    assert [i for i in items if i[0] == "c"] == cases and [i for i in items if i[0] == "S"] == found
