@@ -12,6 +12,7 @@ checkout without an install). It does nothing unless a test asks for the
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -119,15 +120,18 @@ def pytest_configure(config: pytest.Config) -> None:
     spec = config.getoption("--backend")
     if not spec:
         return
-    import torch
-
     run.spec = spec
     run.profile = config.getoption("--profile")
     if config.getoption("--replay"):
         ReplaySpec.load(config.getoption("--replay"))  # a bad file: one usage error, now
-    device = config.getoption("--device") or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise pytest.UsageError(f"--device={device}: torch sees no CUDA device here")
+    device = config.getoption("--device") or ""
+    if device or not _is_controller(config):
+        import torch
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if device.startswith("cuda") and not torch.cuda.is_available():
+            raise pytest.UsageError(f"--device={device}: torch sees no CUDA device here")
+    # else the xdist controller's default device: picked when first read (``Run.device``)
     run.expectations = load_expectations(config.getoption("--expectations"))
     timeout = config.getoption("--case-timeout")
     run.isolate = bool(config.getoption("--isolate") or isinstance(timeout, float))
@@ -153,6 +157,8 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     if worker is not None and worker.get("pagedattn_loadgroup"):
         config.option.loadgroup = True  # xdist's worker appends each item's group to its node id
+    import torch
+
     if worker is not None and not device.startswith("cuda"):
         # one core per xdist worker: intra-op threads of several workers spin against each other
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1))))
@@ -213,6 +219,28 @@ def _construct(run: Run, spec: str, device: str) -> tuple[Backend | None, list[s
         if run.book is not None:
             run.book.notes.remove("constructing the backend")
     return backend, extra
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """On the xdist controller, once the workers are started (xdist's own ``trylast``
+    ``pytest_sessionstart`` starts them, and it runs before this one): import in a
+    background thread what the controller will need at the end of the run anyway, while it
+    only waits for the workers. Measured with ``benchmarks/results/timeline_probe.py``: torch
+    (the default device, the report's versions and device name) and hypothesis (whose own
+    pytest plugin imports it in the terminal summary) took about 1 s each here at the end
+    of every ``-n`` run, after the last case."""
+    run = session.config.stash.get(RUN_KEY, None)
+    if run is not None and run.controller:
+        threading.Thread(target=_preload, args=(run,), name="pagedattn-preload", daemon=True).start()
+
+
+def _preload(run: Run) -> None:
+    try:
+        report.device_name(run.device)  # torch, the default device, CUDA's device name
+        import hypothesis  # noqa: F401
+    except BaseException:  # noqa: BLE001 - the main thread meets any error where it needs these
+        pass
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -25,7 +25,8 @@ class Run:
     not loaded (``suite`` is None): its description arrives from the workers."""
 
     spec: str | None = None
-    device: str = "cpu"
+    #: the device, or "" until ``device`` is first read (the xdist controller's default)
+    chosen_device: str = "cpu"
     profile: str = "quick"
     isolate: bool = False
     timeout: float | None = None
@@ -40,6 +41,22 @@ class Run:
     grouping_lost: str = ""
     expectations: list[dict[str, Any]] = field(default_factory=list)  # --expectations entries
     testrunuid: str = ""  # pytest-xdist's run id, seen by the controller (the warm-up's claims)
+
+    @property
+    def device(self) -> str:
+        """``--device``, or its default: ``cuda`` where torch sees a CUDA device, else ``cpu``.
+        Where the plugin left it open (the xdist controller, no ``--device``) the first read
+        picks the default: the controller imports torch only after xdist has started the
+        workers, not before (2-3 s of the H200 host's wall, every worker's start delayed)."""
+        if not self.chosen_device:
+            import torch
+
+            self.chosen_device = "cuda" if torch.cuda.is_available() else "cpu"
+        return self.chosen_device
+
+    @device.setter
+    def device(self, value: str) -> None:
+        self.chosen_device = value
 
 
 SUITE_KEY = pytest.StashKey["Suite | None"]()

@@ -210,18 +210,31 @@ def test_json_report_schema(pytester):
 
 def test_xdist_gives_the_serial_outcome(pytester):
     args = (DECODE, "pagedattn.conformance.test_properties", "--backend=reference")
+    # the controller starts its workers before it imports torch (Run.device): what it has
+    # imported when the first pytest_sessionstart runs (xdist starts the workers in its last)
+    pytester.makeconftest(
+        """
+import sys, pytest
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    if session.config.getoption("numprocesses", None) and not hasattr(session.config, "workerinput"):
+        open("controller-torch.txt", "w").write(str("torch" in sys.modules))
+"""
+    )
     serial = _run_here(pytester, *args, "--report-json=serial.json")
     parallel = _run(pytester, *args, "-n", "2", "--report-json=par.json")
     assert serial.ret == parallel.ret == 0
+    assert (pytester.path / "controller-torch.txt").read_text() == "False"
 
     def outcome(name):
         report = json.loads((pytester.path / name).read_text())
-        return sorted((c["nodeid"], c["status"]) for c in report["cases"]), report["summary"]
+        return sorted((c["nodeid"], c["status"]) for c in report["cases"]), report["summary"], report["target"]
 
-    s_cases, s_summary = outcome("serial.json")
-    p_cases, p_summary = outcome("par.json")
+    s_cases, s_summary, s_target = outcome("serial.json")
+    p_cases, p_summary, p_target = outcome("par.json")
     assert s_cases == p_cases and len(s_cases) > 20
     assert s_summary == p_summary
+    assert s_target["device"] == p_target["device"] == "cpu"  # the controller's default, picked late
 
 
 LSE = "pagedattn.conformance.test_lse"
