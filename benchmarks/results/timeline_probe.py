@@ -15,6 +15,8 @@ import os
 import sys
 import time
 
+import pytest
+
 _EVENTS: list = []
 _T: dict = {}
 
@@ -23,18 +25,21 @@ def _proc_start() -> float:
     """This process's start time (seconds since the epoch), from /proc."""
     with open("/proc/self/stat") as f:
         ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-    with open("/proc/stat") as f:
-        btime = next(int(line.split()[1]) for line in f if line.startswith("btime"))
-    return btime + ticks / os.sysconf("SC_CLK_TCK")
+    with open("/proc/uptime") as f:  # the boot time to 10 ms (/proc/stat's btime: whole seconds)
+        boot = time.time() - float(f.read().split()[0])
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _who(config) -> str:
     return getattr(config, "workerinput", {}).get("workerid", "controller")
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
     _T["proc_start"] = _proc_start()
     _T["configure"] = time.time()
+    if _who(config) == "controller" and getattr(config.option, "numprocesses", None):
+        return  # the adapter imports torch: not in the xdist controller, which never loads it
     try:  # the Triton adapter's warm-up: each call's start and end
         from pagedattn.adapters import triton as adapter
 
@@ -52,11 +57,17 @@ def pytest_configure(config):
         _T["patch_error"] = repr(exc)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session):
+    _T["sessionstart"] = time.time()  # after every plugin's configure (xdist's workers spawned)
+
+
+def pytest_collection(session):
+    _T["collect"] = time.time()
+
+
 def pytest_collection_finish(session):
     _T["collected"] = time.time()
-
-
-import pytest
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -64,6 +75,16 @@ def pytest_runtest_protocol(item, nextitem):
     t = time.time()
     yield
     _EVENTS.append((item.nodeid, t, time.time()))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session):
+    _T["sessionfinish"] = time.time()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    _T["summary"] = time.time()
 
 
 def pytest_unconfigure(config):
@@ -117,7 +138,9 @@ def show(d: str, cpu: str | None = None) -> None:
                 f" first {other[0][1] - t0:.1f} last end {max(e[2] for e in other) - t0:.1f}"
             )
         if search:
-            line += f" | search {len(search)}: {min(e[1] for e in search) - t0:.1f}..{max(e[2] for e in search) - t0:.1f}"
+            line += (
+                f" | search {len(search)}: {min(e[1] for e in search) - t0:.1f}..{max(e[2] for e in search) - t0:.1f}"
+            )
         if warm:
             line += (
                 f" | warm-ups {len(warm)} {sum(e[2] - e[1] for e in warm):.1f} s,"
