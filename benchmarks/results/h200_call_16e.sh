@@ -19,6 +19,7 @@ for mode in ${MODES:-auto}; do
   kill -INT $sampler; sleep 1
   python benchmarks/results/timeline_probe.py show $OUT/timeline-$tag $OUT/cpu-$tag.json | tee -a $OUT/call.log
   count_compiles $TRITON_CACHE_DIR
+  tar -czf $OUT/timeline-$tag.tgz -C $OUT timeline-$tag cpu-$tag.json && rm -rf $OUT/timeline-$tag $OUT/cpu-$tag.json
 done
 unset TIMELINE_DIR; export PYTHONPATH=${PYTHONPATH%:$PWD/benchmarks/results}
 unset TRITON_CACHE_DIR
