@@ -232,7 +232,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     of every ``-n`` run, after the last case."""
     run = session.config.stash.get(RUN_KEY, None)
     if run is not None and run.controller:
-        threading.Thread(target=_preload, args=(run,), name="pagedattn-preload", daemon=True).start()
+        run.preload = threading.Thread(target=_preload, args=(run,), name="pagedattn-preload", daemon=True)
+        run.preload.start()
 
 
 def _preload(run: Run) -> None:
@@ -246,6 +247,9 @@ def _preload(run: Run) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     from pagedattn.adapters.protocol import SupportsClose
 
+    run = config.stash.get(RUN_KEY, None)
+    if run is not None and run.preload is not None:
+        run.preload.join(30.0)  # no import left half done in a daemon thread at the interpreter's exit
     suite = config.stash.get(SUITE_KEY, None)
     if suite is not None and isinstance(suite.backend, SupportsClose):
         suite.backend.close()

@@ -14,6 +14,7 @@ import pytest
 
 if TYPE_CHECKING:
     import subprocess
+    import threading
 
     from pagedattn.book import RecordBook
     from pagedattn.suite import Suite
@@ -41,6 +42,7 @@ class Run:
     grouping_lost: str = ""
     expectations: list[dict[str, Any]] = field(default_factory=list)  # --expectations entries
     testrunuid: str = ""  # pytest-xdist's run id, seen by the controller (the warm-up's claims)
+    preload: threading.Thread | None = None  # the controller's imports in the background (plugin)
 
     @property
     def device(self) -> str:
