@@ -132,7 +132,7 @@ def arrange(config: pytest.Config, run: Run, items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.xdist_group(name=facts["configuration"]))
     order = {id(item): n for n, item in enumerate(items)}
     items.sort(key=lambda i: (id(i) not in keys, keys.get(id(i), ""), order[id(i)]))
-    spread_search(items, [i for i in items if keys.get(id(i)) == "search"])
+    # the search's items are spread once deselection is done (the plugin, ``spread_search``)
 
 
 #: Cases between two of the search's items in the run's order (see ``spread_search``).
@@ -151,7 +151,9 @@ def spread_search(items: list[pytest.Item], search: list[pytest.Item]) -> None:
     cases between them, a worker running a search item takes the next case into its
     queue, not the next search item, and the cases after them fill the workers that finish
     first. Late in the run still: the cases before have compiled the grid's kernels that the
-    search draws from. ``items`` is reordered in place; ``search`` is in its run order."""
+    search draws from. ``items`` is reordered in place; ``search`` is in its run order. Under
+    ``--isolate`` (``--dist loadgroup``) xdist hands out groups largest first, so the
+    search's one-item groups go out among the last anyway."""
     if not search:
         return
     ids = {id(i) for i in search}

@@ -125,13 +125,14 @@ def pytest_configure(config: pytest.Config) -> None:
     if config.getoption("--replay"):
         ReplaySpec.load(config.getoption("--replay"))  # a bad file: one usage error, now
     device = config.getoption("--device") or ""
-    if device or not _is_controller(config):
+    # the xdist controller imports torch only to check an asked-for CUDA device; its default
+    # device is picked when first read (``Run.device``), after xdist has started the workers
+    if device.startswith("cuda") or not _is_controller(config):
         import torch
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if device.startswith("cuda") and not torch.cuda.is_available():
             raise pytest.UsageError(f"--device={device}: torch sees no CUDA device here")
-    # else the xdist controller's default device: picked when first read (``Run.device``)
     run.expectations = load_expectations(config.getoption("--expectations"))
     timeout = config.getoption("--case-timeout")
     run.isolate = bool(config.getoption("--isolate") or isinstance(timeout, float))
@@ -221,17 +222,18 @@ def _construct(run: Run, spec: str, device: str) -> tuple[Backend | None, list[s
     return backend, extra
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """On the xdist controller, once the workers are started (xdist's own ``trylast``
-    ``pytest_sessionstart`` starts them, and it runs before this one): import in a
-    background thread what the controller will need at the end of the run anyway, while it
-    only waits for the workers. Measured with ``benchmarks/results/timeline_probe.py``: torch
-    (the default device, the report's versions and device name) and hypothesis (whose own
-    pytest plugin imports it in the terminal summary) took about 1 s each here at the end
-    of every ``-n`` run, after the last case."""
-    run = session.config.stash.get(RUN_KEY, None)
-    if run is not None and run.controller:
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
+    """On the xdist controller, once the first worker has collected: import in a background
+    thread what the controller will need at the end of the run anyway, while it only waits
+    for the workers. Measured with ``benchmarks/results/timeline_probe.py``: torch (the
+    default device, the report's versions and device name) and hypothesis (whose own pytest
+    plugin imports it in the terminal summary) took about 1 s each here at the end of every
+    ``-n`` run, after the last case. Not sooner: before the workers start they would wait for
+    it, and while they import torch themselves it competes with them (2 cores: the first case
+    0.3 s later)."""
+    run = node.config.stash.get(RUN_KEY, None)
+    if run is not None and run.controller and run.preload is None:
         run.preload = threading.Thread(target=_preload, args=(run,), name="pagedattn-preload", daemon=True)
         run.preload.start()
 
@@ -297,6 +299,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             raise pytest.UsageError(collection.need_backend())
         return
     collection.arrange(config, run, items)
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+def pytest_collection_modifyitems_spread_search(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """After deselection (``-k``, ``-m``, ``--deselect``): the search's items among the last
+    of the items left (``collection.spread_search``)."""
+    run = config.stash.get(RUN_KEY, None)
+    if run is not None and run.spec:
+        collection.spread_search(items, [i for i in items if noted(i).get("configuration") == "search"])
 
 
 def warmup_ahead_wanted(config: pytest.Config, run: Run) -> bool:

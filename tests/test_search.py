@@ -313,15 +313,17 @@ def test_items_run_among_the_last_cases_a_stride_apart(pytester):
     from pagedattn.collection import SEARCH_STRIDE
     from pagedattn.record import noted as facts
 
-    rec = pytester.inline_run("--pyargs", "pagedattn.conformance", "--backend=reference", "--profile=standard", "--co")
-    items = rec.getcalls("pytest_collection_finish")[0].session.items  # in the run's order
-    where = [n for n, i in enumerate(items) if i.name.startswith("test_search[")]
-    count = search_plan.ITEMS["standard"]
-    assert [items[n].name for n in where] == [f"test_search[seed{k}]" for k in range(count)]
-    assert where == [len(items) - (count - k) * (SEARCH_STRIDE + 1) for k in range(count)], where
-    # the other items keep the order by configuration (compile key)
-    keys = [facts(i).get("configuration", "") for n, i in enumerate(items) if n not in where]
-    assert keys == sorted(keys)
+    for select in ([], ["-k", "search or decode"]):  # spread among what is left after -k
+        args = ("--pyargs", "pagedattn.conformance", "--backend=reference", "--profile=standard", "--co", *select)
+        rec = pytester.inline_run(*args)
+        items = rec.getcalls("pytest_collection_finish")[0].session.items  # in the run's order
+        where = [n for n, i in enumerate(items) if i.name.startswith("test_search[")]
+        count = search_plan.ITEMS["standard"]
+        assert [items[n].name for n in where] == [f"test_search[seed{k}]" for k in range(count)]
+        assert where == [len(items) - (count - k) * (SEARCH_STRIDE + 1) for k in range(count)], (select, where)
+        # the other items keep the order by configuration (compile key)
+        keys = [facts(i).get("configuration", "") for n, i in enumerate(items) if n not in where]
+        assert keys == sorted(keys) and len(keys) >= count * SEARCH_STRIDE, (select, len(keys))
 
 
 @pytest.mark.parametrize(
