@@ -74,21 +74,24 @@ def _claims_lines(info: dict[str, Any]) -> list[str]:
 
 def header_lines(config: pytest.Config, run: Run) -> list[str]:
     """The terminal report header: suite and backend versions, where it runs, the guard
-    against crashes, the policy and the claims."""
-    import torch
-
-    env = f"  torch {torch.__version__}, triton {dist_version('triton')}, python {platform.python_version()}"
+    against crashes, the policy and the claims. On the xdist controller, torch-free: the header
+    is written before xdist starts the workers (``Run.device``)."""
+    versions = f"triton {dist_version('triton')}, python {platform.python_version()}"
     if run.controller:
         dist = config.getoption("dist")
         how = "(each configuration on one worker)"
         if dist != "loadgroup":
             how = "(--dist loadgroup keeps each configuration on one worker; the default with --isolate)"
+        device = run.chosen_device or "the default (cuda where torch sees one, else cpu)"
         return [
             f"pagedattn {__version__}: backend {run.spec} (loaded in each xdist worker, not in this process)",
-            f"  device {run.device}; profile {run.profile}; --dist {dist} {how}",
-            env,
+            f"  device {device}; profile {run.profile}; --dist {dist} {how}",
+            f"  torch {dist_version('torch')}, {versions}",
             _guard_line(run),
         ]
+    import torch
+
+    env = f"  torch {torch.__version__}, {versions}"
     name = f"{run.info.get('name', run.spec)} {run.info.get('version', '') or ''}".rstrip()
     lines = [
         f"pagedattn {__version__}: backend {name}",

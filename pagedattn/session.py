@@ -48,8 +48,9 @@ class Run:
     def device(self) -> str:
         """``--device``, or its default: ``cuda`` where torch sees a CUDA device, else ``cpu``.
         Where the plugin left it open (the xdist controller, no ``--device``) the first read
-        picks the default: the controller imports torch only after xdist has started the
-        workers, not before (2-3 s of the H200 host's wall, every worker's start delayed)."""
+        picks the default: the controller's configure and header do not read it, so it imports
+        torch only after xdist has started the workers (before, every worker's start waited
+        for the controller's torch import, 1-3 s)."""
         if not self.chosen_device:
             import torch
 

@@ -209,16 +209,18 @@ def test_json_report_schema(pytester):
 
 
 def test_xdist_gives_the_serial_outcome(pytester):
+    import torch
+
+    from pagedattn import report
+
     args = (DECODE, "pagedattn.conformance.test_properties", "--backend=reference")
-    # the controller starts its workers before it imports torch (Run.device): what it has
-    # imported when the first pytest_sessionstart runs (xdist starts the workers in its last)
+    # the controller starts its workers before it imports torch (Run.device, the header):
+    # what it has imported when xdist is about to start them, the header written (not -q)
     pytester.makeconftest(
         """
-import sys, pytest
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionstart(session):
-    if session.config.getoption("numprocesses", None) and not hasattr(session.config, "workerinput"):
-        open("controller-torch.txt", "w").write(str("torch" in sys.modules))
+import sys
+def pytest_xdist_setupnodes(config, specs):
+    open("controller-torch.txt", "w").write(str("torch" in sys.modules))
 """
     )
     serial = _run_here(pytester, *args, "--report-json=serial.json")
@@ -234,7 +236,10 @@ def pytest_sessionstart(session):
     p_cases, p_summary, p_target = outcome("par.json")
     assert s_cases == p_cases and len(s_cases) > 20
     assert s_summary == p_summary
-    assert s_target["device"] == p_target["device"] == "cpu"  # the controller's default, picked late
+    # the controller's default device, picked late, is the serial run's
+    assert (
+        s_target["device"] == p_target["device"] == report.device_name("cuda" if torch.cuda.is_available() else "cpu")
+    )
 
 
 LSE = "pagedattn.conformance.test_lse"
