@@ -59,7 +59,7 @@ def pytest_configure(config):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session):
-    _T["sessionstart"] = time.time()  # after every plugin's configure (xdist's workers spawned)
+    _T["sessionstart"] = time.time()  # after every configure; on the controller before xdist starts the workers
 
 
 def pytest_collection(session):
