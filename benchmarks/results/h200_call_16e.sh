@@ -15,7 +15,7 @@ for mode in ${MODES:-auto}; do
   export PYTHONPATH=$PYTHONPATH:$PWD/benchmarks/results
   TAIL=4 step thorough_$mode 150 python -m pytest -p pagedattn.plugin -p timeline_probe -p no:cacheprovider conformance \
     --backend=pagedattn.adapters.triton:TritonBackend --profile=thorough -n 8 --warmup-ahead=$mode \
-    --report-json=$OUT/thorough-$tag.json -q
+    --report-json=$OUT/thorough-$tag.json ${PYARGS--q}
   kill -INT $sampler; sleep 1
   python benchmarks/results/timeline_probe.py show $OUT/timeline-$tag $OUT/cpu-$tag.json | tee -a $OUT/call.log
   count_compiles $TRITON_CACHE_DIR
