@@ -230,8 +230,8 @@ def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
     default device, the report's versions and device name) and hypothesis (whose own pytest
     plugin imports it in the terminal summary) took about 1 s each here at the end of every
     ``-n`` run, after the last case. Not sooner: before the workers start they would wait for
-    it, and while they import torch themselves it competes with them (2 cores: the first case
-    0.3 s later)."""
+    it, and while they import torch themselves it competes with them (2 cores, started at the
+    session's start: the first case about 1 s later)."""
     run = node.config.stash.get(RUN_KEY, None)
     if run is not None and run.controller and run.preload is None:
         run.preload = threading.Thread(target=_preload, args=(run,), name="pagedattn-preload", daemon=True)
