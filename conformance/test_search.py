@@ -11,7 +11,6 @@ lives in ``pagedattn.search``.
 
 import pytest
 
-from pagedattn.search import SearchRun
 from pagedattn.search_plan import budget_seconds, search_items
 
 FAMILY = "search"
@@ -29,5 +28,9 @@ def pytest_generate_tests(metafunc):
 
 
 def test_search(pagedattn_suite, search_item, request):
+    # hypothesis is imported here, not when the suite is collected: ~1 s of every xdist
+    # worker's start, before any case runs (the budget's clock starts inside SearchRun.run)
+    from pagedattn.search import SearchRun
+
     budget = budget_seconds(request.config.getoption("--search-budget"), pagedattn_suite.device)
     SearchRun(pagedattn_suite, request.node, search_item, budget).run()

@@ -10,8 +10,7 @@ from typing import Any
 from pagedattn.adapters.protocol import Claims
 from pagedattn.cases import CaseSpec, grid
 from pagedattn.cases.configuration import Configuration
-from pagedattn.cases.grid import BLOCK_SIZES, FAMILIES, HEAD_DIMS
-from pagedattn.cases.strategies import FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS
+from pagedattn.cases.grid import BLOCK_SIZES, FAMILIES, FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS, HEAD_DIMS
 
 #: hypothesis draws of the whole search (all items together), per profile
 EXAMPLES = {"quick": 25, "standard": 100, "thorough": 300}

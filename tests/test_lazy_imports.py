@@ -76,3 +76,24 @@ def test_the_grid_takes_its_profiles_from_the_torch_free_options():
     grid = importlib.import_module("pagedattn.cases.grid")  # the module: pagedattn.cases.grid is also a function
 
     assert grid.PROFILES is options.PROFILES, "grid.PROFILES must be pagedattn.options.PROFILES"
+
+
+def test_collecting_the_suite_imports_no_hypothesis(pytester):
+    """The search's items import hypothesis when they run, not when the suite is collected:
+    ~1 s of every xdist worker's start, before any case can run."""
+    pytester.makeconftest(
+        """
+import json, sys
+def pytest_collection_finish(session):
+    with open("collected.json", "w") as f:
+        json.dump({"hypothesis": "hypothesis" in sys.modules, "items": [i.name for i in session.items]}, f)
+"""
+    )
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance", "--backend=reference", "--collect-only", "-q"
+    )
+    assert result.ret == 0, result.stdout.str()
+    with open(pytester.path / "collected.json") as f:
+        collected = json.load(f)
+    assert any(name.startswith("test_search[") for name in collected["items"]), len(collected["items"])
+    assert collected["hypothesis"] is False

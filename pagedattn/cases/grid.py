@@ -24,6 +24,11 @@ FAMILIES = CORE_FAMILIES + VARIANT_FAMILIES
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (48, 64, 80, 96, 112, 128, 256)
 BLOCK_SIZES = (1, 2, 3, 13, 16, 32, 128)
+#: the axes of the search's free draws (``strategies``; small head dims keep CPU runs short),
+#: here so that the search's plan needs no hypothesis to be collected
+FREE_HEAD_DIMS = HEAD_DIMS[:4]
+FREE_BLOCK_SIZES = (1, 2, 3, 4, 8, 13, 16, 32)
+FREE_GQA_RATIOS = (1, 2, 4, 8)
 
 F32, F16, BF16 = DTYPES
 

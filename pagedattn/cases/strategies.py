@@ -13,16 +13,12 @@ from hypothesis import strategies as st
 
 from pagedattn.cases.configuration import SWITCHED as _SWITCHED
 from pagedattn.cases.configuration import Configuration
-from pagedattn.cases.grid import DTYPES, HEAD_DIMS
+from pagedattn.cases.grid import DTYPES, FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS
 from pagedattn.cases.spec import CaseSpec
 from pagedattn.problem import FP8_DTYPES
 
 #: (max history, max sequences, max query heads) per profile
 BOUNDS = {"quick": (96, 3, 8), "standard": (1024, 6, 16), "thorough": (8192, 8, 32)}
-#: the free draws' axes (small head dims keep CPU runs short)
-FREE_HEAD_DIMS = HEAD_DIMS[:4]
-FREE_BLOCK_SIZES = (1, 2, 3, 4, 8, 13, 16, 32)
-FREE_GQA_RATIOS = (1, 2, 4, 8)
 
 
 _FP8_NAMES = FP8_DTYPES
