@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -222,20 +223,26 @@ def _construct(run: Run, spec: str, device: str) -> tuple[Backend | None, list[s
     return backend, extra
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_node_collection_finished(node: Any, ids: list[str]) -> None:
-    """On the xdist controller, once the first worker has collected: import in a background
-    thread what the controller will need at the end of the run anyway, while it only waits
-    for the workers. Measured with ``benchmarks/results/timeline_probe.py``: torch (the
-    default device, the report's versions and device name) and hypothesis (whose own pytest
-    plugin imports it in the terminal summary) took about 1 s each here at the end of every
-    ``-n`` run, after the last case. Not sooner: before the workers start they would wait for
-    it, and while they import torch themselves it competes with them (2 cores, started at the
-    session's start: the first case about 1 s later)."""
-    run = node.config.stash.get(RUN_KEY, None)
-    if run is not None and run.controller and run.preload is None:
+@pytest.hookimpl(wrapper=True)
+def pytest_sessionstart(session: pytest.Session) -> Generator[None, None, None]:
+    """On the xdist controller, once every ``pytest_sessionstart`` has run (xdist's starts the
+    workers) and where the host has a core to spare for it beside each worker: import in a
+    background thread what the controller needs once the workers report (torch, the default
+    device and CUDA's device name for the report's header, first written when a worker has
+    collected) and at the end (hypothesis, whose own pytest plugin imports it in the terminal
+    summary). Measured with ``benchmarks/results/timeline_probe.py`` on the H200 (16 cores,
+    ``-n 8``): done in the main thread, these imports held the controller 2-4 s after the
+    workers had collected, before it handed out the first cases (a C extension's import and
+    CUDA's initialization keep the GIL), and hypothesis ~1 s after the last case. Where the
+    workers take every core (2 cores, ``-n 2``) the thread would only slow their own start."""
+    result = yield
+    run = session.config.stash.get(RUN_KEY, None)
+    workers = session.config.getoption("numprocesses", None)
+    spare = isinstance(workers, int) and (os.cpu_count() or 1) >= 2 * workers
+    if run is not None and run.controller and spare:
         run.preload = threading.Thread(target=_preload, args=(run,), name="pagedattn-preload", daemon=True)
         run.preload.start()
+    return result
 
 
 def _preload(run: Run) -> None:
