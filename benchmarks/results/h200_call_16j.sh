@@ -9,7 +9,7 @@ for which in old new old new; do
   export TRITON_CACHE_DIR=$(mktemp -d /tmp/tcache-$which-XXXX); tag=$which-$(basename $TRITON_CACHE_DIR)
   export TIMELINE_DIR=$OUT/timeline-$tag
   if [ $which = old ]; then
-    (cd .tox/old1ca826e && PYTHONPATH=$PWD:$PWD/../../benchmarks/results TAIL=3 step thorough_$which 120 python -m pytest -p pagedattn.plugin -p timeline_probe -p no:cacheprovider conformance --backend=pagedattn.adapters.triton:TritonBackend --profile=thorough -n 8 --report-json=$OUT/thorough-$tag.json)
+    (cd .tox/old1ca826e && export PYTHONPATH=$PWD:$PWD/../../benchmarks/results && TAIL=3 step thorough_$which 120 python -m pytest -p pagedattn.plugin -p timeline_probe -p no:cacheprovider conformance --backend=pagedattn.adapters.triton:TritonBackend --profile=thorough -n 8 --report-json=$OUT/thorough-$tag.json)
   else
     TAIL=3 step thorough_$which 120 python -m pytest -p pagedattn.plugin -p timeline_probe -p no:cacheprovider conformance --backend=pagedattn.adapters.triton:TritonBackend --profile=thorough -n 8 --report-json=$OUT/thorough-$tag.json
   fi
