@@ -118,6 +118,7 @@ def pytest_configure(config: pytest.Config) -> None:
     run = Run()
     config.stash[RUN_KEY] = run
     config.stash[SUITE_KEY] = None
+    config.pluginmanager.register(_SearchLast(), "pagedattn-search-last")
     spec = config.getoption("--backend")
     if not spec:
         return
@@ -223,7 +224,7 @@ def _construct(run: Run, spec: str, device: str) -> tuple[Backend | None, list[s
     return backend, extra
 
 
-@pytest.hookimpl(wrapper=True)
+@pytest.hookimpl(hookwrapper=True)  # old-style: pluggy < 1.1 (pytest 7.4 allows it) has no wrapper=True
 def pytest_sessionstart(session: pytest.Session) -> Generator[None, None, None]:
     """On the xdist controller, once every ``pytest_sessionstart`` has run (xdist's starts the
     workers) and where the host has a core to spare for it beside each worker: import in a
@@ -235,14 +236,13 @@ def pytest_sessionstart(session: pytest.Session) -> Generator[None, None, None]:
     workers had collected, before it handed out the first cases (a C extension's import and
     CUDA's initialization keep the GIL), and hypothesis ~1 s after the last case. Where the
     workers take every core (2 cores, ``-n 2``) the thread would only slow their own start."""
-    result = yield
+    yield
     run = session.config.stash.get(RUN_KEY, None)
     workers = session.config.getoption("numprocesses", None)
     spare = isinstance(workers, int) and (os.cpu_count() or 1) >= 2 * workers
     if run is not None and run.controller and spare:
         run.preload = threading.Thread(target=_preload, args=(run,), name="pagedattn-preload", daemon=True)
         run.preload.start()
-    return result
 
 
 def _preload(run: Run) -> None:
@@ -308,13 +308,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     collection.arrange(config, run, items)
 
 
-@pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
-def pytest_collection_modifyitems_spread_search(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """After deselection (``-k``, ``-m``, ``--deselect``): the search's items among the last
-    of the items left (``collection.spread_search``)."""
-    run = config.stash.get(RUN_KEY, None)
-    if run is not None and run.spec:
-        collection.spread_search(items, [i for i in items if noted(i).get("configuration") == "search"])
+class _SearchLast:
+    """A second ``pytest_collection_modifyitems``, after deselection (``-k``, ``-m``,
+    ``--deselect``): the search's items among the last of the items left
+    (``collection.spread_search``). Its own plugin object, as a module has one function per
+    hook name (pluggy's ``specname``, the alternative, needs pluggy >= 1.2)."""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        run = config.stash.get(RUN_KEY, None)
+        if run is not None and run.spec:
+            collection.spread_search(items, [i for i in items if noted(i).get("configuration") == "search"])
 
 
 def warmup_ahead_wanted(config: pytest.Config, run: Run) -> bool:

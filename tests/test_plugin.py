@@ -242,6 +242,32 @@ def pytest_xdist_setupnodes(config, specs):
     )
 
 
+def test_the_controller_imports_in_the_background_where_a_core_is_spare(pytester):
+    """-n 1 on a host of 2 cores or more: the controller's torch and hypothesis come from its
+    background thread, started after the worker (``plugin.pytest_sessionstart``), joined at exit."""
+    pytester.makeconftest(
+        """
+import json, sys
+def pytest_xdist_setupnodes(config, specs):
+    open("at-setup.json", "w").write(json.dumps([m for m in ("torch", "hypothesis") if m in sys.modules]))
+def pytest_unconfigure(config):
+    from pagedattn.session import RUN_KEY
+    run = config.stash.get(RUN_KEY, None)
+    if run is not None and run.controller:
+        thread = run.preload
+        if thread is not None:
+            thread.join(60)  # (the plugin joins it too; this hook may run first)
+        open("preload.json", "w").write(json.dumps([thread is not None, thread is not None and thread.is_alive()]))
+"""
+    )
+    result = _run(pytester, DECODE, "--backend=reference", "-n", "1", "--report-json=r.json")
+    assert result.ret == 0, result.stdout.str()
+    assert json.loads((pytester.path / "at-setup.json").read_text()) == []
+    started, alive = json.loads((pytester.path / "preload.json").read_text())
+    assert started == ((os.cpu_count() or 1) >= 2) and not alive
+    assert json.loads((pytester.path / "r.json").read_text())["target"]["device"].startswith(("cpu", "cuda"))
+
+
 LSE = "pagedattn.conformance.test_lse"
 WINDOW = "pagedattn.conformance.test_sliding_window"
 
