@@ -233,8 +233,9 @@ def pytest_sessionstart(session: pytest.Session) -> Generator[None, None, None]:
     collected) and at the end (hypothesis, whose own pytest plugin imports it in the terminal
     summary). Measured with ``benchmarks/results/timeline_probe.py`` on the H200 (16 cores,
     ``-n 8``): done in the main thread, these imports held the controller 2-4 s after the
-    workers had collected, before it handed out the first cases (a C extension's import and
-    CUDA's initialization keep the GIL), and hypothesis ~1 s after the last case. Where the
+    workers had collected, before it handed out the first cases (most likely the GIL, which a C
+    extension's import and CUDA's initialization keep; not profiled), and hypothesis ~1 s after
+    the last case. Where the
     workers take every core (2 cores, ``-n 2``) the thread would only slow their own start."""
     yield
     run = session.config.stash.get(RUN_KEY, None)
