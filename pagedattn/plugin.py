@@ -240,8 +240,10 @@ def pytest_sessionstart(session: pytest.Session) -> Generator[None, None, None]:
     yield
     run = session.config.stash.get(RUN_KEY, None)
     workers = session.config.getoption("numprocesses", None)
-    spare = isinstance(workers, int) and (os.cpu_count() or 1) >= 2 * workers
-    if run is not None and run.controller and spare:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    spare = isinstance(workers, int) and cores >= 2 * workers
+    started = session.config.pluginmanager.has_plugin("dsession")  # none under --collect-only
+    if run is not None and run.controller and spare and started:
         run.preload = threading.Thread(target=_preload, args=(run,), name="pagedattn-preload", daemon=True)
         run.preload.start()
 
@@ -313,7 +315,8 @@ class _SearchLast:
     """A second ``pytest_collection_modifyitems``, after deselection (``-k``, ``-m``,
     ``--deselect``): the search's items among the last of the items left
     (``collection.spread_search``). Its own plugin object, as a module has one function per
-    hook name (pluggy's ``specname``, the alternative, needs pluggy >= 1.2)."""
+    hook name (pluggy's ``specname``, the alternative, needs pluggy >= 1.0; pytest 7.4, which
+    the package allows, takes pluggy from 0.12)."""
 
     @pytest.hookimpl(trylast=True)
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -222,7 +222,9 @@ def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path, monkeypatch):
     rec = noted(node)
     assert rec["status"] == "passed" and rec["skipped_too_large"] >= 1, rec
     assert rec["examples"] >= 5, rec  # the share was spent on draws, not given up at once
-    assert clock[0] < 2 * 0.5, f"a 0.5 s share took {clock[0]:.2f} s: a large draw overran it"
+    # no noise on this clock: the share is kept to the draws' estimate (a draw run although
+    # estimated too large took it to 0.77 s)
+    assert clock[0] <= 1.2 * 0.5, f"a 0.5 s share took {clock[0]:.2f} s: a large draw overran it"
 
 
 def test_a_raising_backend_is_a_failure_with_a_replay(tmp_path):
