@@ -240,12 +240,16 @@ def pytest_sessionstart(session: pytest.Session) -> Generator[None, None, None]:
     yield
     run = session.config.stash.get(RUN_KEY, None)
     workers = session.config.getoption("numprocesses", None)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    spare = isinstance(workers, int) and cores >= 2 * workers
+    spare = isinstance(workers, int) and usable_cores() >= 2 * workers
     started = session.config.pluginmanager.has_plugin("dsession")  # none under --collect-only
     if run is not None and run.controller and spare and started:
         run.preload = threading.Thread(target=_preload, args=(run,), name="pagedattn-preload", daemon=True)
         run.preload.start()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it, else all)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _preload(run: Run) -> None:
