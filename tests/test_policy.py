@@ -486,3 +486,24 @@ def test_the_device_path_forms_the_same_bounds_and_verdicts(name, monkeypatch):
     assert dev_verdicts == cpu_verdicts
     assert "within the error bound" in cpu_verdicts["correct"][0], cpu_verdicts["correct"][0]
     assert "non-finite" in cpu_verdicts["nan"][0], cpu_verdicts["nan"][0]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [s for s in ATTENTION_SPECS if s.family in ("prefill", "chunked", "sliding_window", "alibi", "combined", "sinks")],
+    ids=lambda s: s.id,
+)
+def test_the_blocks_change_no_bound(spec, monkeypatch):
+    """The bound's terms are each row's own (the largest norm and smallest logit among the keys
+    it sees, the number of them), so blocks of one row and the oracle's blocks of many give the
+    same bounds, but for the float32 product's rounding. A block-wide term (the smallest logit or
+    largest key of the block's keys, hidden ones too; their count) moved them up to 1.39x."""
+    case = spec.build()
+    many = policy.attention_lse_error_bounds(case)
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
+    monkeypatch.setattr(policy, "_LIVE", 1 << 12)  # under the 1 MiB cap: blocks of one row
+    assert all(c.q.shape[2] == 1 for c in iter_chunks(case, live=policy._LIVE)), "blocks of one row expected"
+    one = policy.attention_lse_error_bounds(case)
+    for what, a, b in (("output", many[1], one[1]), ("lse", many[3], one[3])):
+        moved = float(torch.maximum(a / b, b / a).max()) - 1.0
+        assert moved <= policy.BLOCK_RTOL, f"{spec.id}: the {what} bound moved by {moved:.3g} with the blocks"

@@ -123,7 +123,8 @@ class Chunk(NamedTuple):
     sink_probs: torch.Tensor | None  # [Hkv, G, n]: the sink's share of the denominator
     key_share: torch.Tensor | None  # [Hkv, G, n]: the keys' share, sum_j probs (None: 1, no sink)
     alibi: tuple[torch.Tensor, torch.Tensor] | None  # slopes [Hkv, G, 1, 1], j - p [n, Lc]
-    score_floor: torch.Tensor | None  # [Hkv, G, n]: min logit over the chunk's keys, masked ones too
+    score_floor: torch.Tensor | None  # [Hkv, G, n]: the row's smallest logit over the keys it sees
+    k_all: torch.Tensor  # [Hkv, L, D]: the sequence's whole history of keys (k is k_all[:, keys])
     v_all: torch.Tensor  # [Hkv, L, D]: the sequence's whole history (v is v_all[:, keys])
 
     def output(self, v: torch.Tensor | None = None, probs: torch.Tensor | None = None) -> torch.Tensor:
@@ -161,7 +162,7 @@ def iter_chunks(
     they can see, sized so that ``live`` float64 score-sized tensors of one block fit
     ``budget`` bytes (default ``max_bytes()``): a consumer that keeps more tensors of
     the block's size alive asks for smaller blocks. ``score_floor``: also each row's
-    smallest logit over the block's keys (a lower bound of its smallest visible one)."""
+    smallest logit over the keys it sees (one more pass over the block's scores)."""
     budget = max_bytes() if budget is None else budget
     loc = case.query_start_loc_list
     cap = case.logits_soft_cap
@@ -195,11 +196,14 @@ def iter_chunks(
                 rel = (torch.arange(keys.start, keys.stop, device=k.device)[None, :] - pos[:, None]).to(torch.float64)
                 alibi = (slopes, rel)  # bias = slopes * rel, [Hkv, G, n, Lc]
                 scores += slopes * rel
-            floor = scores.amin(dim=-1) if score_floor else None  # before the mask: every key finite
             j = torch.arange(keys.start, keys.stop, device=k.device)[None, :]
             hidden = j > pos[:, None]  # [n, Lc]
             if W is not None:
                 hidden |= j <= pos[:, None] - W
+            floor = None
+            if score_floor:  # the smallest visible logit: the hidden ones set above every finite one first
+                # (a single row sees every key of its block: nothing is hidden)
+                floor = (scores if n == 1 else scores.masked_fill_(hidden, float("inf"))).amin(dim=-1)
             scores.masked_fill_(hidden, float("-inf"))
             row_max = scores.amax(dim=-1)  # [Hkv, G, n]; every row sees itself, so finite
             if sinks is not None:
@@ -215,7 +219,7 @@ def iter_chunks(
             probs /= denom[..., None]
             lse = row_max + torch.log(denom)
             yield Chunk(
-                b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, key_share, alibi, floor, v_all
+                b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, key_share, alibi, floor, k_all, v_all
             )
             del scores, probs  # before the next block's are allocated: one block alive at a time
 
