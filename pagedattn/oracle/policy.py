@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import torch
 
 from pagedattn.oracle.case import PagedCase
-from pagedattn.oracle.reference import iter_chunks
+from pagedattn.oracle.reference import Chunk, iter_chunks
 from pagedattn.problem import ProblemError
 
 # --------------------------------------------------------------------- constants
@@ -240,17 +240,21 @@ class _Bound(NamedTuple):
     e_lse: torch.Tensor | None  # [n, Hq] float64
 
 
-def chunk_bounds(
-    case: PagedCase, precision: str, qk_precision: str = "fp32", tanh_precision: str = "ieee", with_lse: bool = True
-) -> Iterator[_Bound]:
-    """The model's terms per block of query rows (consecutive small blocks merged, see
-    ``_merged``), in token order, from the oracle's own pass (its weights, maxima,
-    denominators and smallest logits). The score term is
-    formed per row (``docs/tolerance.md``: the largest ``ds_j`` of the row bounds every
-    key's), so the only work of the scores' size beyond the oracle's is one product of
-    the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64).
-    ``with_lse=False``: the log-sum-exp's fields are ``None`` (not formed: on a device every
-    operation is a launch, and a check of the output alone has no use for them)."""
+class _Terms(NamedTuple):
+    """The model's constants for one case and declared precisions (``docs/tolerance.md``)."""
+
+    model: DtypeModel
+    a: float  # coefficient of |q| max_j |k_j| in a row's largest ds_j
+    row_const: float  # the rest of it that does not depend on the row: exp, the soft-cap's tanh
+    u_w: float  # the weights' rounding where they meet V
+    pv: float  # coefficient of sum_j p_j |v_j| (before the product's allowance), less E_accum's
+    sinks: torch.Tensor | None  # [Hkv, G, 1] float64
+    sink_const: torch.Tensor | None  # [Hkv, G, 1] float64: C_EXP + |sink|
+    device_path: bool  # no host read per block (a device, or DEVICE_PATH_ON_CPU)
+    subnormal_free: bool  # (device path) no weight of the case can fall below the weights' min normal
+
+
+def _terms(case: PagedCase, precision: str, qk_precision: str, tanh_precision: str) -> _Terms:
     validate_precisions(precision, qk_precision, tanh_precision=tanh_precision)
     model = DTYPE_TABLE[case.dtype]
     tf32 = precision == "tf32" and case.dtype == torch.float32
@@ -263,43 +267,120 @@ def chunk_bounds(
     # q.k from products rounded to the input dtype, and the sum rounded to it once
     half = case.dtype in (torch.float16, torch.bfloat16)
     u_qk = 2.0 * _u(case.dtype) if qk_precision == "input" and half else 0.0
-    D = case.head_dim
-    a = (C_DOT * U_FP32 * math.sqrt(D) + 2.0 * u_op + u_kv + u_qk) * case.scale  # coefficient of |q||k_j|
+    a = (C_DOT * U_FP32 * math.sqrt(case.head_dim) + 2.0 * u_op + u_kv + u_qk) * case.scale
     row_const = U_FP32 * (C_EXP + (C_EXP * case.logits_soft_cap if case.logits_soft_cap is not None else 0.0))
     if tanh_precision == "approx" and case.logits_soft_cap is not None:
         # a declared approximate soft-cap (docs/tolerance.md): c tanh(y) off by u_tanh c |tanh y|,
         # and by c |y| sech(y)^2 u_rcp < c u_rcp from the approximate 1/c in y's scale
         row_const += (U_TANH_APPROX + U_RCP_APPROX) * case.logits_soft_cap
     sinks = case.sinks.to(torch.float64).view(case.num_kv_heads, case.gqa_ratio, 1) if case.sinks is not None else None
-    log_min_normal = math.log(model.weights_min_normal)
     device_path = case.device.type != "cpu" or DEVICE_PATH_ON_CPU
     # on a device, whether a block may need the subnormal correction is read once, for the case
     subnormal_free = device_path and _weights_stay_normal(case, model.weights_min_normal)
+    return _Terms(
+        model,
+        a,
+        row_const,
+        u_w,
+        C_W * u_w + u_kv + u_v,
+        sinks,
+        C_EXP + sinks.abs() if sinks is not None else None,
+        device_path,
+        subnormal_free,
+    )
+
+
+class _KeyMax:
+    """The largest norm among the keys each row of a block sees, ``[Hkv, 1, n]`` float64 (``n``
+    1: ``[Hkv, 1, 1]``): a single row sees its block's keys; a block of rows, each its own range of
+    them, from a sliding maximum of the sequence's key norms formed once a sequence."""
+
+    def __init__(self, window: int | None) -> None:
+        self.window, self.seq, self.reach = window, -1, torch.empty(0)
+
+    def __call__(self, c: Chunk) -> torch.Tensor:
+        Hkv, _, n, _ = c.probs.shape
+        if n == 1:
+            return c.k.norm(dim=-1).amax(dim=-1).view(Hkv, 1, 1)
+        if self.seq != c.seq:
+            self.seq, self.reach = c.seq, _key_reach(c.k_all, self.window)
+        return self.reach[:, c.keys.stop - n : c.keys.stop].view(Hkv, 1, n)  # rows p0 .. p1
+
+
+def _visible_keys_grow(c: Chunk, window: int | None) -> float | torch.Tensor:
+    """``1 + (k + 3) u_fp32`` for each row of the block, ``k`` the keys it sees (a float for a
+    single row, ``[n, 1, 1]`` float64 otherwise): the rounding allowance of a float32 sum of
+    nonnegative float32 products of float32-rounded factors, ``k`` of them nonzero (a hidden key's
+    weight is 0 and adds exactly). A single row sees its block's Lc keys; row p, min(p + 1, W)."""
+    _, _, n, Lc = c.probs.shape
+    if n == 1:
+        return 1.0 + (Lc + 3) * U_FP32
+    seen = torch.arange(c.keys.stop - n + 1, c.keys.stop + 1, dtype=torch.float64, device=c.probs.device)
+    if window is not None:
+        seen.clamp_(max=window)
+    return seen.mul_(U_FP32).add_(1.0 + 3 * U_FP32).view(n, 1, 1)
+
+
+def _subnormal_weights(c: Chunk, terms: _Terms) -> torch.Tensor | None:
+    """The correction of weights rounded below the normal range where they meet V, as weights
+    ``[Hkv, G, n, Lc]`` float64 (in the spent scores' storage) to multiply ``|v|`` with, or
+    ``None`` where no weight of the block needs it. Weights round relative to the final max
+    (each is largest there): relatively while normal, by at most half the subnormal spacing
+    below. On the CPU two cheap guards skip it where no p_rel can be subnormal; on a device
+    each guard is a read that stalls the host until the device catches up, so there the case is
+    judged once (``subnormal_free``: then the guards would all say no) and otherwise the
+    correction is formed unconditionally: where no weight is small it adds exactly 0."""
+    model = terms.model
+    if terms.subnormal_free:
+        return None
+    assert c.score_floor is not None
+    if not terms.device_path and not bool((c.score_floor - c.row_max < math.log(model.weights_min_normal)).any()):
+        return None
+    l_rel = torch.exp(c.lse - c.row_max)[..., None]  # the denominator in units of the max
+    small = c.probs < model.weights_min_normal / l_rel  # [Hkv, G, n, Lc] bool, in place below
+    small &= c.probs > 0.0
+    if not terms.device_path and not bool(small.any()):
+        return None
+    extra = torch.mul(c.probs, l_rel, out=_spent(c.scores, torch.float64))
+    extra.clamp_(max=model.weights_spacing / 2).div_(l_rel).sub_(c.probs, alpha=terms.u_w)
+    return extra.masked_fill_(small.logical_not_(), 0.0)
+
+
+def chunk_bounds(
+    case: PagedCase, precision: str, qk_precision: str = "fp32", tanh_precision: str = "ieee", with_lse: bool = True
+) -> Iterator[_Bound]:
+    """The model's terms per block of query rows (consecutive small blocks merged, see
+    ``_merged``), in token order, from the oracle's own pass (its weights, maxima,
+    denominators and smallest logits). The score term is
+    formed per row (``docs/tolerance.md``: the largest ``ds_j`` of the row bounds every
+    key's), so the only work of the scores' size beyond the oracle's is one product of
+    the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64).
+    ``with_lse=False``: the log-sum-exp's fields are ``None`` (not formed: on a device every
+    operation is a launch, and a check of the output alone has no use for them).
+    ``pagedattn.oracle.fused`` forms the same numbers in one kernel a block, on a GPU."""
+    terms = _terms(case, precision, qk_precision, tanh_precision)
+    D = case.head_dim
     seq_lens = case.seq_lens_list
-    sink_const = C_EXP + sinks.abs() if sinks is not None else None  # [Hkv, G, 1]
     seq, centre, vv = -1, torch.empty(0), torch.empty(0)
     # blocks of rows are yielded together up to this many output elements: an eighth of the
     # output (the oracle holds all of it; the check never does), and at least 64k
     merge_elems = max(case.num_tokens * case.num_heads * D // 8, 1 << 16)
     pending: list[_Bound] = []
     pending_elems = 0
-    reach_seq, reach = -1, torch.empty(0)
+    key_max = _KeyMax(case.sliding_window)
     for c in iter_chunks(case, live=_LIVE, score_floor=True):
         assert c.score_floor is not None
         Hkv, G, n, Lc = c.probs.shape
         L = seq_lens[c.seq]  # the accumulation term counts the whole history, as a kernel may
         o = c.output()  # [n, Hq, D]
         # the row's largest ds_j: sum_i |q_i||k_ji| <= |q| |k_j|, the largest norm among the keys
-        # the row sees (a single row sees its block's keys; a block of rows, each its own range of
-        # them: a sliding maximum of the sequence's key norms, formed once a sequence);
-        # |s| + m - s = m - 2 min(s, 0), at the row's smallest visible logit
-        if n == 1:
-            k_max = c.k.norm(dim=-1).amax(dim=-1).view(Hkv, 1, 1)  # [Hkv, 1, 1]
-        else:
-            if reach_seq != c.seq:
-                reach_seq, reach = c.seq, _key_reach(c.k_all, case.sliding_window)
-            k_max = reach[:, c.keys.stop - n : c.keys.stop].view(Hkv, 1, n)  # [Hkv, 1, n]: rows p0 .. p1
-        ds_max = a * c.q.norm(dim=-1) * k_max + U_FP32 * (c.row_max - 2.0 * c.score_floor.clamp(max=0.0)) + row_const
+        # the row sees; |s| + m - s = m - 2 min(s, 0), at the row's smallest visible logit
+        k_max = key_max(c)
+        ds_max = (
+            terms.a * c.q.norm(dim=-1) * k_max
+            + U_FP32 * (c.row_max - 2.0 * c.score_floor.clamp(max=0.0))
+            + terms.row_const
+        )
         if c.alibi is not None:  # slope * (j - p) rounded once in fp32; |j - p| <= p - the row's first key
             slopes, rel = c.alibi
             reach_j = (-rel[:, 0]).add_(c.keys.start)  # the row's position p: p - first key = min(p, W - 1)
@@ -311,16 +392,8 @@ def chunk_bounds(
             seq, centre, vv = c.seq, *_value_moments(c.v_all)
             centre = centre.repeat_interleave(G, dim=0).transpose(0, 1)  # [1, Hq, D]
         s12 = c.output(vv[:, c.keys], probs=_spent(c.scores, torch.float32).copy_(c.probs))  # [n, Hq, 2D] float32
-        # sums of nonnegative float32 products of float32-rounded factors, k of them nonzero (the
-        # keys the row sees; a hidden key's weight is 0 and adds exactly): each within (k + 3)
-        # u_fp32 of its value, so raised by that much (1 + eps) they bound it from above. A single
-        # row sees its block's Lc keys; row p of a block, min(p + 1, W): no block changes a bound
-        grow: float | torch.Tensor = 1.0 + (Lc + 3) * U_FP32
-        if n > 1:
-            grow = torch.arange(c.keys.stop - n + 1, c.keys.stop + 1, dtype=torch.float64, device=o.device)
-            if case.sliding_window is not None:
-                grow.clamp_(max=case.sliding_window)
-            grow = grow.mul_(U_FP32).add_(1.0 + 3 * U_FP32).view(n, 1, 1)
+        # both sums raised by their own float32 rounding allowance, so that they bound their values
+        grow = _visible_keys_grow(c, case.sliding_window)
         sqrt_grow = grow**0.5
         abs_pv, s2 = s12[..., :D], s12[..., D:]
         # sum_j p_j (v_j - o)^2 = S2 + 2 d o p_sink - d^2 (1 - p_sink), d = c - o; formed as
@@ -342,33 +415,19 @@ def chunk_bounds(
             lse_scores = lse_scores * share[..., 0]
             # the sink's logit is exact; its exp and the max subtraction round like a key's,
             # and a perturbed sink weight moves the output towards 0 (its value)
-            assert sinks is not None and sink_const is not None
-            ds_sink = U_FP32 * (sink_const + (sinks - c.row_max).abs())  # [Hkv, G, n]
+            assert terms.sinks is not None and terms.sink_const is not None
+            ds_sink = U_FP32 * (terms.sink_const + (terms.sinks - c.row_max).abs())  # [Hkv, G, n]
             w_sink = c.rows(c.sink_probs * ds_sink)  # [n, Hq]
             e_scores.addcmul_(w_sink[..., None], o_abs)
             lse_scores = lse_scores + w_sink
-        # weights rounded where they meet V, relative to the final max (each is largest
-        # there): relatively while normal, by at most half the subnormal spacing below
-        # (E_weights = C_W u_w sum_j p_j |v_j|, plus the below-normal correction). On the CPU
-        # two cheap guards skip the correction where no p_rel can be subnormal; on a device each
-        # guard is a read that stalls the host until the device catches up, so there the case
-        # is judged once (subnormal_free: then the guards would all say no) and otherwise the
-        # correction is formed unconditionally: where no weight is small it adds exactly 0.
-        if subnormal_free:
-            pass
-        elif device_path or bool((c.score_floor - c.row_max < log_min_normal).any()):
-            l_rel = torch.exp(c.lse - c.row_max)[..., None]  # the denominator in units of the max
-            small = c.probs < model.weights_min_normal / l_rel  # [Hkv, G, n, Lc] bool, in place below
-            small &= c.probs > 0.0
-            if device_path or bool(small.any()):
-                extra = torch.mul(c.probs, l_rel, out=_spent(c.scores, torch.float64))
-                extra.clamp_(max=model.weights_spacing / 2).div_(l_rel).sub_(c.probs, alpha=u_w)
-                e_scores.add_(c.output(c.v.abs(), probs=extra.masked_fill_(small.logical_not_(), 0.0)), alpha=C_W)
-                del extra
-            del small
+        # E_weights = C_W u_w sum_j p_j |v_j|, plus the below-normal correction
+        extra = _subnormal_weights(c, terms)
+        if extra is not None:
+            e_scores.add_(c.output(c.v.abs(), probs=extra), alpha=C_W)
+            del extra
         # E_weights, the V operand's rounding (fp8 dequantized to the input dtype, TF32) and E_accum
         acc = C_ACC * U_FP32 * math.sqrt(L)
-        pv_coef = (C_W * u_w + u_kv + u_v + acc) * grow
+        pv_coef = (terms.pv + acc) * grow
         if isinstance(pv_coef, float):
             e = e_scores.add_(abs_pv, alpha=pv_coef)
         else:
