@@ -58,6 +58,8 @@ SMOKE_CASES = [
 ]
 
 
+#: ``pagedattn.oracle.fused.ENV``: ``0`` turns the check's fused path off
+FUSED_ENV = "PAGEDATTN_FUSED_CHECK"
 #: set by ``--device-path`` for the measuring processes
 DEVICE_PATH_ENV = "PAGEDATTN_BENCH_DEVICE_PATH"
 
@@ -229,7 +231,7 @@ def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int
     the case, its peak memory, and its counts of ops and syncs (one more call, counted)."""
     import torch
 
-    from pagedattn.oracle import check_attention, paged_attention_reference_lse
+    from pagedattn.oracle import check_attention, check_attention_lse, paged_attention_reference_lse
 
     torch.set_num_threads(threads)
     if os.environ.get(DEVICE_PATH_ENV) == "1":  # --device-path: the CPU run takes the GPU's code path
@@ -244,10 +246,29 @@ def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int
     check_attention(paged_attention_reference_lse(warm)[0].to(warm.dtype), warm)
     gen = torch.Generator(device=device).manual_seed(0)
     out = torch.randn(case.num_tokens, case.num_heads, case.head_dim, generator=gen, device=device).to(case.dtype)
-    fns = {"oracle": lambda: paged_attention_reference_lse(case), "check": lambda: check_attention(out, case)}
+    lse = torch.randn(case.num_tokens, case.num_heads, generator=gen, device=device)
+
+    def unfused(fn):  # the torch path, where the fused one would run (a GPU): before and after, one process
+        def run():
+            os.environ[FUSED_ENV] = "0"
+            try:
+                return fn()
+            finally:
+                del os.environ[FUSED_ENV]
+
+        return run
+
+    fns = {
+        "oracle": lambda: paged_attention_reference_lse(case),
+        "check": lambda: check_attention(out, case),
+        "check_lse": lambda: check_attention_lse(out, lse, case),
+    }
+    if device == "cuda":
+        fns["check_torch"] = unfused(fns["check"])
+        fns["check_lse_torch"] = unfused(fns["check_lse"])
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     result: dict = {}
-    for name in ("oracle", "check") if what == "both" else (what,):
+    for name in list(fns) if what == "both" else (what,):
         fn = fns[name]
         if device == "cuda":  # the first call of each pays the lazy loading of its kernels
             fn()  # (not on the CPU: the resident set's peak is for life, this call would set it)
@@ -303,12 +324,12 @@ def bench_checks(
             print(f"{case_id:62s} skipped: --budget-s {budget_s:g} spent", flush=True)
             on_row(rows)
             continue
-        if device == "cuda":  # one process: the peak counter is reset between the two
+        if device == "cuda":  # one process: the peak counter is reset between the calls
             both = _child(profile, case_id, "both", device, repeats, threads)
-            oracle, check = both["oracle"], both["check"]
         else:  # the resident set's peak only grows: a fresh process each
-            oracle = _child(profile, case_id, "oracle", device, repeats, threads)["oracle"]
-            check = _child(profile, case_id, "check", device, repeats, threads)["check"]
+            whats = ("oracle", "check", "check_lse")
+            both = {w: _child(profile, case_id, w, device, repeats, threads)[w] for w in whats}
+        oracle, check = both["oracle"], both["check"]
         row = {
             "profile": profile,
             "case": case_id,
@@ -323,10 +344,18 @@ def bench_checks(
             "check_syncs": check["syncs"],
             "runs": [oracle["runs"], check["runs"]],
         }
+        # the lse check; on a GPU also both checks on the torch path (the fused kernel off)
+        for name, m in both.items():
+            if name not in ("oracle", "check"):
+                row[f"{name}_s"] = m["seconds"]
+                row[f"{name}_over_oracle"] = round(m["seconds"] / oracle["seconds"], 2)
+                row[f"{name}_peak_mb"] = m["peak_mb"]
+                row[f"{name}_ops"] = m["ops"]
         print(
             f"{case_id:62s} oracle {row['oracle_s']:8.4f} s {row['oracle_peak_mb']:8.1f} MB {row['oracle_ops']:6d} ops"
             f"   check {row['check_s']:8.4f} s {row['check_peak_mb']:8.1f} MB {row['check_ops']:6d} ops"
-            f" {row['check_syncs']:4d} syncs   x{row['check_over_oracle']}",
+            f" {row['check_syncs']:4d} syncs   x{row['check_over_oracle']}"
+            + "".join(f"   {k[:-12]} x{v}" for k, v in row.items() if k.endswith("_over_oracle") and k[6:-12]),
             flush=True,
         )
         rows.append(row)

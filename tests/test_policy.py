@@ -507,3 +507,59 @@ def test_the_blocks_change_no_bound(spec, monkeypatch):
     for what, a, b in (("output", many[1], one[1]), ("lse", many[3], one[3])):
         moved = float(torch.maximum(a / b, b / a).max()) - 1.0
         assert moved <= policy.BLOCK_RTOL, f"{spec.id}: the {what} bound moved by {moved:.3g} with the blocks"
+
+
+def _same_verdict(a, b) -> bool:
+    """Two checks agree: status, counts, the worst element, its value and reference exactly; the
+    budget and the bound within ``policy.FUSED_RTOL``."""
+
+    def close(x: float, y: float) -> bool:
+        return x == y or abs(x - y) <= policy.FUSED_RTOL * max(abs(x), abs(y))
+
+    same = (a.status, a.num_over, a.num_elements, a.num_nonfinite) == (
+        b.status,
+        b.num_over,
+        b.num_elements,
+        b.num_nonfinite,
+    )
+    where = (a.worst_token, a.worst_head, a.worst_channel) == (b.worst_token, b.worst_head, b.worst_channel)
+    values = all(x == y or (x != x and y != y) for x, y in ((a.value, b.value), (a.reference, b.reference)))
+    return same and where and values and close(a.budget_used, b.budget_used) and close(a.bound, b.bound)
+
+
+@pytest.mark.parametrize("name", list(DEVICE_PATH_CASES))
+def test_the_fused_check_judges_as_the_torch_path(name, monkeypatch):
+    """On a GPU the check forms the bound and the verdict in one Triton kernel a block
+    (``pagedattn.oracle.fused``); here under the Triton interpreter (compiled, on a GPU). Its
+    verdicts are the torch path's, the output's and the log-sum-exp's, over several blocks:
+    a precision bug's, and NaN, infinite and finite errors together (the first NaN stays the
+    worst, however the blocks fall)."""
+    from pagedattn.oracle import fused
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
+    case = DEVICE_PATH_CASES[name].build()
+    if name.startswith("fp16"):
+        case = case.replace(sinks=torch.linspace(6.0, 14.0, 16))
+    case = case.to(device)
+    _, lse = paged_attention_reference_lse(case)
+    lse = lse.float() + 1e-3
+    bug = streamed_attention(case.to("cpu"), 16, bug="exp_bf16").to(device)
+    nan = bug.clone()
+    nan[case.num_tokens - 1, 1, 2] = float("nan")
+    nan[1, 0, 3] = float("inf")
+    lse_nan = lse.clone()
+    lse_nan[case.num_tokens - 1, 0] = float("nan")
+    results = []
+    for on in (False, True):
+        monkeypatch.setattr(fused, "ON_CPU", on)
+        monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
+        if not on:
+            monkeypatch.setenv(fused.ENV, "0")
+        else:
+            monkeypatch.delenv(fused.ENV, raising=False)
+        assert fused.usable(case) == on
+        results.append([check_attention(bug, case), *check_attention_lse(nan, lse_nan, case)])
+    for torch_path, fused_path in zip(*results):
+        assert _same_verdict(torch_path, fused_path), f"{name}:\n{torch_path}\n{fused_path}"
+    assert results[0][1].worst_token == case.num_tokens - 1 and results[0][1].num_nonfinite == 2, str(results[0][1])

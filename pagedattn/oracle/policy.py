@@ -123,6 +123,10 @@ _LIVE = 2
 #: the row's own, only the float32 product's rounding differs, and where ``sum_j p_j (v_j - o)^2``
 #: cancels to its rounding allowance a few parts in 10^4 show (``tests/test_policy.py``)
 BLOCK_RTOL = 1e-2
+#: how far the fused check (``pagedattn.oracle.fused``, one Triton kernel a block) may put a
+#: bound or a ratio from the torch path's: the same float64 formulas in the same order, but a
+#: compiler may contract a multiply and an add into one rounding (``tests/test_policy.py``)
+FUSED_RTOL = 1e-12
 #: take the device path on the CPU too (tests and the op counter compare the two paths):
 #: no host read per block (``chunk_bounds``) nor per verdict block (``verdict._Verdict``)
 DEVICE_PATH_ON_CPU = False

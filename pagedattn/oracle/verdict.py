@@ -5,12 +5,13 @@ and the worst element (sequence, token, position, head, channel, value, referenc
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from pagedattn.oracle import policy
+from pagedattn.oracle import fused, policy
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.policy import WARN_FACTOR, chunk_bounds, validate_precisions
 
@@ -153,6 +154,10 @@ def check_attention(
     problem = _output_problem(output, case)
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
+    if fused.usable(case):  # on a GPU: one kernel a block for the bound and the verdict
+        stats, _ = fused.verdict_stats(output, None, case, precision, qk_precision, tanh_precision, tolerance_factor)
+        (row,) = _read(fused.reduced(stats, case.head_dim))
+        return _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim)).check(case, common)
     verdict = _Verdict()
     for blk in chunk_bounds(case, precision, qk_precision, tanh_precision, with_lse=False):
         verdict.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
@@ -198,6 +203,14 @@ def check_attention_lse(
             **common,
         )
         return out_check, lse_check
+    if fused.usable(case):  # on a GPU: one kernel a block for the bounds and the verdicts
+        policy_args = (precision, qk_precision, tanh_precision, tolerance_factor)
+        stats, lstats = fused.verdict_stats(output, lse, case, *policy_args)
+        assert lstats is not None
+        row, lrow = _read(fused.reduced(stats, case.head_dim), fused.reduced(lstats, 1))
+        v_out = _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim))
+        v_lse = _Verdict.of(lrow, (case.num_tokens, case.num_heads))
+        return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
     v_out, v_lse = _Verdict(), _Verdict()
     for blk in chunk_bounds(case, precision, qk_precision, tanh_precision):
         v_out.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
@@ -205,6 +218,11 @@ def check_attention_lse(
         v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
     v_out._settle(v_lse)  # both verdicts' statistics in one transfer
     return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
+
+
+def _read(*rows: torch.Tensor) -> list[list[float]]:
+    """Device rows of statistics, read in one transfer."""
+    return torch.stack(rows).tolist()
 
 
 def _scaled(bound: torch.Tensor, tolerance_factor: float) -> torch.Tensor:
@@ -246,6 +264,7 @@ class _Verdict:
         self.num_over = self.num_elements = self.num_nonfinite = 0
         self.worst: tuple[int, ...] = ()
         self.value = self.reference = self.bound = float("nan")
+        self.worst_nan = False  # the worst element's ratio is NaN: it stays the worst
         #: per device block: its first token, its ratio's shape, its statistics (float64 [7])
         self._blocks: list[tuple[int, tuple[int, ...], torch.Tensor]] = []
 
@@ -284,15 +303,27 @@ class _Verdict:
         stats = torch.cat([picked[0], counts.to(torch.float64), *picked[1:]])
         self._blocks.append((tokens.start, shape, stats))
 
+    @classmethod
+    def of(cls, row: list[float], shape: tuple[int, ...]) -> _Verdict:
+        """The verdict on a whole output ``shape`` from its statistics (``_fold``'s ``row``)."""
+        verdict = cls()
+        verdict.num_elements = math.prod(shape)
+        verdict._fold(0, shape, row)
+        return verdict
+
     def _fold(self, start: int, shape: tuple[int, ...], row: list[float]) -> None:
         """Fold one block's statistics in: ``[worst ratio, #over (NaN ratios included), #non-finite
-        outputs where the reference is finite, flat index of the worst, its output, reference, bound]``."""
+        outputs where the reference is finite, flat index of the worst, its output, reference, bound]``.
+        The worst element is the first with a NaN ratio, or else the first largest, in
+        (token, head, channel) order, however the blocks fall."""
         budget, over, nonfinite, flat, value, reference, bound = row
         self.num_over += int(over)
+        nan = budget != budget
         if not budget < float("inf"):  # a NaN or infinite output: infinitely over
             budget = float("inf")
             self.num_nonfinite += int(nonfinite)
-        if budget > self.budget:
+        if budget > self.budget or (nan and not self.worst_nan):
+            self.worst_nan = nan
             idx, rest = [], int(flat)  # unravelled on the host: no tensor, no device
             for size in reversed(shape):
                 rest, i = divmod(rest, size)

@@ -1,0 +1,344 @@
+"""The check's bound and verdict in one Triton kernel per block of rows, on a GPU.
+
+``policy.chunk_bounds`` forms the bound with a few dozen torch operations a block of rows and
+``verdict._Verdict`` judges it with a few dozen more. On a GPU each is a launch (and a host's
+dispatch of ~8 us), so a check of milliseconds cost 2 to 5 times the oracle's own pass
+(``benchmarks/NOTES.md``). Here the oracle's pass is the same (``iter_chunks``, the same blocks),
+the score-sized work is the same one float32 product, and everything after it, element by
+element (the terms of ``docs/tolerance.md``, the output's rounding, the ratio of each error to its
+bound, the worst element and the counts) is one kernel launch a block, which writes a few
+statistics per row and head; one reduction and one read per check follow.
+
+The numbers are the torch path's: the same formulas in the same order, in float64
+(``tests/test_policy.py`` compares the two paths under the Triton interpreter; on a GPU the
+kernel may contract a multiply and an add into one rounding, a few float64 ulps of a bound).
+
+Used where it can run (``usable``): a CUDA tensor, Triton importable, its interpreter off, a
+half or single precision case (a float64 case keeps the torch path), and not turned off with
+``PAGEDATTN_FUSED_CHECK=0`` (the torch path then: the same verdicts, slower on a GPU; for a GPU
+Triton cannot compile for, or to rule the kernel out). Otherwise, and for the bound tensors
+themselves (``attention_error_bound``), the torch path runs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import torch
+
+from pagedattn.oracle import policy
+from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.reference import iter_chunks
+
+#: ``0`` turns the fused path off (the torch path judges alone)
+ENV = "PAGEDATTN_FUSED_CHECK"
+#: run the fused path on CPU tensors too (tests: the kernel under the Triton interpreter)
+ON_CPU = False
+#: the statistics a row and head leaves, float64: the worst ratio (NaN where any is NaN), the
+#: elements over the bound (NaN ratios included), the non-finite outputs where the reference is
+#: finite, the worst element's channel, its output, reference and bound
+STATS = 7
+
+_kernel: Any = None
+
+
+def usable(case: PagedCase) -> bool:
+    """Whether the fused path runs for ``case``: see the module's docstring."""
+    if case.dtype == torch.float64 or os.environ.get(ENV, "1") == "0":
+        return False
+    if case.device.type == "cpu":
+        return ON_CPU
+    if case.device.type != "cuda" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    try:
+        _compiled()
+    except ImportError:
+        return False
+    return True
+
+
+def _compiled() -> Any:
+    global _kernel
+    if _kernel is None:
+        _kernel = _build()
+    return _kernel
+
+
+def _build() -> Any:  # noqa: C901 - one kernel, its branches compiled away per variant
+    import triton
+    import triton.language as tl
+
+    # the integers and the tensors' alignment change from block to block: specialized, each
+    # combination would be a compile of its own
+    @triton.jit(
+        do_not_specialize=[
+            "row0",
+            "n",
+            "p0",
+            "W",
+            "G",
+            "Hq",
+            "out_st",
+            "out_sh",
+            "out_sd",
+            "lo_st",
+            "lo_sh",
+            "km_skv",
+            "km_sr",
+        ],
+        do_not_specialize_on_alignment=["out_ptr", "lo_ptr", "km_ptr"],
+    )
+    def verdict_kernel(
+        out_ptr,  # [n, Hq, D] the backend's rows, any float dtype, strided
+        out_st,
+        out_sh,
+        out_sd,
+        o_ptr,  # [Hq, n, D] float64: the oracle's output (its product's own layout)
+        s12_ptr,  # [Hq, n, 2D] float32: sum_j p_j |v_j|, sum_j p_j (v_j - c)^2
+        ex_ptr,  # [Hq, n, D] float64: the subnormal-weight correction (HAS_EXTRA)
+        c_ptr,  # [Hkv, D] float64: the sequence's mean value
+        qn_ptr,  # [Hq, n] float64: |q|
+        rm_ptr,  # [Hq, n] float64: the row's max logit (the sink's included)
+        fl_ptr,  # [Hq, n] float64: its smallest visible logit
+        lse_ptr,  # [Hq, n] float64: the reference log-sum-exp
+        km_ptr,  # [Hkv, n or 1] float64: the largest visible key norm, strides km_skv, km_sr
+        km_skv,
+        km_sr,
+        ps_ptr,  # [Hq, n] float64: the sink's share (HAS_SINK)
+        sh_ptr,  # [Hq, n] float64: the keys' share (HAS_SINK)
+        sk_ptr,  # [Hq] float64: the sinks (HAS_SINK)
+        sl_ptr,  # [Hq] float64: ALiBi slopes (HAS_ALIBI)
+        lo_ptr,  # [n, Hq] float32: the backend's log-sum-exp rows, strided (HAS_LSE)
+        lo_st,
+        lo_sh,
+        st_ptr,  # [T * Hq, STATS] float64: the output's statistics, row (row0 + t) * Hq + h
+        ls_ptr,  # [T * Hq, STATS] float64: the log-sum-exp's (HAS_LSE)
+        row0,  # the block's first token
+        n,  # its rows
+        p0,  # the position of its first row in the sequence
+        W,  # the sliding window (0: none)
+        G,  # the GQA ratio
+        Hq,  # query heads
+        a,
+        row_const,
+        pv,
+        acc,
+        lse_const,
+        tol,
+        sig,  # the output dtype's significand bits and smallest normal (2**emin): its half ulp
+        xmin,
+        D: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        HAS_EXTRA: tl.constexpr,
+        HAS_SINK: tl.constexpr,
+        HAS_ALIBI: tl.constexpr,
+        HAS_LSE: tl.constexpr,
+        U: tl.constexpr,  # policy.U_FP32
+        C_EXP: tl.constexpr,  # policy.C_EXP
+        CW: tl.constexpr,  # policy.C_W
+    ):
+        pid = tl.program_id(0)
+        h = pid // n
+        t = pid - h * n
+        kv = h // G
+        r = h.to(tl.int64) * n + t  # row of the [Hq, n] per-row tensors
+        p = p0 + t
+        # the row's largest ds_j (policy.chunk_bounds, same order of operations)
+        qn = tl.load(qn_ptr + r)
+        km = tl.load(km_ptr + kv.to(tl.int64) * km_skv + t * km_sr)
+        rm = tl.load(rm_ptr + r)
+        fl = tl.load(fl_ptr + r)
+        ds = a * qn * km + U * (rm - 2.0 * tl.minimum(fl, 0.0)) + row_const
+        if HAS_ALIBI:
+            reach = p
+            if W > 0:
+                reach = tl.minimum(p, W - 1)
+            ds = ds + U * tl.abs(tl.load(sl_ptr + h)) * reach.to(tl.float64)
+        seen = p + 1
+        if W > 0:
+            seen = tl.minimum(seen, W)
+        grow = seen.to(tl.float64) * U + (1.0 + 3 * U)
+        sqrt_grow = tl.sqrt(grow)
+        d = tl.arange(0, BLOCK_D)
+        dm = d < D
+        base = r * D
+        o = tl.load(o_ptr + base + d, mask=dm, other=0.0)
+        s1 = tl.load(s12_ptr + 2 * base + d, mask=dm, other=0.0).to(tl.float64)
+        s2 = tl.load(s12_ptr + 2 * base + D + d, mask=dm, other=0.0).to(tl.float64)
+        cen = tl.load(c_ptr + kv.to(tl.int64) * D + d, mask=dm, other=0.0)
+        dd = cen - o
+        o_abs = tl.abs(o)
+        lse_s = ds
+        if HAS_SINK:
+            psk = tl.load(ps_ptr + r)
+            share = tl.load(sh_ptr + r)
+            spread2 = s2 + (2.0 * dd * o * psk) / grow
+            spread2 = spread2 - (dd * dd * share) / grow
+            e = tl.sqrt(tl.maximum(spread2, 0.0) * share) * (ds * sqrt_grow)
+            lse_s = ds * share
+            sink = tl.load(sk_ptr + h)
+            w_sink = psk * (U * ((C_EXP + tl.abs(sink)) + tl.abs(sink - rm)))
+            e = e + w_sink * o_abs
+            lse_s = lse_s + w_sink
+        else:
+            spread2 = s2 - (dd * dd) / grow
+            e = tl.sqrt(tl.maximum(spread2, 0.0)) * (ds * sqrt_grow)
+        if HAS_EXTRA:
+            e = e + CW * tl.load(ex_ptr + base + d, mask=dm, other=0.0)
+        e = e + ((pv + acc) * grow) * s1
+        e = e + acc * o_abs
+        # E_round: half an ulp of |o| + e in the output dtype, read off its float64 exponent
+        x = tl.maximum(o_abs + e, xmin)
+        ex = (x.to(tl.int64, bitcast=True) >> 52) - sig
+        e = (e + (ex << 52).to(tl.float64, bitcast=True)) * tol
+        out = tl.load(out_ptr + t.to(tl.int64) * out_st + h.to(tl.int64) * out_sh + d * out_sd, mask=dm, other=0.0)
+        out = out.to(tl.float64)
+        ratio = tl.abs(out - o) / e
+        over = tl.sum(tl.where(dm & ~(ratio <= 1.0), 1.0, 0.0), axis=0)
+        fin_ref = (o - o) == 0.0
+        fin_out = (out - out) == 0.0
+        nonfinite = tl.sum(tl.where(dm & fin_ref & ~fin_out, 1.0, 0.0), axis=0)
+        isnan = dm & (ratio != ratio)
+        any_nan = tl.max(isnan.to(tl.int32), axis=0) > 0
+        finite_r = tl.where(dm & ~isnan, ratio, -1.0)
+        worst = tl.max(finite_r, axis=0)
+        first_nan = tl.min(tl.where(isnan, d, BLOCK_D), axis=0)
+        first_max = tl.min(tl.where(finite_r == worst, d, BLOCK_D), axis=0)
+        idx = tl.where(any_nan, first_nan, first_max)
+        pick = d == idx
+        srow = st_ptr + ((row0 + t).to(tl.int64) * Hq + h) * 7  # STATS
+        tl.store(srow + 0, tl.where(any_nan, float("nan"), worst))
+        tl.store(srow + 1, over)
+        tl.store(srow + 2, nonfinite)
+        tl.store(srow + 3, idx.to(tl.float64))
+        tl.store(srow + 4, tl.sum(tl.where(pick, out, 0.0), axis=0))
+        tl.store(srow + 5, tl.sum(tl.where(pick, o, 0.0), axis=0))
+        tl.store(srow + 6, tl.sum(tl.where(pick, e, 0.0), axis=0))
+        if HAS_LSE:
+            ref = tl.load(lse_ptr + r)
+            e_l = (lse_s + U * (C_EXP + 2.0 * tl.abs(ref)) + lse_const) * tol
+            lo = tl.load(lo_ptr + t.to(tl.int64) * lo_st + h.to(tl.int64) * lo_sh).to(tl.float64)
+            rl = tl.abs(lo - ref) / e_l
+            exact_inf = (ref - ref != 0.0) & (ref == ref) & (lo == ref)  # an infinite reference matched
+            rl = tl.where(exact_inf, 0.0, rl)
+            lrow = ls_ptr + ((row0 + t).to(tl.int64) * Hq + h) * 7
+            tl.store(lrow + 0, rl)
+            tl.store(lrow + 1, tl.where(rl <= 1.0, 0.0, 1.0))
+            tl.store(lrow + 2, tl.where(((ref - ref) == 0.0) & ~((lo - lo) == 0.0), 1.0, 0.0))
+            tl.store(lrow + 3, 0.0)
+            tl.store(lrow + 4, lo)
+            tl.store(lrow + 5, ref)
+            tl.store(lrow + 6, e_l)
+
+    return verdict_kernel
+
+
+def verdict_stats(
+    output: torch.Tensor,
+    lse: torch.Tensor | None,
+    case: PagedCase,
+    precision: str,
+    qk_precision: str,
+    tanh_precision: str,
+    tolerance_factor: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The statistics of every row and head of ``output`` (and of ``lse``), judged against the
+    oracle and the bound of ``policy.chunk_bounds`` scaled by ``tolerance_factor``: two
+    ``[T * Hq, STATS]`` float64 tensors on the case's device (the second ``None`` without ``lse``).
+
+    Args:
+        output: ``[T, Hq, D]`` in the query dtype, on the case's device (checked by the caller).
+        lse: ``[T, Hq]`` float32, or ``None``.
+    """
+    terms = policy._terms(case, precision, qk_precision, tanh_precision)
+    kernel = _compiled()
+    T, Hq, D = case.num_tokens, case.num_heads, case.head_dim
+    kw: dict[str, Any] = dict(dtype=torch.float64, device=case.device)
+    stats = torch.empty(T * Hq, STATS, **kw)
+    lstats = torch.empty(T * Hq, STATS, **kw) if lse is not None else None
+    model = terms.model
+    key_max = policy._KeyMax(case.sliding_window)
+    W = case.sliding_window or 0
+    block_d = 1 << max(4, (D - 1).bit_length())
+    seq, centre, vv = -1, torch.empty(0), torch.empty(0)
+    for c in iter_chunks(case, live=policy._LIVE, score_floor=True):
+        Hkv, G, n, Lc = c.probs.shape
+        if c.seq != seq:
+            seq, centre, vv = c.seq, *policy._value_moments(c.v_all)  # [Hkv, 1, D], [Hkv, L, 2D]
+        km = key_max(c)  # [Hkv, 1, n] or [Hkv, 1, 1]
+        qn = c.q.norm(dim=-1)  # [Hkv, G, n]
+        o = torch.bmm(c.probs.view(Hkv, G * n, Lc), c.v)  # [Hkv, G * n, D]: [Hq, n, D]
+        p32 = policy._spent(c.scores, torch.float32).copy_(c.probs)
+        s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys])  # [Hq, n, 2D] float32
+        del p32
+        extra = policy._subnormal_weights(c, terms)  # in the spent scores' storage: after the product
+        ex = torch.bmm(extra.view(Hkv, G * n, Lc), c.v.abs()) if extra is not None else o
+        del extra
+        L = case.seq_lens_list[c.seq]
+        acc = policy.C_ACC * policy.U_FP32 * math.sqrt(L)
+        rows = output[c.tokens]
+        lrows = lse[c.tokens] if lse is not None else qn
+        sink = c.sink_probs is not None
+        alibi = c.alibi is not None
+        kernel[(Hq * n,)](
+            rows,
+            *rows.stride(),
+            o,
+            s12,
+            ex,
+            centre,
+            qn,
+            c.row_max,
+            c.score_floor,
+            c.lse,
+            km,
+            km.stride(0),
+            km.stride(2),
+            c.sink_probs if sink else qn,
+            c.key_share if sink else qn,
+            terms.sinks if sink else qn,
+            c.alibi[0] if alibi else qn,  # type: ignore[index]
+            lrows,
+            *(lrows.stride() if lse is not None else (0, 0)),
+            stats,
+            lstats if lstats is not None else stats,
+            c.tokens.start,
+            n,
+            c.keys.stop - n,
+            W,
+            G,
+            Hq,
+            terms.a,
+            terms.row_const,
+            terms.pv,
+            acc,
+            acc,
+            tolerance_factor,
+            model.significand,
+            2.0**model.emin,
+            D=D,
+            BLOCK_D=block_d,
+            HAS_EXTRA=ex is not o,
+            HAS_SINK=sink,
+            HAS_ALIBI=alibi,
+            HAS_LSE=lse is not None,
+            U=policy.U_FP32,
+            C_EXP=policy.C_EXP,
+            CW=policy.C_W,
+        )
+        del c, o, s12, ex  # the block's tensors go before the next block's come
+    return stats, lstats
+
+
+def reduced(stats: torch.Tensor, per_row: int) -> torch.Tensor:
+    """One check's statistics from its rows' ``[T * Hq, STATS]``: ``[worst ratio (NaN where any
+    is NaN), elements over, non-finite, flat index of the worst element (``per_row`` elements a
+    row and head), its output, reference, bound]`` float64 ``[7]``, on the device. The worst is
+    the first NaN ratio, or else the first largest, in (token, head, channel) order."""
+    sel = torch.argmax(stats[:, 0]).view(1)  # a NaN is the largest
+    picked = stats.index_select(0, sel)[0]
+    sums = stats[:, 1:3].sum(dim=0)
+    flat = sel.to(torch.float64) * per_row + picked[3]
+    return torch.cat([picked[:1], sums, flat, picked[4:]])
