@@ -27,7 +27,6 @@ def main() -> int:
     if args.cpu:
         os.environ["TRITON_INTERPRET"] = "1"
     sys.path.insert(0, REPO)
-    import torch
 
     from pagedattn.cases import grid
     from pagedattn.oracle import check_attention, check_attention_lse, fused, paged_attention_reference_lse, policy
