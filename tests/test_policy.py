@@ -1,5 +1,10 @@
 """Calibration of the tolerance policy: correct kernels pass, planted bugs fail."""
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -563,3 +568,54 @@ def test_the_fused_check_judges_as_the_torch_path(name, monkeypatch):
     for torch_path, fused_path in zip(*results):
         assert _same_verdict(torch_path, fused_path), f"{name}:\n{torch_path}\n{fused_path}"
     assert results[0][1].worst_token == case.num_tokens - 1 and results[0][1].num_nonfinite == 2, str(results[0][1])
+
+
+_FUSED_AOT = r"""
+import json, re, sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import triton
+from pagedattn.oracle import fused, policy
+
+kernel = fused._compiled()
+f64 = {"o_ptr", "ex_ptr", "c_ptr", "qn_ptr", "rm_ptr", "fl_ptr", "lse_ptr", "km_ptr", "ps_ptr", "sh_ptr", "sk_ptr",
+       "sl_ptr", "st_ptr", "ls_ptr"}
+results = []
+for out_type, block_d in json.loads(sys.argv[1]):
+    sig, consts = {}, {"BLOCK_D": block_d, "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W}
+    for p in kernel.params:
+        if p.name in consts:
+            sig[p.name] = "constexpr"
+        elif p.annotation:  # the model's constants: as the kernel declares them
+            sig[p.name] = p.annotation
+        elif p.name.endswith("_ptr"):
+            sig[p.name] = "*" + (out_type if p.name == "out_ptr" else "fp64" if p.name in f64 else "fp32")
+        else:
+            sig[p.name] = "i32"
+    names = kernel.arg_names
+    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()})
+    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    params = re.findall(r"\.param \.(\w+) \w+_param_(\d+)", c.asm["ptx"])
+    results.append({"cfg": [out_type, block_d], "cubin": len(c.asm["cubin"]),
+                    "float_params": sorted({t for t, _ in params if t.startswith("f")}),
+                    "declared": sorted({p.annotation for p in kernel.params if p.annotation.startswith("fp")})})
+print(json.dumps(results))
+"""
+
+
+def test_the_fused_check_compiles_for_hopper_without_a_gpu():
+    """The fused check's kernel compiles for sm_90 here, on the CPU, for each output dtype and
+    head-dim tile, and takes the model's constants as float64 parameters: a plain float argument
+    is float32 in Triton, which put the GPU's bounds 4e-8 off the torch path's (as the interpreter
+    keeps Python's floats, only a compile shows it)."""
+    configs = [["fp32", 64], ["fp16", 128], ["bf16", 256]]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _FUSED_AOT, json.dumps(configs)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, f"compiling the fused check for sm_90 failed:\n{proc.stderr[-4000:]}"
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [r["cfg"] for r in results] == configs
+    for r in results:
+        assert r["cubin"] > 0, r
+        assert r["declared"] == ["fp64"] and r["float_params"] == ["f64"], r

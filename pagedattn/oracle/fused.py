@@ -66,28 +66,16 @@ def _compiled() -> Any:
     return _kernel
 
 
-def _build() -> Any:  # noqa: C901 - one kernel, its branches compiled away per variant
+def _build() -> Any:  # noqa: C901 - one kernel
     import triton
     import triton.language as tl
 
     # the integers and the tensors' alignment change from block to block: specialized, each
     # combination would be a compile of its own
     @triton.jit(
-        do_not_specialize=[
-            "row0",
-            "n",
-            "p0",
-            "W",
-            "G",
-            "Hq",
-            "out_st",
-            "out_sh",
-            "out_sd",
-            "lo_st",
-            "lo_sh",
-            "km_skv",
-            "km_sr",
-        ],
+        do_not_specialize=(
+            "row0 n p0 W G Hq D out_st out_sh out_sd lo_st lo_sh km_skv km_sr has_extra has_sink has_alibi has_lse sig"
+        ).split(),
         do_not_specialize_on_alignment=["out_ptr", "lo_ptr", "km_ptr"],
     )
     def verdict_kernel(
@@ -97,7 +85,7 @@ def _build() -> Any:  # noqa: C901 - one kernel, its branches compiled away per 
         out_sd,
         o_ptr,  # [Hq, n, D] float64: the oracle's output (its product's own layout)
         s12_ptr,  # [Hq, n, 2D] float32: sum_j p_j |v_j|, sum_j p_j (v_j - c)^2
-        ex_ptr,  # [Hq, n, D] float64: the subnormal-weight correction (HAS_EXTRA)
+        ex_ptr,  # [Hq, n, D] float64: the subnormal-weight correction (has_extra)
         c_ptr,  # [Hkv, D] float64: the sequence's mean value
         qn_ptr,  # [Hq, n] float64: |q|
         rm_ptr,  # [Hq, n] float64: the row's max logit (the sink's included)
@@ -106,38 +94,38 @@ def _build() -> Any:  # noqa: C901 - one kernel, its branches compiled away per 
         km_ptr,  # [Hkv, n or 1] float64: the largest visible key norm, strides km_skv, km_sr
         km_skv,
         km_sr,
-        ps_ptr,  # [Hq, n] float64: the sink's share (HAS_SINK)
-        sh_ptr,  # [Hq, n] float64: the keys' share (HAS_SINK)
-        sk_ptr,  # [Hq] float64: the sinks (HAS_SINK)
-        sl_ptr,  # [Hq] float64: ALiBi slopes (HAS_ALIBI)
-        lo_ptr,  # [n, Hq] float32: the backend's log-sum-exp rows, strided (HAS_LSE)
+        ps_ptr,  # [Hq, n] float64: the sink's share (has_sink)
+        sh_ptr,  # [Hq, n] float64: the keys' share (has_sink)
+        sk_ptr,  # [Hq] float64: the sinks (has_sink)
+        sl_ptr,  # [Hq] float64: ALiBi slopes (has_alibi)
+        lo_ptr,  # [n, Hq] float32: the backend's log-sum-exp rows, strided (has_lse)
         lo_st,
         lo_sh,
         st_ptr,  # [T * Hq, STATS] float64: the output's statistics, row (row0 + t) * Hq + h
-        ls_ptr,  # [T * Hq, STATS] float64: the log-sum-exp's (HAS_LSE)
+        ls_ptr,  # [T * Hq, STATS] float64: the log-sum-exp's (has_lse)
         row0,  # the block's first token
         n,  # its rows
         p0,  # the position of its first row in the sequence
         W,  # the sliding window (0: none)
         G,  # the GQA ratio
         Hq,  # query heads
-        a,
-        row_const,
-        pv,
-        acc,
-        lse_const,
-        tol,
-        sig,  # the output dtype's significand bits and smallest normal (2**emin): its half ulp
-        xmin,
-        D: tl.constexpr,
+        D,  # the head dim
+        has_extra,  # the flags: branches taken at run time, so that they make no compile of their own
+        has_sink,
+        has_alibi,
+        has_lse,
+        a: tl.float64,  # the model's constants (policy._terms): float64 (a float argument is float32)
+        row_const: tl.float64,
+        pv: tl.float64,
+        acc: tl.float64,  # C_ACC u sqrt(L), L the sequence's length
+        tol: tl.float64,
+        grow0: tl.float64,  # 1 + 3 u_fp32
+        xmin: tl.float64,  # the output dtype's smallest normal (2**emin)...
+        sig,  # ...and its significand bits: its half ulp
         BLOCK_D: tl.constexpr,
-        HAS_EXTRA: tl.constexpr,
-        HAS_SINK: tl.constexpr,
-        HAS_ALIBI: tl.constexpr,
-        HAS_LSE: tl.constexpr,
-        U: tl.constexpr,  # policy.U_FP32
-        C_EXP: tl.constexpr,  # policy.C_EXP
-        CW: tl.constexpr,  # policy.C_W
+        U: tl.constexpr,  # policy.U_FP32, C_EXP, C_W: exact in float32, as Triton takes a float constexpr
+        C_EXP: tl.constexpr,
+        CW: tl.constexpr,
     ):
         pid = tl.program_id(0)
         h = pid // n
@@ -151,7 +139,7 @@ def _build() -> Any:  # noqa: C901 - one kernel, its branches compiled away per 
         rm = tl.load(rm_ptr + r)
         fl = tl.load(fl_ptr + r)
         ds = a * qn * km + U * (rm - 2.0 * tl.minimum(fl, 0.0)) + row_const
-        if HAS_ALIBI:
+        if has_alibi:
             reach = p
             if W > 0:
                 reach = tl.minimum(p, W - 1)
@@ -159,7 +147,7 @@ def _build() -> Any:  # noqa: C901 - one kernel, its branches compiled away per 
         seen = p + 1
         if W > 0:
             seen = tl.minimum(seen, W)
-        grow = seen.to(tl.float64) * U + (1.0 + 3 * U)
+        grow = seen.to(tl.float64) * U + grow0
         sqrt_grow = tl.sqrt(grow)
         d = tl.arange(0, BLOCK_D)
         dm = d < D
@@ -171,7 +159,7 @@ def _build() -> Any:  # noqa: C901 - one kernel, its branches compiled away per 
         dd = cen - o
         o_abs = tl.abs(o)
         lse_s = ds
-        if HAS_SINK:
+        if has_sink:
             psk = tl.load(ps_ptr + r)
             share = tl.load(sh_ptr + r)
             spread2 = s2 + (2.0 * dd * o * psk) / grow
@@ -185,7 +173,7 @@ def _build() -> Any:  # noqa: C901 - one kernel, its branches compiled away per 
         else:
             spread2 = s2 - (dd * dd) / grow
             e = tl.sqrt(tl.maximum(spread2, 0.0)) * (ds * sqrt_grow)
-        if HAS_EXTRA:
+        if has_extra:
             e = e + CW * tl.load(ex_ptr + base + d, mask=dm, other=0.0)
         e = e + ((pv + acc) * grow) * s1
         e = e + acc * o_abs
@@ -216,9 +204,9 @@ def _build() -> Any:  # noqa: C901 - one kernel, its branches compiled away per 
         tl.store(srow + 4, tl.sum(tl.where(pick, out, 0.0), axis=0))
         tl.store(srow + 5, tl.sum(tl.where(pick, o, 0.0), axis=0))
         tl.store(srow + 6, tl.sum(tl.where(pick, e, 0.0), axis=0))
-        if HAS_LSE:
+        if has_lse:
             ref = tl.load(lse_ptr + r)
-            e_l = (lse_s + U * (C_EXP + 2.0 * tl.abs(ref)) + lse_const) * tol
+            e_l = (lse_s + U * (C_EXP + 2.0 * tl.abs(ref)) + acc) * tol
             lo = tl.load(lo_ptr + t.to(tl.int64) * lo_st + h.to(tl.int64) * lo_sh).to(tl.float64)
             rl = tl.abs(lo - ref) / e_l
             exact_inf = (ref - ref != 0.0) & (ref == ref) & (lo == ref)  # an infinite reference matched
@@ -310,20 +298,20 @@ def verdict_stats(
             W,
             G,
             Hq,
+            D,
+            int(ex is not o),
+            int(sink),
+            int(alibi),
+            int(lse is not None),
             terms.a,
             terms.row_const,
             terms.pv,
             acc,
-            acc,
-            tolerance_factor,
-            model.significand,
+            float(tolerance_factor),
+            1.0 + 3 * policy.U_FP32,
             2.0**model.emin,
-            D=D,
+            model.significand,
             BLOCK_D=block_d,
-            HAS_EXTRA=ex is not o,
-            HAS_SINK=sink,
-            HAS_ALIBI=alibi,
-            HAS_LSE=lse is not None,
             U=policy.U_FP32,
             C_EXP=policy.C_EXP,
             CW=policy.C_W,
