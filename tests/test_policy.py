@@ -419,7 +419,7 @@ def test_the_device_path_reads_the_device_once_per_verdict(dtype, monkeypatch):
     OpCounter = _op_counter()
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     case = CaseSpec("t", ((300, 1), (200, 120), (90, 90)), num_heads=4, num_kv_heads=2, dtype=dtype).build()
-    blocks = len(list(iter_chunks(case, live=policy._LIVE, score_floor=True)))
+    blocks = len(list(iter_chunks(case, live=policy._live(case), score_floor=True)))
     assert blocks > 3, f"{blocks} blocks: the cap should split the case into several"
     out = streamed_attention(case, 16)
     _, lse = paged_attention_reference_lse(case)
@@ -502,14 +502,23 @@ def test_the_blocks_change_no_bound(spec, monkeypatch):
     """The bound's terms are each row's own (the largest norm and smallest logit among the keys
     it sees, the number of them), so blocks of one row and the oracle's blocks of many give the
     same bounds, but for the float32 product's rounding. A block-wide term (the smallest logit or
-    largest key of the block's keys, hidden ones too; their count) moved them up to 1.39x."""
+    largest key of the block's keys, hidden ones too; their count) moved them up to 1.39x. Here:
+    the oracle's blocks (a GPU's check), half as many rows (the CPU's), blocks of one row."""
     case = spec.build()
-    many = policy.attention_lse_error_bounds(case)
+    monkeypatch.setattr(policy, "_LIVE_CPU", 2)
+    oracles = policy.attention_lse_error_bounds(case)
+    monkeypatch.setattr(policy, "_LIVE_CPU", 4)
+    halves = policy.attention_lse_error_bounds(case)
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
-    monkeypatch.setattr(policy, "_LIVE", 1 << 12)  # under the 1 MiB cap: blocks of one row
-    assert all(c.q.shape[2] == 1 for c in iter_chunks(case, live=policy._LIVE)), "blocks of one row expected"
-    one = policy.attention_lse_error_bounds(case)
-    for what, a, b in (("output", many[1], one[1]), ("lse", many[3], one[3])):
+    monkeypatch.setattr(policy, "_LIVE_CPU", 1 << 12)  # under the 1 MiB cap: blocks of one row
+    assert all(c.q.shape[2] == 1 for c in iter_chunks(case, live=policy._live(case))), "blocks of one row expected"
+    ones = policy.attention_lse_error_bounds(case)
+    for what, a, b in (
+        ("output, half blocks", oracles[1], halves[1]),
+        ("output, rows", oracles[1], ones[1]),
+        ("lse, half blocks", oracles[3], halves[3]),
+        ("lse, rows", oracles[3], ones[3]),
+    ):
         moved = float(torch.maximum(a / b, b / a).max()) - 1.0
         assert moved <= policy.BLOCK_RTOL, f"{spec.id}: the {what} bound moved by {moved:.3g} with the blocks"
 
@@ -533,6 +542,7 @@ def _same_verdict(a, b) -> bool:
 
 
 @pytest.mark.parametrize("name", list(DEVICE_PATH_CASES))
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy on NaN
 def test_the_fused_check_judges_as_the_torch_path(name, monkeypatch):
     """On a GPU the check forms the bound and the verdict in one Triton kernel a block
     (``pagedattn.oracle.fused``); here under the Triton interpreter (compiled, on a GPU). Its

@@ -251,7 +251,7 @@ def verdict_stats(
     W = case.sliding_window or 0
     block_d = 1 << max(4, (D - 1).bit_length())
     seq, centre, vv = -1, torch.empty(0), torch.empty(0)
-    for c in iter_chunks(case, live=policy._LIVE, score_floor=True):
+    for c in iter_chunks(case, live=policy._live(case), score_floor=True):
         Hkv, G, n, Lc = c.probs.shape
         if c.seq != seq:
             seq, centre, vv = c.seq, *policy._value_moments(c.v_all)  # [Hkv, 1, D], [Hkv, L, 2D]

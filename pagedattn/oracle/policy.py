@@ -113,12 +113,23 @@ U_TANH_APPROX = 2.0**-10.9
 #: rcp.approx.f32, the 1/cap of an approximate soft-cap's pre-tanh scale: within 1 ulp (PTX
 #: ISA), a relative error of at most 2**-23
 U_RCP_APPROX = 2.0**-23
-#: float64 score-sized tensors of one block alive at once while the bound is formed: the
-#: oracle's scores and weights, as in the oracle (the weights in float32 and a correction of
-#: subnormal weights take the spent scores' storage, ``_spent``), so the check walks the
-#: oracle's blocks. The bound's terms are the row's own (its visible keys' largest norm and
-#: smallest logit), so the blocks change no bound beyond float32's rounding of the one product.
+#: float64 score-sized tensors of one block alive at once while the bound is formed, as the
+#: check sizes its blocks: on a device, the oracle's scores and weights, as in the oracle (the
+#: weights in float32 and a correction of subnormal weights take the spent scores' storage,
+#: ``_spent``), so the check walks the oracle's blocks, in as few launches as the oracle; on the
+#: CPU, where the check's boolean masks and per-row tensors beside them would raise its peak
+#: above the oracle's, blocks of half the rows. The bound's terms are the row's own (its visible
+#: keys' largest norm and smallest logit, their count), so the blocks change no bound beyond
+#: float32's rounding of the one product (``BLOCK_RTOL``).
 _LIVE = 2
+_LIVE_CPU = 4
+
+
+def _live(case: PagedCase) -> int:
+    """``live`` for ``iter_chunks``: the check's blocks of rows for ``case``'s device."""
+    return _LIVE_CPU if case.device.type == "cpu" else _LIVE
+
+
 #: how far an element's bound may move with the blocks of rows the oracle walks: every term is
 #: the row's own, only the float32 product's rounding differs, and where ``sum_j p_j (v_j - o)^2``
 #: cancels to its rounding allowance a few parts in 10^4 show (``tests/test_policy.py``)
@@ -372,7 +383,7 @@ def chunk_bounds(
     pending: list[_Bound] = []
     pending_elems = 0
     key_max = _KeyMax(case.sliding_window)
-    for c in iter_chunks(case, live=_LIVE, score_floor=True):
+    for c in iter_chunks(case, live=_live(case), score_floor=True):
         assert c.score_floor is not None
         Hkv, G, n, Lc = c.probs.shape
         L = seq_lens[c.seq]  # the accumulation term counts the whole history, as a kernel may
