@@ -250,11 +250,15 @@ def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int
 
     def unfused(fn):  # the torch path, where the fused one would run (a GPU): before and after, one process
         def run():
+            saved = os.environ.get(FUSED_ENV)
             os.environ[FUSED_ENV] = "0"
             try:
                 return fn()
             finally:
-                del os.environ[FUSED_ENV]
+                if saved is None:
+                    del os.environ[FUSED_ENV]
+                else:
+                    os.environ[FUSED_ENV] = saved
 
         return run
 

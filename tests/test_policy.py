@@ -458,6 +458,10 @@ DEVICE_PATH_CASES = {
     "fp8-bf16": CaseSpec(
         "t", ((70, 7), (33, 1)), num_heads=4, num_kv_heads=2, kv_dtype=torch.float8_e4m3fn, dtype=torch.bfloat16
     ),
+    # ALiBi's term reaches min(p, W - 1) keys back under a window, not p
+    "fp32-alibi-window": CaseSpec(
+        "t", ((120, 60), (50, 1)), num_heads=4, num_kv_heads=2, alibi_slopes=True, sliding_window=16
+    ),
 }
 
 
@@ -493,9 +497,19 @@ def test_the_device_path_forms_the_same_bounds_and_verdicts(name, monkeypatch):
     assert "non-finite" in cpu_verdicts["nan"][0], cpu_verdicts["nan"][0]
 
 
+#: the families with blocks of several rows (prefills, continuations) and the row-dependent terms
+BLOCK_FAMILIES = ("prefill", "continuation", "sliding_window", "alibi_slopes", "logits_soft_cap", "combined", "sinks")
+
+
+def test_the_block_families_exist():
+    assert set(BLOCK_FAMILIES) <= {s.family for s in ATTENTION_SPECS}, set(BLOCK_FAMILIES) - {
+        s.family for s in ATTENTION_SPECS
+    }
+
+
 @pytest.mark.parametrize(
     "spec",
-    [s for s in ATTENTION_SPECS if s.family in ("prefill", "chunked", "sliding_window", "alibi", "combined", "sinks")],
+    [s for s in ATTENTION_SPECS if s.family in BLOCK_FAMILIES],
     ids=lambda s: s.id,
 )
 def test_the_blocks_change_no_bound(spec, monkeypatch):
@@ -629,3 +643,24 @@ def test_the_fused_check_compiles_for_hopper_without_a_gpu():
     for r in results:
         assert r["cubin"] > 0, r
         assert r["declared"] == ["fp64"] and r["float_params"] == ["f64"], r
+
+
+@pytest.mark.parametrize("fused_on_cpu", [False, True], ids=["torch-path", "fused"])
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+def test_a_bound_past_float32s_range_judges_nothing(fused_on_cpu, monkeypatch):
+    """Values of 1e20 make ``(v - c)^2`` overflow float32: the bound is infinite (or NaN under a
+    window, ``0 * inf``). An infinite bound would pass any output; the check fails every element
+    whose bound is not finite where its reference is, on both paths (a review found a doubled
+    output passing)."""
+    from pagedattn.oracle import fused
+
+    monkeypatch.setattr(fused, "ON_CPU", fused_on_cpu)
+    monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", fused_on_cpu)
+    for window in (None, 8):
+        case = CaseSpec("t", ((40, 1), (30, 5)), num_heads=4, num_kv_heads=2, sliding_window=window).build()
+        case = case.replace(value_cache=case.value_cache * 1e20)
+        ref = paged_attention_reference(case).to(case.dtype)
+        check = check_attention(ref * 2, case)
+        assert not check.passed and not check.bound < float("inf"), str(check)
+        assert check.num_over == check.num_elements, str(check)

@@ -37,11 +37,15 @@ def best(fn, n=20):
 
 
 def torch_path():
+    saved = os.environ.get(fused.ENV)
     os.environ[fused.ENV] = "0"
     try:
         check_attention(out, case)
     finally:
-        del os.environ[fused.ENV]
+        if saved is None:
+            del os.environ[fused.ENV]
+        else:
+            os.environ[fused.ENV] = saved
 
 
 print(case_id)

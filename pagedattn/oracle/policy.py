@@ -323,17 +323,19 @@ class _KeyMax:
 
 
 def _visible_keys_grow(c: Chunk, window: int | None) -> float | torch.Tensor:
-    """``1 + (k + 3) u_fp32`` for each row of the block, ``k`` the keys it sees (a float for a
-    single row, ``[n, 1, 1]`` float64 otherwise): the rounding allowance of a float32 sum of
-    nonnegative float32 products of float32-rounded factors, ``k`` of them nonzero (a hidden key's
-    weight is 0 and adds exactly). A single row sees its block's Lc keys; row p, min(p + 1, W)."""
+    """``1 / (1 - (k + 3) u_fp32)`` (``1 + gamma_{k+3}``) for each row of the block, ``k`` the keys
+    it sees (a float for a single row, ``[n, 1, 1]`` float64 otherwise): a float32 sum of
+    nonnegative float32 products of float32-rounded factors, ``k`` of them nonzero, is within
+    ``gamma_{k+3}`` of its value relatively (a hidden key's weight is 0: its product is 0 and adds
+    exactly, whatever the order of the sum). A single row sees its block's Lc keys; row p,
+    min(p + 1, W)."""
     _, _, n, Lc = c.probs.shape
     if n == 1:
-        return 1.0 + (Lc + 3) * U_FP32
+        return 1.0 / (1.0 - (Lc + 3) * U_FP32)
     seen = torch.arange(c.keys.stop - n + 1, c.keys.stop + 1, dtype=torch.float64, device=c.probs.device)
     if window is not None:
         seen.clamp_(max=window)
-    return seen.mul_(U_FP32).add_(1.0 + 3 * U_FP32).view(n, 1, 1)
+    return seen.add_(3.0).mul_(-U_FP32).add_(1.0).reciprocal_().view(n, 1, 1)
 
 
 def _subnormal_weights(c: Chunk, terms: _Terms) -> torch.Tensor | None:

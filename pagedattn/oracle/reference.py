@@ -155,6 +155,31 @@ def _rows_per_chunk(case: PagedCase, q_len: int, seq_len: int, budget: int, live
     return n
 
 
+def _visible_floor(
+    scores: torch.Tensor, hidden: torch.Tensor, p0: int, p1: int, first_key: int, window: int | None
+) -> torch.Tensor:
+    """Each row's smallest logit over the keys it sees: ``[Hkv, G, n]`` from a block's unmasked
+    ``scores`` ``[Hkv, G, n, Lc]`` (rows at positions ``p0 .. p1``, keys from ``first_key``) and its
+    ``hidden`` mask ``[n, Lc]``. A single row sees every key of its block. On a device the hidden
+    scores are set to ``+inf`` in place first (one launch more; the caller masks them with ``-inf``
+    next). On the CPU, where a pass over the scores costs a share of the oracle's time, only the
+    columns some row does not see are masked, in a copy: the keys after ``p0`` (causal) and those
+    up to ``p1 - W`` (window), ``n - 1`` columns each; every row sees the keys between."""
+    n = scores.shape[2]
+    if n == 1:
+        return scores.amin(dim=-1)
+    lo = 0 if window is None else max(0, p1 - window + 1) - first_key  # columns every row sees: lo .. hi - 1
+    hi = p0 + 1 - first_key
+    if scores.device.type != "cpu" or hi - lo < 1:
+        return scores.masked_fill_(hidden, float("inf")).amin(dim=-1)
+    floor = scores[..., lo:hi].amin(dim=-1)
+    for cols in (slice(0, lo), slice(hi, scores.shape[3])):
+        if cols.stop > cols.start:
+            edge = scores[..., cols].masked_fill(hidden[:, cols], float("inf")).amin(dim=-1)
+            torch.minimum(floor, edge, out=floor)
+    return floor
+
+
 def iter_chunks(
     case: PagedCase, live: int = 2, budget: int | None = None, score_floor: bool = False
 ) -> Iterator[Chunk]:
@@ -200,10 +225,7 @@ def iter_chunks(
             hidden = j > pos[:, None]  # [n, Lc]
             if W is not None:
                 hidden |= j <= pos[:, None] - W
-            floor = None
-            if score_floor:  # the smallest visible logit: the hidden ones set above every finite one first
-                # (a single row sees every key of its block: nothing is hidden)
-                floor = (scores if n == 1 else scores.masked_fill_(hidden, float("inf"))).amin(dim=-1)
+            floor = _visible_floor(scores, hidden, p0, p1, keys.start, W) if score_floor else None
             scores.masked_fill_(hidden, float("-inf"))
             row_max = scores.amax(dim=-1)  # [Hkv, G, n]; every row sees itself, so finite
             if sinks is not None:

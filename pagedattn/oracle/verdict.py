@@ -275,6 +275,9 @@ class _Verdict:
         ``exact_inf``: an infinite reference matched exactly is no error (a log-sum-exp's ``-inf``)."""
         out = output.to(torch.float64)
         ratio = torch.sub(out, ref).abs_().div_(bound)
+        # a bound that is not finite where the reference is (a spread past float32's range, say)
+        # judges nothing: its ratio is NaN, which fails (x - x is 0 where x is finite)
+        ratio.masked_fill_(torch.sub(bound, bound).ne(0.0).logical_and_(torch.sub(ref, ref).eq(0.0)), float("nan"))
         if exact_inf:  # an lse of -inf where the reference is -inf is exact
             ratio.masked_fill_(torch.isinf(ref) & (out == ref), 0.0)
         self.num_elements += ratio.numel()
