@@ -645,21 +645,24 @@ def test_the_fused_check_compiles_for_hopper_without_a_gpu():
         assert r["declared"] == ["fp64"] and r["float_params"] == ["f64"], r
 
 
-@pytest.mark.parametrize("fused_on_cpu", [False, True], ids=["torch-path", "fused"])
+@pytest.mark.parametrize("fused_path", [False, True], ids=["torch-path", "fused"])
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
-def test_a_bound_past_float32s_range_judges_nothing(fused_on_cpu, monkeypatch):
+def test_a_bound_past_float32s_range_judges_nothing(fused_path, monkeypatch):
     """Values of 1e20 make ``(v - c)^2`` overflow float32: the bound is infinite (or NaN under a
     window, ``0 * inf``). An infinite bound would pass any output; the check fails every element
     whose bound is not finite where its reference is, on both paths (a review found a doubled
-    output passing)."""
+    output passing). The fused path runs under the interpreter here, compiled on a GPU."""
     from pagedattn.oracle import fused
 
-    monkeypatch.setattr(fused, "ON_CPU", fused_on_cpu)
-    monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", fused_on_cpu)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    monkeypatch.setattr(fused, "ON_CPU", fused_path)
+    monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", fused_path)
+    monkeypatch.setenv(fused.ENV, "1" if fused_path else "0")
     for window in (None, 8):
         case = CaseSpec("t", ((40, 1), (30, 5)), num_heads=4, num_kv_heads=2, sliding_window=window).build()
-        case = case.replace(value_cache=case.value_cache * 1e20)
+        case = case.replace(value_cache=case.value_cache * 1e20).to(device)
+        assert fused.usable(case) == fused_path
         ref = paged_attention_reference(case).to(case.dtype)
         check = check_attention(ref * 2, case)
         assert not check.passed and not check.bound < float("inf"), str(check)
