@@ -160,11 +160,11 @@ def _visible_floor(
 ) -> torch.Tensor:
     """Each row's smallest logit over the keys it sees: ``[Hkv, G, n]`` from a block's unmasked
     ``scores`` ``[Hkv, G, n, Lc]`` (rows at positions ``p0 .. p1``, keys from ``first_key``) and its
-    ``hidden`` mask ``[n, Lc]``. A single row sees every key of its block. On a device the hidden
-    scores are set to ``+inf`` in place first (one launch more; the caller masks them with ``-inf``
-    next). On the CPU, where a pass over the scores costs a share of the oracle's time, only the
-    columns some row does not see are masked, in a copy: the keys after ``p0`` (causal) and those
-    up to ``p1 - W`` (window), ``n - 1`` columns each; every row sees the keys between."""
+    ``hidden`` mask ``[n, Lc]``. A single row sees every key of its block. The hidden scores are
+    set to ``+inf`` in place first (the caller masks them with ``-inf`` next). On a device all at
+    once (one launch); on the CPU, where a pass over the scores costs a share of the oracle's
+    time, only in the columns some row does not see: the keys after ``p0`` (causal) and those up
+    to ``p1 - W`` (window), ``n - 1`` columns each; every row sees the keys between."""
     n = scores.shape[2]
     if n == 1:
         return scores.amin(dim=-1)
@@ -172,12 +172,10 @@ def _visible_floor(
     hi = p0 + 1 - first_key
     if scores.device.type != "cpu" or hi - lo < 1:
         return scores.masked_fill_(hidden, float("inf")).amin(dim=-1)
-    floor = scores[..., lo:hi].amin(dim=-1)
     for cols in (slice(0, lo), slice(hi, scores.shape[3])):
         if cols.stop > cols.start:
-            edge = scores[..., cols].masked_fill(hidden[:, cols], float("inf")).amin(dim=-1)
-            torch.minimum(floor, edge, out=floor)
-    return floor
+            scores[..., cols].masked_fill_(hidden[:, cols], float("inf"))
+    return scores.amin(dim=-1)
 
 
 def iter_chunks(
