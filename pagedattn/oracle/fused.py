@@ -245,24 +245,17 @@ def verdict_stats(
         output: ``[T, Hq, D]`` in the query dtype, on the case's device (checked by the caller).
         lse: ``[T, Hq]`` float32, or ``None``.
     """
-    args = (output, lse, case, precision, qk_precision, tanh_precision, tolerance_factor)
+    terms = policy._terms(case, precision, qk_precision, tanh_precision)
     if case.device.type != "cuda":
-        return _stats(*args)
+        return _stats(output, lse, case, terms, tolerance_factor)
     # Triton launches on the current device, not the tensors': a case on another GPU (a worker's)
     with torch.cuda.device(case.device):
-        return _stats(*args)
+        return _stats(output, lse, case, terms, tolerance_factor)
 
 
 def _stats(
-    output: torch.Tensor,
-    lse: torch.Tensor | None,
-    case: PagedCase,
-    precision: str,
-    qk_precision: str,
-    tanh_precision: str,
-    tolerance_factor: float,
+    output: torch.Tensor, lse: torch.Tensor | None, case: PagedCase, terms: policy._Terms, tolerance_factor: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    terms = policy._terms(case, precision, qk_precision, tanh_precision)
     kernel = _compiled()
     T, Hq, D = case.num_tokens, case.num_heads, case.head_dim
     kw: dict[str, Any] = dict(dtype=torch.float64, device=case.device)
