@@ -12,7 +12,7 @@ import torch
 from pagedattn import INVARIANCES, Capabilities, Exclusion
 from pagedattn.adapters import protocol
 from pagedattn.cases.spec import CaseSpec
-from pagedattn.oracle import VARIANTS, PagedCase
+from pagedattn.oracle import VARIANTS, PagedCase, ProblemError
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
 ALL = frozenset(VARIANTS)
@@ -347,3 +347,11 @@ def test_exports():
 
     assert pagedattn.Exclusion is protocol.Exclusion and pagedattn.INVARIANCES is protocol.INVARIANCES
     assert {"Exclusion", "INVARIANCES"} <= set(pagedattn.__all__)
+
+
+@pytest.mark.parametrize("factor", [0.0, -1.0, float("inf"), float("nan")])
+def test_a_tolerance_factor_must_be_positive_and_finite(factor):
+    """An infinite factor makes every bound infinite, which judges nothing (the check fails such
+    elements): refused when the claims are made, naming the field and the bound."""
+    with pytest.raises(ProblemError, match=r"tolerance_factor.*> 0 and finite"):
+        Capabilities(tolerance_factor=factor)

@@ -1,7 +1,8 @@
 """The check's fused path (``pagedattn.oracle.fused``: one Triton kernel a block) against its
 torch path on every attention case of a profile, on a GPU (or, with ``--cpu``, under the Triton
 interpreter: slow). For each case three outputs (a correct kernel's, a precision bug's, the bug's
-with a NaN and an infinity) are judged on both paths, the output and its log-sum-exp; prints each
+with a NaN and an infinity) are judged on both paths, the output and its log-sum-exp (exact, off
+by 1e-3, off with a NaN and an infinity); prints each
 case whose verdicts differ (status, counts, worst element; budget or bound beyond
 ``policy.FUSED_RTOL``) and a summary line.
 
@@ -48,13 +49,19 @@ def main() -> int:
         nan[-1, 0, 0], nan[0, -1, -1] = float("nan"), float("inf")
         outs = [streamed_attention(case, 16), bug, nan]
         _, lse = paged_attention_reference_lse(case)
+        lse = lse.float()
+        # the log-sum-exp judged with each output: exact, off by 1e-3, off with a NaN and an infinity
+        lse_nan = lse + 1e-3
+        lse_nan[-1, 0], lse_nan[0, -1] = float("nan"), float("inf")
+        lses = [lse.to(device), (lse + 1e-3).to(device), lse_nan.to(device)]
         case = case.to(device)
         outs = [o.to(device) for o in outs]
-        lse = lse.float().to(device)
         results = []
         for env in ("0", "1"):
             os.environ[fused.ENV] = env
-            results.append([c for o in outs for c in (check_attention(o, case), *check_attention_lse(o, lse, case))])
+            results.append(
+                [c for o, lo in zip(outs, lses) for c in (check_attention(o, case), *check_attention_lse(o, lo, case))]
+            )
         cases += 1
         bad = [(a, b) for a, b in zip(*results) if not _same_verdict(a, b)]
         if bad:

@@ -127,8 +127,10 @@ class Capabilities:
             raise ProblemError(
                 "Capabilities", "variants", f"must be among {list(VARIANTS)}, got unknown {sorted(unknown)}"
             )
-        if not self.tolerance_factor > 0:
-            raise ProblemError("Capabilities", "tolerance_factor", f"must be > 0, got {self.tolerance_factor}")
+        if not 0 < self.tolerance_factor < float("inf"):  # an infinite bound judges nothing
+            raise ProblemError(
+                "Capabilities", "tolerance_factor", f"must be > 0 and finite, got {self.tolerance_factor}"
+            )
         for name in ("head_dims", "block_sizes"):
             check_int_spec("Capabilities", name, getattr(self, name))
         object.__setattr__(self, "invariances", frozen_set("Capabilities", "invariances", self.invariances))
