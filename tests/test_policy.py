@@ -599,7 +599,8 @@ f64 = {"o_ptr", "ex_ptr", "c_ptr", "qn_ptr", "rm_ptr", "fl_ptr", "lse_ptr", "km_
        "sl_ptr", "st_ptr", "ls_ptr"}
 results = []
 for out_type, block_d in json.loads(sys.argv[1]):
-    sig, consts = {}, {"BLOCK_D": block_d, "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W}
+    consts = {"BLOCK_D": block_d, "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W, "NS": fused.STATS}
+    sig = {}
     for p in kernel.params:
         if p.name in consts:
             sig[p.name] = "constexpr"

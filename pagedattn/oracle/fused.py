@@ -125,6 +125,7 @@ def _build() -> Any:  # noqa: C901 - one kernel
         U: tl.constexpr,  # policy.U_FP32, C_EXP, C_W: exact in float32, as Triton takes a float constexpr
         C_EXP: tl.constexpr,
         CW: tl.constexpr,
+        NS: tl.constexpr,  # STATS
     ):
         pid = tl.program_id(0)
         h = pid // n
@@ -184,13 +185,12 @@ def _build() -> Any:  # noqa: C901 - one kernel
         out = tl.load(out_ptr + at, mask=dm, other=0.0)
         out = out.to(tl.float64)
         ratio = tl.abs(out - o) / e
-        # a bound that is not finite where the reference is (a spread past float32's range) judges
-        # nothing: NaN, which fails, as in verdict._Verdict.add
-        fin_e = (e - e) == 0.0
-        ratio = tl.where(fin_e | ((o - o) != 0.0), ratio, float("nan"))
-        over = tl.sum(tl.where(dm & ~(ratio <= 1.0), 1.0, 0.0), axis=0)
         fin_ref = (o - o) == 0.0
         fin_out = (out - out) == 0.0
+        # a bound that is not finite where the reference is (a spread past float32's range) judges
+        # nothing: NaN, which fails, as in verdict._Verdict.add
+        ratio = tl.where(((e - e) == 0.0) | ~fin_ref, ratio, float("nan"))
+        over = tl.sum(tl.where(dm & ~(ratio <= 1.0), 1.0, 0.0), axis=0)
         nonfinite = tl.sum(tl.where(dm & fin_ref & ~fin_out, 1.0, 0.0), axis=0)
         isnan = dm & (ratio != ratio)
         any_nan = tl.max(isnan.to(tl.int32), axis=0) > 0
@@ -200,7 +200,7 @@ def _build() -> Any:  # noqa: C901 - one kernel
         first_max = tl.min(tl.where(finite_r == worst, d, BLOCK_D), axis=0)
         idx = tl.where(any_nan, first_nan, first_max)
         pick = d == idx
-        srow = st_ptr + ((row0 + t).to(tl.int64) * Hq + h) * 7  # STATS
+        srow = st_ptr + ((row0 + t).to(tl.int64) * Hq + h) * NS
         tl.store(srow + 0, tl.where(any_nan, float("nan"), worst))
         tl.store(srow + 1, over)
         tl.store(srow + 2, nonfinite)
@@ -216,7 +216,7 @@ def _build() -> Any:  # noqa: C901 - one kernel
             rl = tl.where(((e_l - e_l) == 0.0) | ((ref - ref) != 0.0), rl, float("nan"))
             exact_inf = (ref - ref != 0.0) & (ref == ref) & (lo == ref)  # an infinite reference matched
             rl = tl.where(exact_inf, 0.0, rl)
-            lrow = ls_ptr + ((row0 + t).to(tl.int64) * Hq + h) * 7
+            lrow = ls_ptr + ((row0 + t).to(tl.int64) * Hq + h) * NS
             tl.store(lrow + 0, rl)
             tl.store(lrow + 1, tl.where(rl <= 1.0, 0.0, 1.0))
             tl.store(lrow + 2, tl.where(((ref - ref) == 0.0) & ~((lo - lo) == 0.0), 1.0, 0.0))
@@ -330,6 +330,7 @@ def _stats(
             U=policy.U_FP32,
             C_EXP=policy.C_EXP,
             CW=policy.C_W,
+            NS=STATS,
         )
         del c, o, s12, ex  # the block's tensors go before the next block's come
     return stats, lstats

@@ -275,9 +275,10 @@ class _Verdict:
         ``exact_inf``: an infinite reference matched exactly is no error (a log-sum-exp's ``-inf``)."""
         out = output.to(torch.float64)
         ratio = torch.sub(out, ref).abs_().div_(bound)
+        ref_finite = torch.sub(ref, ref).eq(0.0)  # x - x is 0 where x is finite, NaN elsewhere
         # a bound that is not finite where the reference is (a spread past float32's range, say)
-        # judges nothing: its ratio is NaN, which fails (x - x is 0 where x is finite)
-        ratio.masked_fill_(torch.sub(bound, bound).ne(0.0).logical_and_(torch.sub(ref, ref).eq(0.0)), float("nan"))
+        # judges nothing: its ratio is NaN, which fails
+        ratio.masked_fill_(torch.sub(bound, bound).ne(0.0).logical_and_(ref_finite), float("nan"))
         if exact_inf:  # an lse of -inf where the reference is -inf is exact
             ratio.masked_fill_(torch.isinf(ref) & (out == ref), 0.0)
         self.num_elements += ratio.numel()
@@ -292,16 +293,15 @@ class _Verdict:
             num_nonfinite = 0
             if not budget < float("inf"):
                 over += int(torch.isnan(ratio).sum())
-                num_nonfinite = int((torch.isfinite(ref) > torch.isfinite(out)).sum())
+                num_nonfinite = int((ref_finite > torch.isfinite(out)).sum())
             self._fold(tokens.start, shape, [budget, over, num_nonfinite, int(flat), value, reference, bound_at])
             return
         # on a device, every read is a synchronization: keep a few scalars there, read them all
         # in check(); counts and indices below 2**53 are exact in float64. The over count takes
         # the NaN ratios in, and the non-finite outputs where the reference is finite are
         # counted always: both are 0 unless the block's worst ratio is NaN or infinite, where
-        # the CPU path counts them. x - x is 0 where x is finite, NaN elsewhere (fewer ops
-        # than isfinite, four each).
-        finite_only_ref = torch.sub(ref, ref).eq_(0.0).gt_(torch.sub(out, out).eq_(0.0))
+        # the CPU path counts them (x - x again: fewer ops than isfinite).
+        finite_only_ref = ref_finite.logical_and_(torch.sub(out, out).ne(0.0))
         counts = torch.stack([ratio.le(1.0).logical_not_().sum(), finite_only_ref.sum(), flat[0]])
         stats = torch.cat([picked[0], counts.to(torch.float64), *picked[1:]])
         self._blocks.append((tokens.start, shape, stats))
@@ -340,7 +340,7 @@ class _Verdict:
         (one device-to-host transfer for all of them)."""
         verdicts = [v for v in (self, *others) if v._blocks]
         if verdicts:
-            rows = torch.stack([b[2] for v in verdicts for b in v._blocks]).tolist()
+            rows = _read(*[b[2] for v in verdicts for b in v._blocks])
             for v in verdicts:
                 for (start, shape, _), row in zip(v._blocks, rows):
                     v._fold(start, shape, row)
