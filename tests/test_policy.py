@@ -594,12 +594,10 @@ from triton.compiler import ASTSource
 import triton
 from pagedattn.oracle import fused, policy
 
-kernel = fused._compiled()
-f64 = {"o_ptr", "ex_ptr", "c_ptr", "qn_ptr", "rm_ptr", "fl_ptr", "lse_ptr", "km_ptr", "ps_ptr", "sh_ptr", "sk_ptr",
-       "sl_ptr", "st_ptr", "ls_ptr"}
-results = []
-for out_type, block_d in json.loads(sys.argv[1]):
-    consts = {"BLOCK_D": block_d, "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W, "NS": fused.STATS}
+kernels = fused._compiled()
+
+
+def compile(kernel, consts, ptr_type):
     sig = {}
     for p in kernel.params:
         if p.name in consts:
@@ -607,25 +605,38 @@ for out_type, block_d in json.loads(sys.argv[1]):
         elif p.annotation:  # the model's constants: as the kernel declares them
             sig[p.name] = p.annotation
         elif p.name.endswith("_ptr"):
-            sig[p.name] = "*" + (out_type if p.name == "out_ptr" else "fp64" if p.name in f64 else "fp32")
+            sig[p.name] = "*" + ptr_type(p.name)
         else:
             sig[p.name] = "i32"
     names = kernel.arg_names
     src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()})
     c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     params = re.findall(r"\.param \.(\w+) \w+_param_(\d+)", c.asm["ptx"])
-    results.append({"cfg": [out_type, block_d], "cubin": len(c.asm["cubin"]),
-                    "float_params": sorted({t for t, _ in params if t.startswith("f")}),
-                    "declared": sorted({p.annotation for p in kernel.params if p.annotation.startswith("fp")})})
+    return {"cubin": len(c.asm["cubin"]), "float_params": sorted({t for t, _ in params if t.startswith("f")}),
+            "declared": sorted({p.annotation for p in kernel.params if p.annotation.startswith("fp")})}
+
+
+f64 = {"o_ptr", "ex_ptr", "c_ptr", "q_ptr", "rm_ptr", "fl_ptr", "lse_ptr", "km_ptr", "ps_ptr", "sh_ptr", "sk_ptr",
+       "sl_ptr", "st_ptr", "ls_ptr", "v_ptr", "out_ptr"}
+results = []
+for out_type, block_d in json.loads(sys.argv[1]):
+    consts = {"BLOCK_D": block_d, "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W, "NS": fused.STATS}
+    r = compile(kernels.verdict, consts, lambda n: out_type if n == "out_ptr" else "fp64" if n in f64 else "fp32")
+    results.append(dict(r, cfg=["verdict", out_type, block_d]))
+    moments = {"BLOCK_R": 4096 // block_d, "BLOCK_D": block_d}
+    r = compile(kernels.moments, moments, lambda n: "fp64" if n in f64 else "fp32")
+    results.append(dict(r, cfg=["moments", block_d]))
+r = compile(kernels.reduce, {"NS": fused.STATS, "BLOCK": 1024}, lambda n: "fp64")
+results.append(dict(r, cfg=["reduce"]))
 print(json.dumps(results))
 """
 
 
 def test_the_fused_check_compiles_for_hopper_without_a_gpu():
-    """The fused check's kernel compiles for sm_90 here, on the CPU, for each output dtype and
-    head-dim tile, and takes the model's constants as float64 parameters: a plain float argument
-    is float32 in Triton, which put the GPU's bounds 4e-8 off the torch path's (as the interpreter
-    keeps Python's floats, only a compile shows it)."""
+    """The fused check's kernels compile for sm_90 here, on the CPU, for each output dtype and
+    head-dim tile, and the verdict kernel takes the model's constants as float64 parameters: a
+    plain float argument is float32 in Triton, which put the GPU's bounds 4e-8 off the torch
+    path's (as the interpreter keeps Python's floats, only a compile shows it)."""
     configs = [["fp32", 64], ["fp16", 128], ["bf16", 256]]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     proc = subprocess.run(
@@ -633,10 +644,12 @@ def test_the_fused_check_compiles_for_hopper_without_a_gpu():
     )
     assert proc.returncode == 0, f"compiling the fused check for sm_90 failed:\n{proc.stderr[-4000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [r["cfg"] for r in results] == configs
+    expected = [cfg for t, d in configs for cfg in (["verdict", t, d], ["moments", d])] + [["reduce"]]
+    assert [r["cfg"] for r in results] == expected
     for r in results:
         assert r["cubin"] > 0, r
-        assert r["declared"] == ["fp64"] and r["float_params"] == ["f64"], r
+        if r["cfg"][0] == "verdict":
+            assert r["declared"] == ["fp64"] and r["float_params"] == ["f64"], r
 
 
 @pytest.mark.parametrize("fused_path", [False, True], ids=["torch-path", "fused"])

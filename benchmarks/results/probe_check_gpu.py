@@ -125,7 +125,6 @@ def pieces(case):
     r["key_reach_ms"] = best(lambda: [policy._key_reach(c.k_all, case.sliding_window) for c in seqs.values()], 10)
     r["iter_chunks_floor_ms"] = best(lambda: [None for _ in iter_chunks(case, live=2, score_floor=True)], 10)
     r["iter_chunks_ms"] = best(lambda: [None for _ in iter_chunks(case, live=2)], 10)
-    del chunks, seqs
     return r
 
 
@@ -137,11 +136,18 @@ def main(path):
         out = torch.randn(case.num_tokens, case.num_heads, case.head_dim, device="cuda", generator=g).to(case.dtype)
         lse = torch.randn(case.num_tokens, case.num_heads, device="cuda", generator=g)
         row = {"case": cid}
-        row["oracle_ms"] = best(lambda: paged_attention_reference_lse(case))
-        row["check_ms"] = best(lambda: check_attention(out, case))
-        row["check_lse_ms"] = best(lambda: check_attention_lse(out, lse, case))
-        row["oracle_prof"] = profiled(lambda: paged_attention_reference_lse(case))
-        row["check_prof"] = profiled(lambda: check_attention(out, case))
+
+        def oracle(case=case):
+            return paged_attention_reference_lse(case)
+
+        def check(out=out, case=case):
+            return check_attention(out, case)
+
+        row["oracle_ms"] = best(oracle)
+        row["check_ms"] = best(check)
+        row["check_lse_ms"] = best(lambda out=out, lse=lse, case=case: check_attention_lse(out, lse, case))
+        row["oracle_prof"] = profiled(oracle)
+        row["check_prof"] = profiled(check)
         row["launch"] = launch_cost(case, out)
         row["pieces"] = pieces(case)
         print(json.dumps({k: v for k, v in row.items() if not k.endswith("_prof")}), flush=True)
@@ -153,7 +159,6 @@ def main(path):
             for e in p["device_top"][:6]:
                 print("     dev ", e)
         rows.append(row)
-        del case
         torch.cuda.empty_cache()
     info = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
     import triton

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -59,14 +59,22 @@ def usable(case: PagedCase) -> bool:
     return True
 
 
-def _compiled() -> Any:
+class Kernels(NamedTuple):
+    """The check's Triton kernels (``_build``)."""
+
+    verdict: Any  # a block of rows: the bound, the ratios, each row's statistics
+    moments: Any  # a sequence's ``[|v|, (v - c)^2]`` in float32 (``policy._value_moments``)
+    reduce: Any  # a check's statistics: the rows' into one (``reduced``'s, in one launch)
+
+
+def _compiled() -> Kernels:
     global _kernel
     if _kernel is None:
         _kernel = _build()
     return _kernel
 
 
-def _build() -> Any:  # noqa: C901 - one kernel
+def _build() -> Kernels:  # noqa: C901 - the kernels
     import triton
     import triton.language as tl
 
@@ -87,7 +95,7 @@ def _build() -> Any:  # noqa: C901 - one kernel
         s12_ptr,  # [Hq, n, 2D] float32: sum_j p_j |v_j|, sum_j p_j (v_j - c)^2
         ex_ptr,  # [Hq, n, D] float64: the subnormal-weight correction (has_extra)
         c_ptr,  # [Hkv, D] float64: the sequence's mean value
-        qn_ptr,  # [Hq, n] float64: |q|
+        q_ptr,  # [Hq, n, D] float64: the queries (their norms)
         rm_ptr,  # [Hq, n] float64: the row's max logit (the sink's included)
         fl_ptr,  # [Hq, n] float64: its smallest visible logit
         lse_ptr,  # [Hq, n] float64: the reference log-sum-exp
@@ -133,8 +141,12 @@ def _build() -> Any:  # noqa: C901 - one kernel
         kv = h // G
         r = h.to(tl.int64) * n + t  # row of the [Hq, n] per-row tensors
         p = p0 + t
+        d = tl.arange(0, BLOCK_D)
+        dm = d < D
+        base = r * D
         # the row's largest ds_j (policy.chunk_bounds, same order of operations)
-        qn = tl.load(qn_ptr + r)
+        q = tl.load(q_ptr + base + d, mask=dm, other=0.0)
+        qn = tl.sqrt(tl.sum(q * q, axis=0))
         km = tl.load(km_ptr + kv.to(tl.int64) * km_skv + t * km_sr)
         rm = tl.load(rm_ptr + r)
         fl = tl.load(fl_ptr + r)
@@ -149,9 +161,6 @@ def _build() -> Any:  # noqa: C901 - one kernel
             seen = tl.minimum(seen, W)
         grow = 1.0 / (1.0 - (seen.to(tl.float64) + 3.0) * U)  # policy._visible_keys_grow
         sqrt_grow = tl.sqrt(grow)
-        d = tl.arange(0, BLOCK_D)
-        dm = d < D
-        base = r * D
         o = tl.load(o_ptr + base + d, mask=dm, other=0.0)
         s1 = tl.load(s12_ptr + 2 * base + d, mask=dm, other=0.0).to(tl.float64)
         s2 = tl.load(s12_ptr + 2 * base + D + d, mask=dm, other=0.0).to(tl.float64)
@@ -225,10 +234,116 @@ def _build() -> Any:  # noqa: C901 - one kernel
             tl.store(lrow + 5, ref)
             tl.store(lrow + 6, e_l)
 
-    return verdict_kernel
+    @triton.jit(do_not_specialize=["L", "D"])
+    def moments_kernel(
+        v_ptr,  # [Hkv, L, D] float64, contiguous: a sequence's values
+        c_ptr,  # [Hkv, 1, D] float64: their mean over the keys
+        vv_ptr,  # [Hkv, L, 2D] float32: |v| and (v - c)^2
+        L,
+        D,
+        BLOCK_R: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+    ):
+        # policy._value_moments' numbers bit for bit: |fl32(v)|, and fl32 of the float64 square
+        # of the float64 difference (it may cancel), each rounded to nearest once
+        kv = tl.program_id(1).to(tl.int64)
+        rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+        d = tl.arange(0, BLOCK_D)
+        m = (rows[:, None] < L) & (d[None, :] < D)
+        at = (kv * L + rows[:, None]) * D + d[None, :]
+        v = tl.load(v_ptr + at, mask=m, other=0.0)
+        c = tl.load(c_ptr + kv * D + d, mask=d < D, other=0.0)
+        to = (kv * L + rows[:, None]) * (2 * D) + d[None, :]
+        tl.store(vv_ptr + to, tl.abs(v.to(tl.float32)), mask=m)
+        dv = v - c[None, :]
+        tl.store(vv_ptr + to + D, (dv * dv).to(tl.float32), mask=m)
+
+    @triton.jit(do_not_specialize=["N", "per_row"])
+    def reduce_kernel(
+        st_ptr,  # [N, NS] float64: rows' statistics (the verdict kernel's)
+        N,
+        per_row,  # elements a row and head (the flat index's unit)
+        out_ptr,  # [NS] float64: the check's, as ``reduced`` documents
+        NS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        # one program walks the rows in order: the worst is the first NaN, or else the first
+        # largest (torch.argmax's rule); the counts are integers below 2**53, exact in any order
+        i = tl.arange(0, BLOCK)
+        best = tl.full([], float("-inf"), tl.float64)
+        at = tl.full([], 0, tl.int32)
+        found_nan = tl.full([], 0, tl.int32)
+        over = tl.full([], 0.0, tl.float64)
+        nonfinite = tl.full([], 0.0, tl.float64)
+        for i0 in range(0, N, BLOCK):
+            rows = i0 + i
+            m = rows < N
+            row = st_ptr + rows.to(tl.int64) * NS
+            x = tl.load(row, mask=m, other=float("-inf"))
+            over += tl.sum(tl.load(row + 1, mask=m, other=0.0), axis=0)
+            nonfinite += tl.sum(tl.load(row + 2, mask=m, other=0.0), axis=0)
+            isnan = m & (x != x)
+            first_nan = tl.min(tl.where(isnan, rows, N), axis=0)
+            xf = tl.where(isnan, float("-inf"), x)
+            top = tl.max(xf, axis=0)
+            first_top = tl.min(tl.where(m & (xf == top), rows, N), axis=0)
+            chunk_nan = first_nan < N
+            higher = (found_nan == 0) & ~chunk_nan & (top > best)
+            take_nan = (found_nan == 0) & chunk_nan
+            at = tl.where(take_nan, first_nan, tl.where(higher, first_top, at))
+            best = tl.where(take_nan, float("nan"), tl.where(higher, top, best))
+            found_nan = tl.where(chunk_nan, 1, found_nan)
+        worst = st_ptr + at.to(tl.int64) * NS
+        tl.store(out_ptr, best)
+        tl.store(out_ptr + 1, over)
+        tl.store(out_ptr + 2, nonfinite)
+        tl.store(out_ptr + 3, at.to(tl.float64) * per_row + tl.load(worst + 3))
+        for k in tl.static_range(4, NS):
+            tl.store(out_ptr + k, tl.load(worst + k))
+
+    return Kernels(verdict_kernel, moments_kernel, reduce_kernel)
 
 
-def verdict_stats(
+#: compiled kernels by what Triton specializes them on (``_launch``)
+_RUNNERS: dict[tuple, Any] = {}
+
+
+def _spec(arg: Any) -> Any:
+    """What Triton's JIT specializes ``arg`` on, or more: a tensor's dtype and 16-byte alignment;
+    an integer's width, whether it is 1, whether 16 divides it; a float's type."""
+    if isinstance(arg, torch.Tensor):
+        return (arg.dtype, arg.data_ptr() % 16 == 0)
+    if isinstance(arg, bool):
+        return ("b", arg)
+    if isinstance(arg, int):
+        width = "i32" if -(2**31) <= arg < 2**31 else "i64" if -(2**63) <= arg < 2**63 else "u64"
+        return (width, arg == 1, arg % 16 == 0)
+    return type(arg).__name__
+
+
+def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, Any]) -> None:
+    """``kernel[grid](*args, **consts)``, with Triton's host cost cut where it can be.
+
+    Triton's JIT binds, specializes and looks up a kernel's arguments on every launch: 30 to 80 us
+    of host time for the verdict kernel's ~50 (H200 host, triton 3.6; ``benchmarks/NOTES.md``), a
+    launch a block of rows, where the oracle's own pass is a few milliseconds of host-bound
+    launches. The kernel it returns (a ``CompiledKernel``) launches the same arguments through its
+    own runner in ~14 us. It is kept here by everything the JIT specializes on (``_spec``: a
+    superset, so a launch it serves is one the JIT would have given the same kernel), per device,
+    and serves the launches that match; the others, and the interpreter's, go through the JIT.
+    ``consts`` are the kernel's last parameters, in order (its constexprs)."""
+    device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    key = (id(kernel), device, tuple(consts.items()), tuple(_spec(a) for a in args))
+    compiled = _RUNNERS.get(key)
+    if compiled is not None:
+        compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *consts.values())
+        return
+    compiled = kernel[grid](*args, **consts)
+    if hasattr(compiled, "function") and callable(getattr(compiled, "__getitem__", None)):
+        _RUNNERS[key] = compiled  # a compiled kernel (the interpreter returns none)
+
+
+def verdict_rows(
     output: torch.Tensor,
     lse: torch.Tensor | None,
     case: PagedCase,
@@ -236,10 +351,10 @@ def verdict_stats(
     qk_precision: str,
     tanh_precision: str,
     tolerance_factor: float,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The statistics of every row and head of ``output`` (and of ``lse``), judged against the
-    oracle and the bound of ``policy.chunk_bounds`` scaled by ``tolerance_factor``: two
-    ``[T * Hq, STATS]`` float64 tensors on the case's device (the second ``None`` without ``lse``).
+) -> list[list[float]]:
+    """The check of ``output`` (and of ``lse``) against the oracle and the bound of
+    ``policy.chunk_bounds`` scaled by ``tolerance_factor``, as ``reduced``'s rows (one, or two
+    with ``lse``: the output's, the log-sum-exp's), read to the host in one transfer.
 
     Args:
         output: ``[T, Hq, D]`` in the query dtype, on the case's device (checked by the caller).
@@ -247,16 +362,57 @@ def verdict_stats(
     """
     terms = policy._terms(case, precision, qk_precision, tanh_precision)
     if case.device.type != "cuda":
-        return _stats(output, lse, case, terms, tolerance_factor)
+        return _rows(output, lse, case, terms, tolerance_factor)
     # Triton launches on the current device, not the tensors': a case on another GPU (a worker's)
     with torch.cuda.device(case.device):
-        return _stats(output, lse, case, terms, tolerance_factor)
+        return _rows(output, lse, case, terms, tolerance_factor)
+
+
+def _rows(
+    output: torch.Tensor, lse: torch.Tensor | None, case: PagedCase, terms: policy._Terms, tolerance_factor: float
+) -> list[list[float]]:
+    stats, lstats = _stats(output, lse, case, terms, tolerance_factor)
+    # rows of 8: each row's start 64-byte aligned, as a tensor of its own would be
+    out = torch.empty(1 if lstats is None else 2, 8, dtype=torch.float64, device=case.device)
+    reduced(stats, case.head_dim, out=out[0, :STATS])
+    if lstats is not None:
+        reduced(lstats, 1, out=out[1, :STATS])
+    return [row[:STATS] for row in out.tolist()]
+
+
+def value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``policy._value_moments``' numbers, bit for bit, in two launches: the mean in torch, the
+    rest in one kernel (five elementwise launches in torch)."""
+    Hkv, L, D = v.shape
+    centre = v.mean(dim=1, keepdim=True)
+    vv = torch.empty(Hkv, L, 2 * D, dtype=torch.float32, device=v.device)
+    block_d = _pow2(D)
+    block_r = max(1, 4096 // block_d)
+    v = v.contiguous()
+    _launch(
+        _compiled().moments,
+        (_cdiv(L, block_r), Hkv),
+        (v, centre, vv, L, D),
+        {"BLOCK_R": block_r, "BLOCK_D": block_d},
+    )
+    return centre, vv
+
+
+def _pow2(n: int) -> int:
+    """The power of two at or above ``n``, at least 16."""
+    return 1 << max(4, (n - 1).bit_length())
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _stats(
     output: torch.Tensor, lse: torch.Tensor | None, case: PagedCase, terms: policy._Terms, tolerance_factor: float
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    kernel = _compiled()
+    """Every row and head's statistics, the output's and the log-sum-exp's: two ``[T * Hq, STATS]``
+    float64 tensors on the case's device (the second ``None`` without ``lse``)."""
+    kernel = _compiled().verdict
     T, Hq, D = case.num_tokens, case.num_heads, case.head_dim
     kw: dict[str, Any] = dict(dtype=torch.float64, device=case.device)
     stats = torch.empty(T * Hq, STATS, **kw)
@@ -264,14 +420,14 @@ def _stats(
     model = terms.model
     key_max = policy._KeyMax(case.sliding_window)
     W = case.sliding_window or 0
-    block_d = 1 << max(4, (D - 1).bit_length())
+    consts = {"BLOCK_D": _pow2(D), "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W, "NS": STATS}
+    tol, xmin = float(tolerance_factor), 2.0**model.emin
     seq, centre, vv = -1, torch.empty(0), torch.empty(0)
     for c in iter_chunks(case, live=policy._live(case), score_floor=True):
         Hkv, G, n, Lc = c.probs.shape
         if c.seq != seq:
-            seq, centre, vv = c.seq, *policy._value_moments(c.v_all)  # [Hkv, 1, D], [Hkv, L, 2D]
+            seq, centre, vv = c.seq, *value_moments(c.v_all)  # [Hkv, 1, D], [Hkv, L, 2D]
         km = key_max(c)  # [Hkv, 1, n] or [Hkv, 1, 1]
-        qn = c.q.norm(dim=-1)  # [Hkv, G, n]
         o = torch.bmm(c.probs.view(Hkv, G * n, Lc), c.v)  # [Hkv, G * n, D]: [Hq, n, D]
         p32 = policy._spent(c.scores, torch.float32).copy_(c.probs)
         s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys])  # [Hq, n, 2D] float32
@@ -283,27 +439,27 @@ def _stats(
         L = case.seq_lens_list[c.seq]
         acc = policy.C_ACC * policy.U_FP32 * math.sqrt(L)
         rows = output[c.tokens]  # [n, Hq, D], the caller's strides
-        lrows = lse[c.tokens] if lse is not None else qn  # [n, Hq] float32 (``qn`` stands in: has_lse 0)
+        lrows = lse[c.tokens] if lse is not None else o  # [n, Hq] float32 (``o`` stands in: has_lse 0)
         sink = c.sink_probs is not None
         alibi = c.alibi is not None
-        kernel[(Hq * n,)](
+        args = (
             rows,
             *rows.stride(),
             o,
             s12,
             ex,
             centre,
-            qn,
+            c.q,
             c.row_max,
             c.score_floor,
             c.lse,
             km,
             km.stride(0),
             km.stride(2),
-            c.sink_probs if sink else qn,
-            c.key_share if sink else qn,
-            terms.sinks if sink else qn,
-            c.alibi[0] if alibi else qn,  # type: ignore[index]
+            c.sink_probs if sink else o,
+            c.key_share if sink else o,
+            terms.sinks if sink else o,
+            c.alibi[0] if alibi else o,  # type: ignore[index]
             lrows,
             *(lrows.stride() if lse is not None else (0, 0)),
             stats,
@@ -323,26 +479,21 @@ def _stats(
             terms.row_const,
             terms.pv,
             acc,
-            float(tolerance_factor),
-            2.0**model.emin,
+            tol,
+            xmin,
             model.significand,
-            BLOCK_D=block_d,
-            U=policy.U_FP32,
-            C_EXP=policy.C_EXP,
-            CW=policy.C_W,
-            NS=STATS,
         )
+        _launch(kernel, (Hq * n,), args, consts)
         del c, o, s12, ex  # the block's tensors go before the next block's come
     return stats, lstats
 
 
-def reduced(stats: torch.Tensor, per_row: int) -> torch.Tensor:
+def reduced(stats: torch.Tensor, per_row: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """One check's statistics from its rows' ``[T * Hq, STATS]``: ``[worst ratio (NaN where any
     is NaN), elements over, non-finite, flat index of the worst element (``per_row`` elements a
-    row and head), its output, reference, bound]`` float64 ``[7]``, on the device. The worst is
-    the first NaN ratio, or else the first largest, in (token, head, channel) order."""
-    sel = torch.argmax(stats[:, 0]).view(1)  # a NaN is the largest
-    picked = stats.index_select(0, sel)[0]
-    sums = stats[:, 1:3].sum(dim=0)
-    flat = sel.to(torch.float64) * per_row + picked[3]
-    return torch.cat([picked[:1], sums, flat, picked[4:]])
+    row and head), its output, reference, bound]`` float64 ``[STATS]``, on the device (into
+    ``out`` if given), in one launch. The worst is the first NaN ratio, or else the first
+    largest, in (token, head, channel) order."""
+    out = torch.empty(STATS, dtype=torch.float64, device=stats.device) if out is None else out
+    _launch(_compiled().reduce, (1,), (stats, stats.shape[0], per_row, out), {"NS": STATS, "BLOCK": 1024})
+    return out

@@ -203,26 +203,28 @@ def _weights_stay_normal(case: PagedCase, min_normal: float) -> bool:
     largest, read once on the host: every logit lies within ``S`` of 0, ``S`` from the largest
     norms of the queries and of every key in the pool (Cauchy-Schwarz; the soft-cap, ALiBi's
     largest bias), so a row spans at most ``2 S`` (``S + max |sink|`` with a sink, which joins
-    the maximum). A margin of 1 covers rounding."""
+    the maximum). A margin of 1 covers rounding. The maxima are read in one transfer and
+    combined in Python's float64 (on a GPU each tensor operation is a launch)."""
     wide = torch.float64 if case.dtype == torch.float64 else torch.float32  # the norm may not narrow
-    q = torch.linalg.vector_norm(case.query, dim=-1, dtype=wide).amax()
+    maxima = [torch.linalg.vector_norm(case.query, dim=-1, dtype=wide).amax()]
     pool = case.key_cache
     step = max(1, _POOL_SLICE // max(1, pool[0].numel()))  # blocks of the pool at a time
-    k_parts = []
     for b0 in range(0, pool.shape[0], step):
         keys = pool[b0 : b0 + step]
         keys = keys if case.kv_dtype == case.dtype else keys.to(case.dtype)  # fp8: no norm of its own
         # the pool's unused slots may hold NaN (poisoned padding): a NaN key's logits are NaN, and
         # the guards never fire on NaN either, so a NaN norm is left out (an infinite one is not)
-        k_parts.append(torch.linalg.vector_norm(keys, dim=-1, dtype=wide).nan_to_num_(nan=0.0, posinf=math.inf).amax())
-    k = k_parts[0] if len(k_parts) == 1 else torch.stack(k_parts).amax()
-    s = (q.double() * k) * (case.scale * case.k_scale)
+        maxima.append(torch.linalg.vector_norm(keys, dim=-1, dtype=wide).nan_to_num_(nan=0.0, posinf=math.inf).amax())
+    extras = [t.abs().amax() for t in (case.alibi_slopes, case.sinks) if t is not None]
+    q, *ks = torch.stack(maxima + extras).tolist()  # one read: float32 maxima are exact in float64
+    ks, rest = ks[: len(ks) - len(extras)], ks[len(ks) - len(extras) :]
+    s = (q * max(ks)) * (case.scale * case.k_scale)
     if case.logits_soft_cap is not None:
-        s = s.clamp(max=case.logits_soft_cap)
+        s = min(s, case.logits_soft_cap)
     if case.alibi_slopes is not None:
-        s = s + case.alibi_slopes.abs().amax() * max(case.max_seq_len - 1, 0)
-    span = 2.0 * s if case.sinks is None else s + torch.maximum(s, case.sinks.abs().amax())
-    return bool(span < -math.log(min_normal) - 1.0)
+        s = s + rest.pop(0) * max(case.max_seq_len - 1, 0)
+    span = 2.0 * s if case.sinks is None else s + max(s, rest.pop(0))
+    return span < -math.log(min_normal) - 1.0
 
 
 def _key_reach(k_all: torch.Tensor, window: int | None) -> torch.Tensor:

@@ -155,8 +155,7 @@ def check_attention(
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
     if fused.usable(case):  # on a GPU: one kernel a block for the bound and the verdict
-        stats, _ = fused.verdict_stats(output, None, case, precision, qk_precision, tanh_precision, tolerance_factor)
-        (row,) = _read(fused.reduced(stats, case.head_dim))
+        (row,) = fused.verdict_rows(output, None, case, precision, qk_precision, tanh_precision, tolerance_factor)
         return _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim)).check(case, common)
     verdict = _Verdict()
     for blk in chunk_bounds(case, precision, qk_precision, tanh_precision, with_lse=False):
@@ -205,9 +204,7 @@ def check_attention_lse(
         return out_check, lse_check
     if fused.usable(case):  # on a GPU: one kernel a block for the bounds and the verdicts
         policy_args = (precision, qk_precision, tanh_precision, tolerance_factor)
-        stats, lstats = fused.verdict_stats(output, lse, case, *policy_args)
-        assert lstats is not None
-        row, lrow = _read(fused.reduced(stats, case.head_dim), fused.reduced(lstats, 1))
+        row, lrow = fused.verdict_rows(output, lse, case, *policy_args)
         v_out = _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim))
         v_lse = _Verdict.of(lrow, (case.num_tokens, case.num_heads))
         return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))

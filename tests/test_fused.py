@@ -1,0 +1,137 @@
+"""The fused check's helper kernels and its launcher (``pagedattn.oracle.fused``).
+
+The verdicts themselves are compared with the torch path's in ``tests/test_policy.py``; here the
+pieces each give their torch counterpart's numbers on their own, where a test can reach every
+branch: a sequence's value moments bit for bit, the one-launch reduction of a check's
+statistics (its NaN and tie rules across the loop's chunks), and the launcher's reuse of a
+compiled kernel only for launches that Triton would specialize alike. Under the Triton
+interpreter on the CPU; compiled on a GPU.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedattn.oracle import fused, policy
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.mark.parametrize("shape", [(2, 37, 80), (1, 300, 64), (3, 5, 256)], ids=str)
+def test_value_moments_are_the_torch_paths_bit_for_bit(shape):
+    """``[|v|, (v - c)^2]`` in float32 from one kernel: the same bits as ``policy._value_moments``
+    for head dims that are and are not powers of two and lengths that do not fill the kernel's
+    row tiles, with values far from 0 (so ``v - c`` cancels) and of every sign."""
+    g = torch.Generator().manual_seed(sum(shape))
+    v = (torch.randn(shape, generator=g, dtype=torch.float64) * 3.0 + 1e4).to(DEVICE)
+    v[..., ::7] *= -1e-3
+    centre, vv = policy._value_moments(v)
+    f_centre, f_vv = fused.value_moments(v)
+    assert torch.equal(centre, f_centre)
+    assert f_vv.dtype == torch.float32 and f_vv.shape == vv.shape
+    assert torch.equal(vv, f_vv), f"{int((vv != f_vv).sum())} of {vv.numel()} elements differ"
+
+
+def _torch_reduced(stats: torch.Tensor, per_row: int) -> list[float]:
+    """The torch operations the reduction kernel replaced: the first NaN, or else the first
+    largest (``torch.argmax``), the sums of the counts."""
+    sel = int(torch.argmax(stats[:, 0]))
+    row = stats[sel]
+    return [float(row[0]), *stats[:, 1:3].sum(dim=0).tolist(), sel * per_row + float(row[3]), *row[4:].tolist()]
+
+
+def _stats(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    stats = torch.rand(n, fused.STATS, generator=g, dtype=torch.float64)
+    stats[:, 1:3] = torch.randint(0, 5, (n, 2), generator=g).double()
+    stats[:, 3] = torch.randint(0, 64, (n,), generator=g).double()
+    stats[::3, 0] = -1.0  # rows with no finite ratio
+    return stats
+
+
+@pytest.mark.parametrize(
+    "where",
+    ["finite", "tie-across-chunks", "nan-after-larger", "two-nans", "nan-first-row", "inf"],
+)
+def test_the_reduction_keeps_the_first_nan_or_first_largest(where):
+    """The kernel walks the rows in chunks of 1024: a tie between chunks keeps the first row, a
+    NaN ratio is the worst even after a larger finite one, the first of two NaNs wins, and an
+    infinite ratio is the largest finite one; the counts are summed exactly."""
+    stats = _stats(2500, seed=len(where))
+    if where == "tie-across-chunks":
+        stats[100, 0] = stats[1900, 0] = 7.0
+    elif where == "nan-after-larger":
+        stats[10, 0], stats[2200, 0] = 9.0, float("nan")
+    elif where == "two-nans":
+        stats[1500, 0] = stats[1100, 0] = float("nan")
+    elif where == "nan-first-row":
+        stats[0, 0] = float("nan")
+    elif where == "inf":
+        stats[1024, 0] = float("inf")
+    stats = stats.to(DEVICE)
+    got = fused.reduced(stats, 128).tolist()
+    want = _torch_reduced(stats.cpu(), 128)
+    assert len(got) == fused.STATS
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a == b or (a != a and b != b), f"statistic {i}: {a} against {b} ({where})"
+
+
+class _FakeCompiled:
+    """A ``CompiledKernel`` stand-in: records the runner's launches."""
+
+    function = object()
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+
+    def __getitem__(self, grid):
+        return lambda *args: self.log.append(("runner", grid, args))
+
+
+class _FakeJit:
+    """A ``JITFunction`` stand-in: records the JIT's launches, returns its compiled kernel."""
+
+    def __init__(self) -> None:
+        self.log: list = []
+        self.compiled = _FakeCompiled(self.log)
+
+    def __getitem__(self, grid):
+        def launch(*args, **consts):
+            self.log.append(("jit", grid, args + tuple(consts.values())))
+            return self.compiled
+
+        return launch
+
+
+def test_the_launcher_reuses_a_kernel_only_where_triton_would_specialize_alike(monkeypatch):
+    """A launch goes through the compiled kernel's runner only with the same constexprs, tensor
+    dtypes and 16-byte alignment, and integer widths (1, divisible by 16) as a launch the JIT made;
+    the runner takes every argument, constexprs last, and a 1-D grid as three axes."""
+    monkeypatch.setattr(fused, "_RUNNERS", {})
+    jit = _FakeJit()
+    buf = torch.zeros(64)
+    consts = {"BLOCK": 16}
+    fused._launch(jit, (4,), (buf, 3, 2.5), consts)
+    fused._launch(jit, (5,), (buf, 7, 1.5), consts)  # same widths: the runner
+    fused._launch(jit, (5,), (buf[1:], 7, 1.5), consts)  # 4 bytes off: not aligned
+    fused._launch(jit, (5,), (buf.double(), 7, 1.5), consts)  # another dtype
+    fused._launch(jit, (5,), (buf, 1, 1.5), consts)  # an integer of 1
+    fused._launch(jit, (5,), (buf, 32, 1.5), consts)  # divisible by 16
+    fused._launch(jit, (5,), (buf, 2**40, 1.5), consts)  # int64
+    fused._launch(jit, (5,), (buf, 7, 1.5), {"BLOCK": 32})  # another constexpr
+    fused._launch(jit, (6,), (buf, 9, 0.5), consts)  # the first specialization again
+    kinds = [entry[0] for entry in jit.log]
+    assert kinds == ["jit", "runner", "jit", "jit", "jit", "jit", "jit", "jit", "runner"], kinds
+    assert jit.log[1][1] == (5, 1, 1) and jit.log[1][2] == (buf, 7, 1.5, 16)
+
+
+def test_the_interpreter_launches_through_the_jit(monkeypatch):
+    """Under the interpreter a launch returns no compiled kernel: nothing is kept, every launch
+    goes through the JIT (here, the real kernel on the CPU or GPU)."""
+    monkeypatch.setattr(fused, "_RUNNERS", {})
+    stats = _stats(10, seed=3).to(DEVICE)
+    fused.reduced(stats, 4)
+    fused.reduced(stats, 4)
+    interpreted = DEVICE == "cpu"
+    assert (len(fused._RUNNERS) == 0) == interpreted
