@@ -18,14 +18,17 @@ from pagedattn.oracle import fused, policy
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@pytest.mark.parametrize("shape", [(2, 37, 80), (1, 300, 64), (3, 5, 256)], ids=str)
-def test_value_moments_are_the_torch_paths_bit_for_bit(shape):
+@pytest.mark.parametrize("first", [0, 11], ids=["whole", "from-key-11"])
+@pytest.mark.parametrize("shape", [(2, 37, 80), (1, 300, 64), (3, 40, 256)], ids=str)
+def test_value_moments_are_the_torch_paths_bit_for_bit(shape, first):
     """``[|v|, (v - c)^2]`` in float32 from one kernel: the same bits as ``policy._value_moments``
     for head dims that are and are not powers of two and lengths that do not fill the kernel's
-    row tiles, with values far from 0 (so ``v - c`` cancels) and of every sign."""
+    row tiles, with values far from 0 (so ``v - c`` cancels) and of every sign; read in place
+    from the first key a sequence's rows see (a view whose heads lie a whole history apart)."""
     g = torch.Generator().manual_seed(sum(shape))
     v = (torch.randn(shape, generator=g, dtype=torch.float64) * 3.0 + 1e4).to(DEVICE)
     v[..., ::7] *= -1e-3
+    v = v[:, first:]
     centre, vv = policy._value_moments(v)
     f_centre, f_vv = fused.value_moments(v)
     assert torch.equal(centre, f_centre)

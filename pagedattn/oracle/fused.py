@@ -7,7 +7,10 @@ dispatch of ~8 us), so a check of milliseconds cost 2 to 5 times the oracle's ow
 the score-sized work is the same one float32 product, and everything after it, element by
 element (the terms of ``docs/tolerance.md``, the output's rounding, the ratio of each error to its
 bound, the worst element and the counts) is one kernel launch a block, which writes a few
-statistics per row and head; one reduction and one read per check follow.
+statistics per row and head; one reduction (a kernel of one program) and one read per check
+follow. The host's other costs are cut too, because on a GPU a check of milliseconds is bound
+by its host: a sequence's value moments are one kernel (bit for bit the torch path's), and every
+launch after a kernel's first goes through the compiled kernel's own runner (``_launch``).
 
 The numbers are the torch path's: the same formulas in the same order, in float64
 (``tests/test_policy.py`` compares the two paths under the Triton interpreter; on a GPU the
@@ -234,9 +237,10 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
             tl.store(lrow + 5, ref)
             tl.store(lrow + 6, e_l)
 
-    @triton.jit(do_not_specialize=["L", "D"])
+    @triton.jit(do_not_specialize=["v_sh", "L", "D"])
     def moments_kernel(
-        v_ptr,  # [Hkv, L, D] float64, contiguous: a sequence's values
+        v_ptr,  # [Hkv, L, D] float64, rows of D contiguous: a sequence's values...
+        v_sh,  # ...heads this far apart
         c_ptr,  # [Hkv, 1, D] float64: their mean over the keys
         vv_ptr,  # [Hkv, L, 2D] float32: |v| and (v - c)^2
         L,
@@ -250,7 +254,7 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
         rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         d = tl.arange(0, BLOCK_D)
         m = (rows[:, None] < L) & (d[None, :] < D)
-        at = (kv * L + rows[:, None]) * D + d[None, :]
+        at = kv * v_sh + rows[:, None].to(tl.int64) * D + d[None, :]
         v = tl.load(v_ptr + at, mask=m, other=0.0)
         c = tl.load(c_ptr + kv * D + d, mask=d < D, other=0.0)
         to = (kv * L + rows[:, None]) * (2 * D) + d[None, :]
@@ -382,17 +386,19 @@ def _rows(
 
 def value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``policy._value_moments``' numbers, bit for bit, in two launches: the mean in torch, the
-    rest in one kernel (five elementwise launches in torch)."""
+    rest in one kernel (five elementwise launches in torch). ``v`` ``[Hkv, L, D]`` float64, rows
+    of D contiguous (a slice of a sequence's keys is read in place)."""
     Hkv, L, D = v.shape
+    if v.stride(2) != 1 or v.stride(1) != D:
+        v = v.contiguous()
     centre = v.mean(dim=1, keepdim=True)
     vv = torch.empty(Hkv, L, 2 * D, dtype=torch.float32, device=v.device)
     block_d = _pow2(D)
     block_r = max(1, 4096 // block_d)
-    v = v.contiguous()
     _launch(
         _compiled().moments,
         (_cdiv(L, block_r), Hkv),
-        (v, centre, vv, L, D),
+        (v, v.stride(0), centre, vv, L, D),
         {"BLOCK_R": block_r, "BLOCK_D": block_d},
     )
     return centre, vv
@@ -422,15 +428,16 @@ def _stats(
     W = case.sliding_window or 0
     consts = {"BLOCK_D": _pow2(D), "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W, "NS": STATS}
     tol, xmin = float(tolerance_factor), 2.0**model.emin
-    seq, centre, vv = -1, torch.empty(0), torch.empty(0)
+    seq, first, centre, vv = -1, 0, torch.empty(0), torch.empty(0)
     for c in iter_chunks(case, live=policy._live(case), score_floor=True):
         Hkv, G, n, Lc = c.probs.shape
-        if c.seq != seq:
-            seq, centre, vv = c.seq, *value_moments(c.v_all)  # [Hkv, 1, D], [Hkv, L, 2D]
+        if c.seq != seq:  # the values the sequence's rows see (policy.chunk_bounds)
+            seq, first = c.seq, c.keys.start
+            centre, vv = value_moments(c.v_all[:, first:])  # [Hkv, 1, D], [Hkv, L - first, 2D]
         km = key_max(c)  # [Hkv, 1, n] or [Hkv, 1, 1]
         o = torch.bmm(c.probs.view(Hkv, G * n, Lc), c.v)  # [Hkv, G * n, D]: [Hq, n, D]
         p32 = policy._spent(c.scores, torch.float32).copy_(c.probs)
-        s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys])  # [Hq, n, 2D] float32
+        s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys.start - first : c.keys.stop - first])  # [Hq, n, 2D]
         del p32
         extra = policy._subnormal_weights(c, terms)  # in the spent scores' storage: after the product
         # [Hq, n, D] float64 (``o`` stands in where there is none: has_extra 0)

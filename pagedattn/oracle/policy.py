@@ -176,8 +176,10 @@ def validate_precisions(
 
 
 def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``v`` ``[Hkv, L, D]`` float64: its mean over the keys ``c`` ``[Hkv, 1, D]`` and
-    ``[|v|, (v - c)^2]`` ``[Hkv, L, 2D]`` in float32, the right factor of the bound's product."""
+    """``v`` ``[Hkv, L, D]`` float64 (a sequence's values from the first its rows see; rows of D
+    contiguous): its mean over the keys ``c`` ``[Hkv, 1, D]`` and ``[|v|, (v - c)^2]``
+    ``[Hkv, L, 2D]`` in float32, the right factor of the bound's product. Only the values the
+    rows see: a decode under a window of W holds W of them, not the whole history."""
     centre = v.mean(dim=1, keepdim=True)
     vv = torch.empty(*v.shape[:2], 2 * v.shape[2], dtype=torch.float32, device=v.device)
     D = v.shape[2]
@@ -380,7 +382,7 @@ def chunk_bounds(
     terms = _terms(case, precision, qk_precision, tanh_precision)
     D = case.head_dim
     seq_lens = case.seq_lens_list
-    seq, centre, vv = -1, torch.empty(0), torch.empty(0)
+    seq, first, centre, vv = -1, 0, torch.empty(0), torch.empty(0)
     # blocks of rows are yielded together up to this many output elements: an eighth of the
     # output (the oracle holds all of it; the check never does), and at least 64k
     merge_elems = max(case.num_tokens * case.num_heads * D // 8, 1 << 16)
@@ -406,11 +408,14 @@ def chunk_bounds(
             if case.sliding_window is not None:
                 reach_j.clamp_(max=case.sliding_window - 1)
             ds_max = ds_max + U_FP32 * slopes.abs()[..., 0] * reach_j
-        # sum_j p_j |v_j| and sum_j p_j (v_j - c)^2, c the sequence's mean value (against cancellation)
+        # sum_j p_j |v_j| and sum_j p_j (v_j - c)^2, c the mean of the values the sequence's rows
+        # see (against cancellation): from its first block's first key, the smallest
         if c.seq != seq:
-            seq, centre, vv = c.seq, *_value_moments(c.v_all)
+            seq, first = c.seq, c.keys.start
+            centre, vv = _value_moments(c.v_all[:, first:])
             centre = centre.repeat_interleave(G, dim=0).transpose(0, 1)  # [1, Hq, D]
-        s12 = c.output(vv[:, c.keys], probs=_spent(c.scores, torch.float32).copy_(c.probs))  # [n, Hq, 2D] float32
+        seen = vv[:, c.keys.start - first : c.keys.stop - first]
+        s12 = c.output(seen, probs=_spent(c.scores, torch.float32).copy_(c.probs))  # [n, Hq, 2D] float32
         # both sums raised by their own float32 rounding allowance, so that they bound their values
         grow = _visible_keys_grow(c, case.sliding_window)
         sqrt_grow = grow**0.5
