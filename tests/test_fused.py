@@ -55,23 +55,39 @@ def _stats(n: int, seed: int) -> torch.Tensor:
 
 @pytest.mark.parametrize(
     "where",
-    ["finite", "tie-across-chunks", "nan-after-larger", "two-nans", "nan-first-row", "inf"],
+    [
+        "finite",
+        "tie-across-chunks",
+        "tie-in-a-chunk",
+        "nan-after-larger",
+        "two-nans-in-a-chunk",
+        "two-nans-across-chunks",
+        "nan-first-row",
+        "all-nan",
+        "inf",
+    ],
 )
-def test_the_reduction_keeps_the_first_nan_or_first_largest(where):
-    """The kernel walks the rows in chunks of 1024: a tie between chunks keeps the first row, a
-    NaN ratio is the worst even after a larger finite one, the first of two NaNs wins, and an
-    infinite ratio is the largest finite one; the counts are summed exactly."""
-    stats = _stats(2500, seed=len(where))
-    if where == "tie-across-chunks":
-        stats[100, 0] = stats[1900, 0] = 7.0
-    elif where == "nan-after-larger":
-        stats[10, 0], stats[2200, 0] = 9.0, float("nan")
-    elif where == "two-nans":
-        stats[1500, 0] = stats[1100, 0] = float("nan")
-    elif where == "nan-first-row":
-        stats[0, 0] = float("nan")
-    elif where == "inf":
-        stats[1024, 0] = float("inf")
+@pytest.mark.parametrize("rows", [1, 1023, 1024, 2048, 2500])
+def test_the_reduction_keeps_the_first_nan_or_first_largest(where, rows):
+    """The kernel walks the rows in chunks of 1024: a tie within a chunk or between chunks keeps
+    the first row, a NaN ratio is the worst even after a larger finite one, the first of two NaNs
+    wins (in one chunk or two), and an infinite ratio is the largest finite one; the counts are
+    summed exactly; row counts below, at and past a chunk's."""
+    stats = _stats(rows, seed=len(where) + rows)
+    marks = {
+        "tie-across-chunks": [(100, 7.0), (1900, 7.0)],
+        "tie-in-a-chunk": [(100, 7.0), (200, 7.0)],
+        "nan-after-larger": [(10, 9.0), (2200, float("nan"))],
+        "two-nans-in-a-chunk": [(1500, float("nan")), (1100, float("nan"))],
+        "two-nans-across-chunks": [(1500, float("nan")), (500, float("nan"))],
+        "nan-first-row": [(0, float("nan"))],
+        "inf": [(1024, float("inf"))],
+    }
+    for row, value in marks.get(where, []):
+        if row < rows:
+            stats[row, 0] = value
+    if where == "all-nan":
+        stats[:, 0] = float("nan")
     stats = stats.to(DEVICE)
     got = fused.reduced(stats, 128).tolist()
     want = _torch_reduced(stats.cpu(), 128)
@@ -117,7 +133,9 @@ def test_the_launcher_reuses_a_kernel_only_where_triton_would_specialize_alike(m
     consts = {"BLOCK": 16}
     fused._launch(jit, (4,), (buf, 3, 2.5), consts)
     fused._launch(jit, (5,), (buf, 7, 1.5), consts)  # same widths: the runner
-    fused._launch(jit, (5,), (buf[1:], 7, 1.5), consts)  # 4 bytes off: not aligned
+    fused._launch(jit, (5,), (buf[2:], 7, 1.5), consts)  # 8 bytes off: not aligned
+    fused._launch(jit, (5,), (buf[1:], 7, 1.5), consts)  # 4 bytes off: not aligned either
+    fused._launch(jit, (5,), (buf[4:], 7, 1.5), consts)  # 16 bytes off: aligned, the runner
     fused._launch(jit, (5,), (buf.double(), 7, 1.5), consts)  # another dtype
     fused._launch(jit, (5,), (buf, 1, 1.5), consts)  # an integer of 1
     fused._launch(jit, (5,), (buf, 32, 1.5), consts)  # divisible by 16
@@ -125,8 +143,31 @@ def test_the_launcher_reuses_a_kernel_only_where_triton_would_specialize_alike(m
     fused._launch(jit, (5,), (buf, 7, 1.5), {"BLOCK": 32})  # another constexpr
     fused._launch(jit, (6,), (buf, 9, 0.5), consts)  # the first specialization again
     kinds = [entry[0] for entry in jit.log]
-    assert kinds == ["jit", "runner", "jit", "jit", "jit", "jit", "jit", "jit", "runner"], kinds
+    assert kinds == ["jit", "runner", "jit", "runner", "runner", "jit", "jit", "jit", "jit", "jit", "runner"], kinds
     assert jit.log[1][1] == (5, 1, 1) and jit.log[1][2] == (buf, 7, 1.5, 16)
+
+
+class _Param:
+    def __init__(self, dns: bool, dnsa: bool) -> None:
+        self.do_not_specialize, self.do_not_specialize_on_alignment = dns, dnsa
+
+
+def test_the_launcher_follows_a_kernels_do_not_specialize_flags(monkeypatch):
+    """Where the kernel says Triton does not specialize a parameter (``do_not_specialize``: an
+    integer's value; ``..._on_alignment``: a pointer's alignment), launches that differ only there
+    share the runner; an integer's width and a tensor's dtype still part them."""
+    monkeypatch.setattr(fused, "_RUNNERS", {})
+    jit = _FakeJit()
+    jit.params = [_Param(False, True), _Param(True, False), _Param(False, False), _Param(False, False)]
+    buf = torch.zeros(64)
+    consts = {"BLOCK": 16}
+    fused._launch(jit, (4,), (buf, 3, 2.5), consts)
+    fused._launch(jit, (4,), (buf[1:], 1, 2.5), consts)  # unaligned, 1: neither specialized
+    fused._launch(jit, (4,), (buf[1:], 32, 2.5), consts)  # divisible by 16: not specialized
+    fused._launch(jit, (4,), (buf, 2**40, 2.5), consts)  # int64: another kernel
+    fused._launch(jit, (4,), (buf.double(), 3, 2.5), consts)  # another dtype
+    kinds = [entry[0] for entry in jit.log]
+    assert kinds == ["jit", "runner", "runner", "jit", "jit"], kinds
 
 
 def test_the_interpreter_launches_through_the_jit(monkeypatch):

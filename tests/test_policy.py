@@ -1,6 +1,7 @@
 """Calibration of the tolerance policy: correct kernels pass, planted bugs fail."""
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -674,3 +675,75 @@ def test_a_bound_past_float32s_range_judges_nothing(fused_path, monkeypatch):
         check = check_attention(ref * 2, case)
         assert not check.passed and not check.bound < float("inf"), str(check)
         assert check.num_over == check.num_elements, str(check)
+
+
+def _span_guard_expected(case, min_normal: float) -> bool:
+    """The subnormal guard's decision written out directly, in float64 over whole tensors (no
+    slices, no transfers): the largest |q| times the largest |k| in the pool (NaN keys left out)
+    times the scale, capped; ALiBi's largest bias added; a row spans twice that, or that plus
+    the larger of it and the largest |sink|."""
+    q = torch.linalg.vector_norm(case.query.double(), dim=-1).max().item()
+    keys = case.key_cache.to(case.dtype).double()
+    k = torch.linalg.vector_norm(keys, dim=-1).nan_to_num(nan=0.0).max().item()
+    s = q * k * case.scale * case.k_scale
+    if case.logits_soft_cap is not None:
+        s = min(s, case.logits_soft_cap)
+    if case.alibi_slopes is not None:
+        s += case.alibi_slopes.double().abs().max().item() * (case.max_seq_len - 1)
+    span = 2.0 * s if case.sinks is None else s + max(s, case.sinks.double().abs().max().item())
+    return span < -math.log(min_normal) - 1.0
+
+
+_GUARD_SPECS = {
+    "plain-fp32": CaseSpec("t", ((40, 1), (30, 4)), num_heads=4, num_kv_heads=2),
+    "sinks-fp16": CaseSpec("t", ((40, 1), (30, 4)), num_heads=4, num_kv_heads=2, sinks=True, dtype=torch.float16),
+    "alibi-fp32": CaseSpec("t", ((40, 1), (30, 4)), num_heads=4, num_kv_heads=2, alibi_slopes=True),
+    "alibi-sinks-fp32": CaseSpec("t", ((40, 1), (30, 4)), num_heads=4, num_kv_heads=2, alibi_slopes=True, sinks=True),
+    "softcap-fp16": CaseSpec("t", ((40, 1),), num_heads=2, num_kv_heads=1, logits_soft_cap=4.3, dtype=torch.float16),
+    "fp8-sinks-bf16": CaseSpec(
+        "t", ((40, 1),), num_heads=2, num_kv_heads=1, sinks=True, kv_dtype=torch.float8_e4m3fn, dtype=torch.bfloat16
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(_GUARD_SPECS))
+def test_the_subnormal_guard_decides_at_its_boundary(name, monkeypatch):
+    """``_weights_stay_normal`` (one read of every maximum, combined on the host) decides as the
+    guard written out directly, on cases put just either side of its boundary by the query's
+    scale: the sinks' and ALiBi's terms each set where it lies (sinks larger than the scores'
+    reach, a largest bias of a third of the threshold), the soft-cap caps it, and the pool's
+    largest key lies in its last slice (the norms a few blocks at a time)."""
+    monkeypatch.setattr(policy, "_POOL_SLICE", 200)  # several slices of the pool
+    case = _GUARD_SPECS[name].build()
+    model = policy.DTYPE_TABLE[case.dtype]
+    threshold = -math.log(model.weights_min_normal) - 1.0
+    changes: dict = {}
+    if case.sinks is not None:  # the sinks reach past the scores (beside ALiBi's bias: just under)
+        reach = 0.4 if case.alibi_slopes is not None else 0.7
+        changes["sinks"] = torch.linspace(-0.2, reach, case.num_heads) * threshold
+    if case.alibi_slopes is not None:
+        changes["alibi_slopes"] = torch.linspace(0.1, 1.0, case.num_heads) * threshold / 3 / (case.max_seq_len - 1)
+    if case.logits_soft_cap is not None:  # a cap that binds: 2 cap just under the threshold
+        changes["logits_soft_cap"] = threshold / 2 * 0.999
+    keys = case.key_cache.clone()
+    keys[-1, 0] = keys[-1, 0].float().mul(4.0).to(keys.dtype)  # the largest key, in the last slice
+    case = case.replace(key_cache=keys, **changes)
+    assert case.key_cache.shape[0] * case.key_cache[0].numel() > 2 * policy._POOL_SLICE
+
+    def scaled(lam: float):
+        return case.replace(query=(case.query.double() * lam).to(case.dtype))
+
+    lo, hi = 1e-6, 1e6  # the query's scale where the expected decision flips
+    for _ in range(200):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if _span_guard_expected(scaled(mid), model.weights_min_normal) else (lo, mid)
+    decisions = []
+    for lam in (lo * 0.97, hi * 1.03, lo * 0.5, hi * 2.0):
+        c = scaled(lam)
+        want = _span_guard_expected(c, model.weights_min_normal)
+        assert policy._weights_stay_normal(c, model.weights_min_normal) == want, f"{name} at scale {lam:.6g}"
+        decisions.append(want)
+    if case.logits_soft_cap is None:
+        assert decisions == [True, False, True, False], decisions  # both sides were reached
+    else:  # capped: 2 cap < threshold whatever the scale
+        assert all(decisions), decisions

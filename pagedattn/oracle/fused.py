@@ -308,42 +308,70 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
     return Kernels(verdict_kernel, moments_kernel, reduce_kernel)
 
 
-#: compiled kernels by what Triton specializes them on (``_launch``)
+#: compiled kernels by what Triton specializes them on (``_launch``), at most ``_MAX_RUNNERS``
 _RUNNERS: dict[tuple, Any] = {}
+_MAX_RUNNERS = 256
+#: per kernel, its leading (non-constexpr) parameters' (do_not_specialize, ..._on_alignment)
+_PLANS: dict[Any, list[tuple[bool, bool]]] = {}
 
 
-def _spec(arg: Any) -> Any:
-    """What Triton's JIT specializes ``arg`` on, or more: a tensor's dtype and 16-byte alignment;
-    an integer's width, whether it is 1, whether 16 divides it; a float's type."""
+def _plan(kernel: Any) -> list[tuple[bool, bool]]:
+    """Which of ``kernel``'s parameters Triton specializes on value or alignment: each param's
+    own flags (triton 3.6 and 3.9's ``KernelParam``); without them, every parameter is taken as
+    specialized (a finer key: never a wrong kernel, only more JIT launches)."""
+    plan = _PLANS.get(kernel)
+    if plan is None:
+        plan = [
+            (bool(getattr(p, "do_not_specialize", False)), bool(getattr(p, "do_not_specialize_on_alignment", False)))
+            for p in getattr(kernel, "params", [])
+        ]
+        _PLANS[kernel] = plan
+    return plan
+
+
+def _spec(arg: Any, dns: bool = False, dnsa: bool = False) -> Any:
+    """What Triton's JIT specializes ``arg`` on, or more: a tensor's dtype and, unless ``dnsa``,
+    its 16-byte alignment; an integer's width and, unless ``dns``, whether it is 1 and whether 16
+    divides it; a bool's value; anything else's type (a float's, None's)."""
     if isinstance(arg, torch.Tensor):
-        return (arg.dtype, arg.data_ptr() % 16 == 0)
+        return arg.dtype if dnsa else (arg.dtype, arg.data_ptr() % 16 == 0)
     if isinstance(arg, bool):
         return ("b", arg)
     if isinstance(arg, int):
         width = "i32" if -(2**31) <= arg < 2**31 else "i64" if -(2**63) <= arg < 2**63 else "u64"
-        return (width, arg == 1, arg % 16 == 0)
+        return width if dns else (width, arg == 1, arg % 16 == 0)
     return type(arg).__name__
 
 
 def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, Any]) -> None:
     """``kernel[grid](*args, **consts)``, with Triton's host cost cut where it can be.
 
-    Triton's JIT binds, specializes and looks up a kernel's arguments on every launch: 30 to 80 us
-    of host time for the verdict kernel's ~50 (H200 host, triton 3.6; ``benchmarks/NOTES.md``), a
-    launch a block of rows, where the oracle's own pass is a few milliseconds of host-bound
-    launches. The kernel it returns (a ``CompiledKernel``) launches the same arguments through its
-    own runner in ~14 us. It is kept here by everything the JIT specializes on (``_spec``: a
-    superset, so a launch it serves is one the JIT would have given the same kernel), per device,
-    and serves the launches that match; the others, and the interpreter's, go through the JIT.
-    ``consts`` are the kernel's last parameters, in order (its constexprs)."""
+    Triton's JIT binds, specializes and looks up a kernel's arguments on every launch: 31 to 35 us
+    of host time for the verdict kernel's 47 on the H200's host (triton 3.6;
+    ``benchmarks/NOTES.md``, eighth stop), a launch a block of rows, where the oracle's own pass
+    is a few milliseconds of host-bound launches. The kernel it returns (a ``CompiledKernel``)
+    launches the same arguments through its own runner in ~14 us. It is kept here by what the JIT
+    specializes on (``_spec`` under the kernel's own do-not-specialize flags: the same key or a
+    finer one, so a launch it serves is one the JIT would have given the same kernel), per device,
+    and serves the launches that match; the others go through the JIT, and so does everything on
+    the interpreter (which returns no compiled kernel) and on ROCm (whose Triton also specializes
+    on a tensor's storage size). What the runner does not redo: the JIT's debug and
+    instrumentation options and its pre-run hooks, read at a key's first launch (none is set by
+    this package). ``consts`` are the kernel's last parameters, in order (its constexprs)."""
     device = torch.cuda.current_device() if torch.cuda.is_available() else -1
-    key = (id(kernel), device, tuple(consts.items()), tuple(_spec(a) for a in args))
+    plan = _plan(kernel)
+    flags = plan if len(plan) >= len(args) else [(False, False)] * len(args)
+    key = (kernel, device, tuple(consts.items()), tuple(_spec(a, *f) for a, f in zip(args, flags)))
     compiled = _RUNNERS.get(key)
     if compiled is not None:
         compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *consts.values())
         return
+    names = list(getattr(kernel, "arg_names", []))
+    assert not names or names[len(names) - len(consts) :] == list(consts), (names, list(consts))
     compiled = kernel[grid](*args, **consts)
-    if hasattr(compiled, "function") and callable(getattr(compiled, "__getitem__", None)):
+    if torch.version.hip is None and hasattr(compiled, "function") and callable(getattr(compiled, "__getitem__", None)):
+        if len(_RUNNERS) >= _MAX_RUNNERS:
+            _RUNNERS.clear()
         _RUNNERS[key] = compiled  # a compiled kernel (the interpreter returns none)
 
 
@@ -386,8 +414,16 @@ def _rows(
 
 def value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``policy._value_moments``' numbers, bit for bit, in two launches: the mean in torch, the
-    rest in one kernel (five elementwise launches in torch). ``v`` ``[Hkv, L, D]`` float64, rows
-    of D contiguous (a slice of a sequence's keys is read in place)."""
+    rest in one kernel (five elementwise launches in torch).
+
+    Args:
+        v: ``[Hkv, L, D]`` float64, rows of D contiguous (a slice of a sequence's keys is read
+            in place).
+
+    Returns:
+        ``(c, vv)``: the mean over the keys ``[Hkv, 1, D]`` float64 and ``[|v|, (v - c)^2]``
+        ``[Hkv, L, 2D]`` float32, on ``v``'s device.
+    """
     Hkv, L, D = v.shape
     if v.stride(2) != 1 or v.stride(1) != D:
         v = v.contiguous()
@@ -435,6 +471,7 @@ def _stats(
             seq, first = c.seq, c.keys.start
             centre, vv = value_moments(c.v_all[:, first:])  # [Hkv, 1, D], [Hkv, L - first, 2D]
         km = key_max(c)  # [Hkv, 1, n] or [Hkv, 1, 1]
+        assert c.q.is_contiguous()  # the kernel reads its rows as o's: [Hq, n, D], rows of D
         o = torch.bmm(c.probs.view(Hkv, G * n, Lc), c.v)  # [Hkv, G * n, D]: [Hq, n, D]
         p32 = policy._spent(c.scores, torch.float32).copy_(c.probs)
         s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys.start - first : c.keys.stop - first])  # [Hq, n, 2D]
@@ -500,7 +537,8 @@ def reduced(stats: torch.Tensor, per_row: int, out: torch.Tensor | None = None) 
     is NaN), elements over, non-finite, flat index of the worst element (``per_row`` elements a
     row and head), its output, reference, bound]`` float64 ``[STATS]``, on the device (into
     ``out`` if given), in one launch. The worst is the first NaN ratio, or else the first
-    largest, in (token, head, channel) order."""
+    largest, in (token, head, channel) order. ``stats`` has at least one row (a case has a
+    token)."""
     out = torch.empty(STATS, dtype=torch.float64, device=stats.device) if out is None else out
     _launch(_compiled().reduce, (1,), (stats, stats.shape[0], per_row, out), {"NS": STATS, "BLOCK": 1024})
     return out
