@@ -10,6 +10,10 @@ interpreter on the CPU; compiled on a GPU.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -179,3 +183,53 @@ def test_the_interpreter_launches_through_the_jit(monkeypatch):
     fused.reduced(stats, 4)
     interpreted = DEVICE == "cpu"
     assert (len(fused._RUNNERS) == 0) == interpreted
+
+
+_SPEC_AGAINST_TRITON = r"""
+import numpy as np
+import torch
+from triton.backends.nvidia.compiler import CUDABackend
+from triton.runtime.jit import create_function_from_signature
+
+from pagedattn.oracle import fused
+
+dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.int32, torch.uint8]
+values = [torch.zeros(64, dtype=dt)[off:] for dt in dtypes for off in (0, 1, 2, 4, 8, 16)]
+values += [0, 1, 2, 15, 16, 17, -1, -16, 2**31 - 1, 2**31, -(2**31) - 1, 2**40, 2**63 - 1, 2**63, 2**64 - 1]
+values += [True, False, 0.5, float("nan"), None, np.float64(2.0)]
+checked = 0
+for name, kernel in fused._compiled()._asdict().items():
+    binder = create_function_from_signature(kernel.signature, kernel.params, CUDABackend)
+    params = [p for p in kernel.params if not p.is_constexpr]
+    consts = {p.name: 16 for p in kernel.params if p.is_constexpr}
+    filler = [1.0 if p.annotation else torch.zeros(4) if p.name.endswith("_ptr") else 3 for p in params]
+    flags = fused._plan(kernel)
+    for i, p in enumerate(params):
+        seen = {}
+        for value in values:
+            args = list(filler)
+            args[i] = value
+            try:
+                _, spec, _ = binder(*args, **consts)
+            except Exception:  # a value Triton refuses for this parameter
+                continue
+            key = fused._spec(value, *flags[i])
+            checked += 1
+            first = seen.setdefault(key, (repr(spec[i]), value))
+            assert first[0] == repr(spec[i]), (name, p.name, key, first, repr(spec[i]), value)
+print("checked", checked)
+"""
+
+
+def test_the_launch_key_is_tritons_or_finer():
+    """Against the installed Triton's own binder (compiled mode, not the interpreter): for every
+    parameter of the three kernels and a spread of tensors (dtypes, offsets), integers (1,
+    multiples of 16, the int32/int64/uint64 edges), bools, floats and None, two values with the
+    same ``_spec`` key get the same specialization from Triton. A Triton that specializes on
+    something new fails here, not as a wrong kernel on a GPU."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _SPEC_AGAINST_TRITON], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert int(proc.stdout.split()[-1]) > 1000, proc.stdout
