@@ -233,3 +233,40 @@ def test_the_launch_key_is_tritons_or_finer():
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert int(proc.stdout.split()[-1]) > 1000, proc.stdout
+
+
+def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(monkeypatch):
+    """The check holds one block of rows at a time, as the oracle does: when the oracle's pass
+    yields a block, the previous block's tensors (its reference rows, here) are freed. A name
+    left holding them (the launch's argument tuple did) kept two blocks' worth alive: 48 MB over
+    the oracle's peak on the H200's 32k-history case."""
+    import weakref
+
+    from pagedattn.cases import CaseSpec
+    from pagedattn.oracle import check_attention
+
+    refs: list = []
+    alive: list = []
+    real_launch, real_chunks = fused._launch, fused.iter_chunks
+
+    def launch(kernel, grid, args, consts):
+        if kernel is fused._compiled().verdict:
+            refs.append(weakref.ref(args[4]))  # the block's reference rows, ``o``
+        return real_launch(kernel, grid, args, consts)
+
+    def chunks(*args, **kwargs):
+        for c in real_chunks(*args, **kwargs):
+            alive.append([r() is not None for r in refs])
+            yield c
+
+    monkeypatch.setattr(fused, "_launch", launch)
+    monkeypatch.setattr(fused, "iter_chunks", chunks)
+    monkeypatch.setattr(fused, "ON_CPU", True)
+    monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
+    case = CaseSpec("t", ((300, 120), (50, 1)), num_heads=4, num_kv_heads=2).build().to(DEVICE)
+    out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
+    monkeypatch.setattr(fused, "usable", lambda case: True)
+    check_attention(out, case)
+    assert len(refs) >= 3, f"several blocks expected, got {len(refs)}"
+    assert not any(any(flags) for flags in alive), alive

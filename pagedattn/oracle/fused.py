@@ -528,7 +528,7 @@ def _stats(
             model.significand,
         )
         _launch(kernel, (Hq * n,), args, consts)
-        del c, o, s12, ex  # the block's tensors go before the next block's come
+        del c, o, s12, ex, args, lrows  # the block's tensors go before the next block's (args, lrows hold them too)
     return stats, lstats
 
 

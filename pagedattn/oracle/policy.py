@@ -466,7 +466,9 @@ def chunk_bounds(
             e_lse = lse_scores + U_FP32 * (C_EXP + 2.0 * lse.abs()) + C_ACC * U_FP32 * math.sqrt(L)
         pending.append(_Bound(c.tokens, o, e, lse, e_lse))
         pending_elems += o.numel()
-        del c  # its score-sized tensors go before the next block's come
+        # its score-sized tensors, and the product and spread of its rows, go before the next
+        # block's come (a name left bound would hold them through the next block's pass)
+        del c, s12, abs_pv, s2, d, spread2, seen
         if pending_elems >= merge_elems:
             yield _merged(pending, case.dtype)
             pending, pending_elems = [], 0
