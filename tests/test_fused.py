@@ -270,3 +270,16 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(monkeypatch):
     check_attention(out, case)
     assert len(refs) >= 3, f"several blocks expected, got {len(refs)}"
     assert not any(any(flags) for flags in alive), alive
+
+
+def test_the_launch_key_is_spec_argument_by_argument():
+    """``_key`` (the launch's key, common types inline) is ``_spec`` of each argument under its
+    flags, for every kind of argument and both flags."""
+    import itertools
+
+    values = [torch.zeros(8)[1:], torch.zeros(8), torch.zeros(4, dtype=torch.float64), 0, 1, 16, 17, -(2**31) - 1]
+    values += [2**31, 2**63, True, 2.5, None]
+    flags = list(itertools.product([False, True], repeat=2))
+    for combo in itertools.product(values, flags):
+        value, flag = combo
+        assert fused._key((value,), [flag]) == (fused._spec(value, *flag),), combo
