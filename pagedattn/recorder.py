@@ -170,6 +170,12 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     config._pagedattn_exit = int(session.exitstatus)  # type: ignore[attr-defined]
     book.flush()
+    release(run)
+
+
+def release(run: Run) -> None:
+    """The process ends on its own (a finished run, a usage error): tell the watch, which then
+    says nothing, and wait for it."""
     tell(run, "done")
     if run.watch is not None:
         try:
@@ -178,3 +184,4 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
             run.watch.wait(5)
         except (OSError, subprocess.TimeoutExpired):
             pass
+        run.watch = None

@@ -602,3 +602,13 @@ def test_workers_killed_by_their_warmup_ahead_lose_no_case(pytester, bad):
     for case in report["cases"]:
         if case["status"] == "crashed":
             assert "warm-up ahead was compiling beside it" in case["message"], case["message"]
+
+
+def test_a_usage_error_is_not_reported_as_a_death(pytester):
+    """A backend that cannot be loaded is a usage error, with a report being written: the
+    watch that speaks when the process dies (a segfault) stays silent, where it used to say
+    the process died and to rerun with --isolate."""
+    result = _run(pytester, DECODE, "--backend=nosuch_module.nowhere:B", f"--report-json={pytester.path / 'r.json'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*importing*failed*"])
+    assert "died" not in result.stderr.str() and "--isolate" not in result.stderr.str(), result.stderr.str()
