@@ -267,6 +267,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is not None and run.preload is not None:
         run.preload.join(30.0)  # no import left half done in a daemon thread at the interpreter's exit
+    if run is not None and run.watch is not None:
+        # the process ends on its own (Ctrl-C, a SystemExit or another plugin's error before the
+        # session finished): the watch speaks only for a death, which skips this hook
+        recorder.release(run)
     suite = config.stash.get(SUITE_KEY, None)
     if suite is not None and isinstance(suite.backend, SupportsClose):
         suite.backend.close()

@@ -238,7 +238,7 @@ def test_the_launch_key_is_tritons_or_finer():
 def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(monkeypatch):
     """The check holds one block of rows at a time, as the oracle does: when the oracle's pass
     yields a block, the previous block's tensors (its reference rows, here) are freed. A name
-    left holding them (the launch's argument tuple did) kept two blocks' worth alive: 48 MB over
+    left holding them (the launch's argument tuple did) kept two blocks' worth alive: 12 MB over
     the oracle's peak on the H200's 32k-history case."""
     import weakref
 

@@ -612,3 +612,14 @@ def test_a_usage_error_is_not_reported_as_a_death(pytester):
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*importing*failed*"])
     assert "died" not in result.stderr.str() and "--isolate" not in result.stderr.str(), result.stderr.str()
+
+
+def test_a_constructor_that_exits_is_not_reported_as_a_death(pytester):
+    """A backend whose constructor raises ``SystemExit`` (or a Ctrl-C while it is being built)
+    ends the process without a session finish: the watch is released at unconfigure and stays
+    silent; only a real death (a segfault, an abort) skips that and is reported."""
+    pytester.makepyfile(exits="class B:\n    def __init__(self):\n        raise SystemExit(3)\n")
+    pytester.syspathinsert()
+    result = _run(pytester, DECODE, "--backend=exits:B", f"--report-json={pytester.path / 'r.json'}")
+    assert result.ret != 0
+    assert "died" not in result.stderr.str() and "--isolate" not in result.stderr.str(), result.stderr.str()

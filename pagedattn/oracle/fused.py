@@ -345,7 +345,7 @@ def _spec(arg: Any, dns: bool = False, dnsa: bool = False) -> Any:
 
 def _key(args: tuple, flags: list[tuple[bool, bool]]) -> tuple:
     """``tuple(_spec(a, *f) for a, f in zip(args, flags))``, with the common types inline: a
-    launch's key is ~50 arguments, and ``_spec`` call by call cost most of what the runner saves
+    launch's key is ~45 arguments, and ``_spec`` call by call cost most of what the runner saves
     (~20 us against ~8 on this package's CPU box)."""
     out: list[Any] = []
     add = out.append
