@@ -211,7 +211,6 @@ def _construct(run: Run, spec: str, device: str) -> tuple[Backend | None, list[s
         else:
             backend = load_backend(spec)
     except BackendLoadError as exc:
-        recorder.release(run)  # a usage error, not a death: the watch must not say otherwise
         raise pytest.UsageError(str(exc)) from None
     except BackendFault as exc:
         # a crash while constructing: every case is reported not_run, the report is written

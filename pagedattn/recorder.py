@@ -174,8 +174,8 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
 
 
 def release(run: Run) -> None:
-    """The process ends on its own (a finished run, a usage error): tell the watch, which then
-    says nothing, and wait for it."""
+    """The process ends on its own (a finished run, or any exit that reaches unconfigure: a usage
+    error, a SystemExit, Ctrl-C): tell the watch, which then says nothing, and wait for it."""
     tell(run, "done")
     if run.watch is not None:
         try:
