@@ -589,7 +589,10 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
              "sinks_ptr": "*fp32",
              "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
     flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
-             "KV_FP8": kv_dtype is not None, "F16_DOTS": kv_dtype is not None and dtype == "bfloat16",
+             "KV_FP8": host.fp8_widening(getattr(torch, kv_dtype or dtype),
+                                         dtype == "float16" or (dtype == "bfloat16" and m.F16_DOTS_FOR_FP8),
+                                         native=True, even=d % 2 == 0),
+             "F16_DOTS": kv_dtype is not None and dtype == "bfloat16",
              "TABLE_AHEAD": True, "OFF_I32": m.OFFSETS_I32}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
@@ -603,6 +606,8 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
         merge = c.asm["ptx"].split("atom.global.gpu.acq_rel.exch")
         waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", c.asm["ptx"])]
         results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]), "stages": cfg.num_stages,
+                        "kv_fp8": flags["KV_FP8"],
+                        "cvt_pairs": len(re.findall(r"cvt\.rn\.f16x2\.e\w+x2 t,", c.asm["ptx"])),
                         "deepest_wait": max(waits, default=0),
                         "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared,
                         "merge": None if name == "prefill" else
@@ -661,6 +666,9 @@ HOPPER_CONFIGS = {
         # the selectable paths issue 17's probe times (host switches over the defaults)
         ["bfloat16", 32, 8, 128, 16, None, True, FIRST_ROUND],
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True, SWITCHED],
+        # an fp8 cache widened by the compiler (no pairs), and K read as pairs too
+        ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", False, {"FP8_PAIRS": False}],
+        ["float16", 32, 8, 128, 16, "float8_e5m2", False, {"FP8_PAIRS_K": True}],
     ],
 }
 
@@ -697,6 +705,9 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
             )
             # the partials' rows are 16-aligned (stride_pa_seq specialized by the JIT): vector loads
             assert r["merge"]["cg_vector_loads"] > 0, f"{r['cfg']}: the merge's partial loads are scalar: {r['merge']}"
+        # fp8 pairs (``_widen_pairs``, its conversion into its own register ``t``) where chosen, and only there
+        pairs = r["cvt_pairs"]
+        assert (pairs > 0) == (r["kv_fp8"] >= 2), f"{r['cfg']}: KV_FP8 {r['kv_fp8']}, {pairs} cvt pairs"
         if r["mma"] is not None:
             # half-precision dots must land on the tensor cores; IEEE fp32 dots cannot (FMA)
             assert r["mma"] == (r["cfg"][0] != "float32"), f"{r['cfg']}: unexpected tensor-core use: {r}"
@@ -715,6 +726,82 @@ def test_fp8_prefill_at_every_tile_width(dtype, kv_dtype, block_n, monkeypatch):
     )
     case = spec.build().to(DEVICE)
     out = tpa.paged_attention(*_args(case), scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
+    check = check_attention(out, case)
+    assert check.passed and not check.warning, str(check)
+
+
+def test_fp8_pairs_are_taken_only_where_they_apply(monkeypatch):
+    """``KV_FP8``: the cvt pairs need an fp8 cache, fp16 dots, a GPU that converts pairs and even
+    offsets; anything else widens through the compiler (1), and a cache in the query dtype is 0."""
+    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+    assert host.fp8_widening(torch.bfloat16, True, True, True) == 0
+    assert host.fp8_widening(e4, True, True, True) == 2
+    assert host.fp8_widening(e5, True, True, True) == 3
+    for missing in range(3):  # without any one condition: the compiler's widening
+        assert host.fp8_widening(e4, *[i != missing for i in range(3)]) == 1
+    monkeypatch.setattr(host, "FP8_PAIRS_K", True)
+    assert (host.fp8_widening(e4, True, True, True), host.fp8_widening(e5, True, True, True)) == (4, 5)
+    monkeypatch.setattr(host, "FP8_PAIRS", False)
+    assert host.fp8_widening(e5, True, True, True) == 1
+    # the interpreter runs no inline assembly: never native there, whatever the device
+    assert not tpa._fp8_native(torch.device("cuda"), True) and not tpa._fp8_native(torch.device("cpu"), False)
+
+
+def _fp8_pairs_gpu() -> bool:
+    return DEVICE == "cuda" and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 9)
+
+
+@pytest.mark.skipif(not _fp8_pairs_gpu(), reason="the cvt of fp8 pairs needs a CUDA GPU of sm_89 or later")
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_widen_pairs_converts_every_fp8_pair_exactly(kv_dtype):
+    """All 65536 pairs of fp8 bytes through ``_widen_pairs``, against torch's conversion of each byte,
+    bit for bit (NaN for NaN): the lower byte is the first value, as memory holds them."""
+    import triton.language as tl
+
+    @triton.jit
+    def widen(x_ptr, out_ptr, E5M2: tl.constexpr):
+        r = tl.arange(0, 256)
+        c = tl.arange(0, 128)
+        x = tl.load(x_ptr + r[:, None] * 128 + c[None, :])  # [256, 128] pairs
+        y = tpa._widen_pairs(x, E5M2)  # [256, 256]
+        c2 = tl.arange(0, 256)
+        tl.store(out_ptr + r[:, None] * 256 + c2[None, :], y)
+
+    pairs = torch.arange(1 << 16, dtype=torch.int32).to(torch.int16).cuda()  # 0 .. 65535 as 16 bits
+    out = torch.empty(1 << 17, dtype=torch.float16, device="cuda")
+    widen[(1,)](pairs, out, E5M2=kv_dtype == torch.float8_e5m2)
+    want = pairs.view(torch.uint8).view(kv_dtype).to(torch.float16)  # little-endian: the lower byte first
+    nan = want.isnan()
+    assert torch.equal(nan, out.isnan()), "NaN where the conversion gives none, or the other way"
+    assert torch.equal(out[~nan].view(torch.int16), want[~nan].view(torch.int16)), "an fp8 value widened wrongly"
+
+
+@runs_kernel
+@pytest.mark.parametrize("odd", ["key_cache", "value_cache"])
+def test_fp8_cache_at_an_odd_address_widens_through_the_compiler(odd, monkeypatch):
+    """A cache whose first byte is at an odd address cannot be read as 16-bit pairs: the launch
+    takes the compiler's widening (``KV_FP8`` 1), and the output is right."""
+    spec = CaseSpec(
+        "t",
+        ((90, 1), (40, 9)),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        dtype=torch.float16,
+        kv_dtype=torch.float8_e5m2,
+        k_scale=0.5,
+        v_scale=2.0,
+    )
+    case = spec.build().to(DEVICE)
+    args = _args(case)
+    i = 1 if odd == "key_cache" else 2
+    shifted = torch.empty(args[i].numel() + 1, dtype=torch.uint8, device=DEVICE)[1:].view(args[i].dtype)
+    args[i] = shifted.view(args[i].shape).copy_(args[i])  # the same values, one byte further
+    modes = []
+    real = tpa.fp8_widening
+    monkeypatch.setattr(tpa, "fp8_widening", lambda *a: modes.append(real(*a)) or modes[-1])
+    out = tpa.paged_attention(*args, scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
+    assert modes == [1], modes
     check = check_attention(out, case)
     assert check.passed and not check.warning, str(check)
 

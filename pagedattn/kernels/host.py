@@ -401,6 +401,20 @@ def decode_block_n(dtype: torch.dtype, kv_fp8: bool, interpreter: bool = False) 
     return (FP8_DECODE_BLOCK_N or DECODE_BLOCK_N) if kv_fp8 else DECODE_BLOCK_N
 
 
+def fp8_widening(kv_dtype: torch.dtype, dots_f16: bool, native: bool, even: bool) -> int:
+    """The kernels' ``KV_FP8``: 0 for a cache in the query dtype; for an fp8 cache, 1 (the
+    compiler widens its tiles, ``_widen_rows``), or with ``FP8_PAIRS`` 2 (e4m3) or 3 (e5m2): V
+    read as pairs and widened by ``cvt`` (``_widen_pairs``), 4 or 5 with K's too
+    (``FP8_PAIRS_K``). The pairs need fp16 dots (``dots_f16``), a GPU with the conversion
+    (``native``: CUDA, sm_89 or later, not the interpreter) and every offset into the caches
+    even (``even``: base pointers, strides, head_dim)."""
+    if kv_dtype not in FP8_DTYPES:
+        return 0
+    if not (FP8_PAIRS and dots_f16 and native and even):
+        return 1
+    return (4 if FP8_PAIRS_K else 2) + int(kv_dtype == torch.float8_e5m2)
+
+
 def decode_split(seq_len: int, kv_fp8: bool = False) -> int:
     """Keys per split of a decode history of ``seq_len`` keys (the kernel's rule, in
     ``_decode_kernel``: ``SPLIT_SHORT`` below ``SHORT_UNDER`` keys, ``SPLIT_LONG`` from
@@ -426,6 +440,12 @@ SPLIT_SHORT = 256  # unused while SHORT_UNDER is 0
 SHORT_UNDER = 0
 FP8_DECODE_BLOCK_N = 0  # decode over an fp8 cache: 0 takes DECODE_BLOCK_N ...
 FP8_SPLIT_SIZE = 0  # ... and SPLIT_SIZE
+#: Issue 17, sixth round: an fp8 cache's V tiles read as 16-bit pairs of fp8 values and widened
+#: by one ``cvt`` a pair (``_widen_pairs``), where the dots run in fp16 on sm_89 or later and
+#: every offset into the cache is even; ``FP8_PAIRS_K``: K's too (on sm_90, triton 3.6, no fewer
+#: instructions: the compiler already reads K's fp8 bytes into the dot's layout).
+FP8_PAIRS = True
+FP8_PAIRS_K = False
 PREFILL_ROWS = 128
 PREFILL_BLOCK_N = 64
 PREFILL_STAGES = 3  # 2 where 3 would not fit (PREFILL_SHARED_BUDGET), and for fp32

@@ -14,8 +14,10 @@ running max, denominator and weighted-V sum; the piece that finishes last
 combines them by log-sum-exp, in a fixed order, in the same launch. The other
 sequences go to ``_prefill_kernel``. ``host.plan_launch`` decides, from each
 sequence's own sizes only, so results never depend on the rest of the batch.
-An fp8 cache is widened tile by tile after its load (``_widen_rows``), to fp16
-for bf16 queries (``_query_rows``).
+An fp8 cache is widened tile by tile after its load, to fp16 for bf16 queries
+(``_query_rows``): its V tiles read as 16-bit pairs of fp8 values, each widened by one
+``cvt`` (``_widen_pairs``, sm_89 and later, ``KV_FP8`` 2 or 3), else by the compiler
+(``_widen_rows``, ``KV_FP8`` 1; ``host.fp8_widening`` decides).
 
 The softmax runs in base 2 (``EXP2``): the scale, times log2(e), meets the running
 max in one multiply-add per score, and the max and sums stay in base 2 until the
@@ -63,6 +65,7 @@ from pagedattn.kernels.host import (  # noqa: F401  (re-exported: the host side 
     check_paged_inputs,
     check_variants,
     fits_int32,
+    fp8_widening,
     plan_launch,
 )
 
@@ -123,6 +126,37 @@ def _widen_rows(x, dtype: tl.constexpr):
         return x.to(dtype)
     a, b = tl.split(x.reshape(x.shape[0], x.shape[1] // 2, 2))
     return tl.join(a.to(dtype), b.to(dtype)).reshape(x.shape[0], x.shape[1])
+
+
+@triton.jit
+def _widen_pairs(x, E5M2: tl.constexpr):
+    """``x`` [ROWS, C] uint16, each two fp8 values of a row (the first in the lower byte, as
+    memory holds them), as [ROWS, 2 C] float16: one ``cvt.rn.f16x2.e4m3x2`` (``e5m2x2``) a pair,
+    exact (fp16 holds every e4m3 and e5m2 value). sm_89 and later; not on the interpreter.
+
+    ``_widen_rows`` leaves the compiler to widen bytes: it extracts each byte of the loaded
+    words, reassembles pairs and converts them (~3 integer instructions a value: a third of the
+    fp8 decode loop's instructions on sm_90, triton 3.6). Read as 16-bit pairs, the bytes are
+    already where the conversion takes them."""
+    if E5M2:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; cvt.rn.f16x2.e5m2x2 t, $2; mov.b32 {$0, $1}, t; }",
+            "=h,=h,h",
+            [x],
+            dtype=(tl.float16, tl.float16),
+            is_pure=True,
+            pack=1,
+        )
+    else:
+        lo, hi = tl.inline_asm_elementwise(
+            "{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }",
+            "=h,=h,h",
+            [x],
+            dtype=(tl.float16, tl.float16),
+            is_pure=True,
+            pack=1,
+        )
+    return tl.join(lo, hi).reshape(x.shape[0], 2 * x.shape[1])
 
 
 @triton.jit
@@ -212,15 +246,38 @@ def _attend_tiles(
             blk, slot_w, head_w = blk.to(tl.int64), slot.to(tl.int64), kv_head.to(tl.int64)
             k_off = blk * stride_kb + slot_w * stride_ks + head_w * stride_kh
             v_off = blk * stride_vb + slot_w * stride_vs + head_w * stride_vh
-        if MASKED:
+        if KV_FP8 >= 2:
+            dp = tl.arange(0, HEAD_DIM_PAD // 2)
+            pmask = dp < HEAD_DIM // 2
+        if KV_FP8 >= 4:
+            k_pairs = k_cache_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + (k_off // 2)[:, None] + dp[None, :]
+            if MASKED:
+                kt = tl.load(k_pairs, mask=kmask[:, None] & pmask[None, :], other=0)
+            else:
+                kt = tl.load(k_pairs, mask=pmask[None, :], other=0)
+        elif MASKED:
             kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
-            v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
         else:
             kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=dmask[:, None], other=0.0)
+        if KV_FP8 >= 2:  # V as 16-bit pairs of fp8 values (``FP8_PAIRS``: even offsets, checked by ``run``)
+            v_pairs = v_cache_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + (v_off // 2)[:, None] + dp[None, :]
+            if MASKED:
+                v = tl.load(v_pairs, mask=kmask[:, None] & pmask[None, :], other=0)
+            else:
+                v = tl.load(v_pairs, mask=pmask[None, :], other=0)
+        elif MASKED:
+            v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
+        else:
             v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
         if KV_FP8:  # fp8 -> the dots' dtype is exact (fewer exponent and significand bits)
-            kt = kt.to(q.dtype)
-            v = _widen_rows(v, q.dtype)
+            if KV_FP8 >= 4:
+                kt = tl.trans(_widen_pairs(kt, KV_FP8 == 5))
+            else:
+                kt = kt.to(q.dtype)
+            if KV_FP8 >= 2:
+                v = _widen_pairs(v, KV_FP8 % 2 == 1)
+            else:
+                v = _widen_rows(v, q.dtype)
         elif UPCAST:
             kt = kt.to(tl.float32)
             v = v.to(tl.float32)
@@ -836,6 +893,7 @@ class PreparedBatch:
     done: torch.Tensor | None  # [n_decode, num_kv_heads] int32, zero between launches
     upcast_out: torch.Tensor | None  # [num_tokens, num_heads, head_dim] fp32 (interpreter, bf16 only)
     variants: Variants = Variants()
+    fp8_native: bool = False  # the device converts fp8 pairs to fp16 in one instruction (sm_89+, CUDA, compiled)
 
 
 def prepare(
@@ -906,7 +964,16 @@ def prepare(
         done=torch.zeros(n_dec, Hkv, dtype=torch.int32, device=dev) if n_dec else None,
         upcast_out=torch.empty(T, Hq, D, dtype=torch.float32, device=dev) if upcast else None,
         variants=var,
+        fp8_native=_fp8_native(dev, interp),
     )
+
+
+def _fp8_native(device: torch.device, interpreter: bool) -> bool:
+    """Whether ``device`` runs ``cvt.rn.f16x2.e4m3x2`` (``_widen_pairs``): CUDA, sm_89 or later,
+    compiled (the interpreter runs no inline assembly)."""
+    if interpreter or device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
 
 
 def run(
@@ -973,18 +1040,7 @@ def run(
     window = var.sliding_window or 0
     cap = var.logits_soft_cap or 1.0
     kv_fp8 = prep.kv_dtype != prep.dtype
-    flags = dict(
-        USE_WINDOW=var.sliding_window is not None,
-        USE_SOFTCAP=var.logits_soft_cap is not None,
-        USE_ALIBI=var.alibi_slopes is not None,
-        USE_SINKS=var.sinks is not None,
-        KV_FP8=kv_fp8,
-        F16_DOTS=kv_fp8 and prep.dtype == torch.bfloat16 and F16_DOTS_FOR_FP8,
-        TABLE_AHEAD=TABLE_AHEAD,
-        OFF_I32=OFFSETS_I32 and fits_int32(key_cache) and fits_int32(value_cache),
-        WRITE_LSE=var.return_lse,
-    )
-    tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
+    f16_dots = kv_fp8 and prep.dtype == torch.bfloat16 and F16_DOTS_FOR_FP8
     strides_kv = (
         key_cache.stride(0),
         key_cache.stride(1),
@@ -993,6 +1049,27 @@ def run(
         value_cache.stride(1),
         value_cache.stride(2),
     )
+    # the pairs' 16-bit loads: every offset into both caches even
+    even = (
+        kv_fp8
+        and prep.fp8_native
+        and prep.cache_shape[3] % 2 == 0
+        and key_cache.data_ptr() % 2 == 0
+        and value_cache.data_ptr() % 2 == 0
+        and all(s % 2 == 0 for s in strides_kv)
+    )
+    flags = dict(
+        USE_WINDOW=var.sliding_window is not None,
+        USE_SOFTCAP=var.logits_soft_cap is not None,
+        USE_ALIBI=var.alibi_slopes is not None,
+        USE_SINKS=var.sinks is not None,
+        KV_FP8=fp8_widening(prep.kv_dtype, prep.dtype == torch.float16 or f16_dots, prep.fp8_native, even),
+        F16_DOTS=f16_dots,
+        TABLE_AHEAD=TABLE_AHEAD,
+        OFF_I32=OFFSETS_I32 and fits_int32(key_cache) and fits_int32(value_cache),
+        WRITE_LSE=var.return_lse,
+    )
+    tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
     if plan.decode is not None:
         cfg, part_acc, part_ml = plan.decode, prep.part_acc, prep.part_ml
         assert part_acc is not None and part_ml is not None  # prepared with the decode launch
