@@ -730,6 +730,24 @@ def test_fp8_prefill_at_every_tile_width(dtype, kv_dtype, block_n, monkeypatch):
     assert check.passed and not check.warning, str(check)
 
 
+@runs_kernel
+@pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["bf16", "e4m3"])
+def test_a_sink_far_above_the_keys_leaves_the_prefill_weights_in_range(kv_dtype):
+    """A sink e^25 above every key: relative to it, each key's weight is ~1e-11, below fp16's
+    range, and bf16 queries over an fp8 cache run fp16 dots (``F16_DOTS``). Seeded with the sink,
+    the prefill's running softmax flushed those weights to 0 and its rows came out 0 (an H200
+    thorough search, 2026-12-01); the sink now joins after the keys, as in the decode merge."""
+    spec = CaseSpec(
+        "t", ((40, 40), (30, 1)), num_heads=4, num_kv_heads=2, head_dim=32, dtype=torch.bfloat16, kv_dtype=kv_dtype
+    )
+    case = spec.build()
+    case = dataclasses.replace(case, sinks=torch.full((4,), 25.0)).to(DEVICE)
+    kw = dict(scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale, sinks=case.sinks)
+    out = tpa.paged_attention(*_args(case), **kw)
+    check = check_attention(out, case)
+    assert check.passed and not check.warning, str(check)
+
+
 def test_fp8_pairs_are_taken_only_where_they_apply(monkeypatch):
     """``KV_FP8``: the cvt pairs need an fp8 cache, fp16 dots, a GPU that converts pairs and even
     offsets; anything else widens through the compiler (1), and a cache in the query dtype is 0."""
@@ -760,10 +778,10 @@ def test_widen_pairs_converts_every_fp8_pair_exactly(kv_dtype):
 
     @triton.jit
     def widen(x_ptr, out_ptr, E5M2: tl.constexpr):
-        r = tl.arange(0, 256)
+        r = tl.arange(0, 512)
         c = tl.arange(0, 128)
-        x = tl.load(x_ptr + r[:, None] * 128 + c[None, :])  # [256, 128] pairs
-        y = tpa._widen_pairs(x, E5M2)  # [256, 256]
+        x = tl.load(x_ptr + r[:, None] * 128 + c[None, :])  # [512, 128]: every pair
+        y = tpa._widen_pairs(x, E5M2)  # [512, 256]
         c2 = tl.arange(0, 256)
         tl.store(out_ptr + r[:, None] * 256 + c2[None, :], y)
 

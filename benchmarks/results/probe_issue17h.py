@@ -8,11 +8,15 @@ LOP3, 32 shifts). ``host.FP8_PAIRS`` reads V as 16-bit pairs and widens each wit
 the bf16 cache (the default tiles), and an e4m3 cache with the compiler's widening
 (``plain``), the pairs (``pairs``, the new default), K as pairs too (``pairs_k``), the pairs with
 128-key tiles (``pairs_t128``), with 1024-key splits (``pairs_s1024``), with both
-(``pairs_t128_s1024``); e5m2 with the pairs. Each fp8 output is compared with SDPA in fp32 on
+(``pairs_t128_s1024``); e5m2 with the pairs. ``PROBE_ROUND=2``: K as pairs too (``pairs_k``)
+with tiles, splits, stages and warps. Each fp8 output is compared with SDPA in fp32 on
 the dequantized cache (``err``, max abs), and checked by ``check_attention`` on a smaller case of
 every configuration (``verdict``). Ratios are to the bf16 cache at the same point.
 
     PYTHONPATH=. python benchmarks/results/probe_issue17h.py OUT_JSON
+    PROBE_ROUND=2 PYTHONPATH=. python benchmarks/results/probe_issue17h.py OUT_JSON
+
+Round 1 ran on 3635c97 (``results/h200-probe-issue17h.json``, ``h200-call-17h.log``).
 """
 
 import json
@@ -36,16 +40,45 @@ from pagedattn.oracle import check_attention  # noqa: E402
 
 dev = "cuda" if not DRY else "cpu"
 Hq, Hkv, D = (32, 8, 128) if not DRY else (4, 2, 32)
-DEFAULTS = {k: getattr(host, k) for k in ("FP8_PAIRS", "FP8_PAIRS_K", "FP8_DECODE_BLOCK_N", "FP8_SPLIT_SIZE")}
+DEFAULTS = {
+    k: getattr(host, k)
+    for k in (
+        "FP8_PAIRS",
+        "FP8_PAIRS_K",
+        "FP8_DECODE_BLOCK_N",
+        "FP8_SPLIT_SIZE",
+        "FP8_DECODE_STAGES",
+        "FP8_DECODE_WARPS",
+    )
+}
 CONFIGS = {
     "plain": {"FP8_PAIRS": False},
-    "pairs": {},
+    "pairs": {"FP8_PAIRS_K": False},
     "pairs_k": {"FP8_PAIRS_K": True},
-    "pairs_t128": {"FP8_DECODE_BLOCK_N": 128},
-    "pairs_s1024": {"FP8_SPLIT_SIZE": 1024},
-    "pairs_t128_s1024": {"FP8_DECODE_BLOCK_N": 128, "FP8_SPLIT_SIZE": 1024},
-    "plain_t128": {"FP8_PAIRS": False, "FP8_DECODE_BLOCK_N": 128},
 }
+if os.environ.get("PROBE_ROUND", "1") == "1":
+    CONFIGS.update(
+        {
+            "pairs_t128": {"FP8_DECODE_BLOCK_N": 128},
+            "pairs_s1024": {"FP8_SPLIT_SIZE": 1024},
+            "pairs_t128_s1024": {"FP8_DECODE_BLOCK_N": 128, "FP8_SPLIT_SIZE": 1024},
+            "plain_t128": {"FP8_PAIRS": False, "FP8_DECODE_BLOCK_N": 128},
+        }
+    )
+else:  # the second round: K as pairs too, with tiles, splits, stages and warps
+    for name, cfg in {
+        "t128": {"FP8_DECODE_BLOCK_N": 128},
+        "s1024": {"FP8_SPLIT_SIZE": 1024},
+        "t128_s1024": {"FP8_DECODE_BLOCK_N": 128, "FP8_SPLIT_SIZE": 1024},
+        "st2": {"FP8_DECODE_STAGES": 2},
+        "st4": {"FP8_DECODE_STAGES": 4},
+        "st5": {"FP8_DECODE_STAGES": 5},
+        "w8": {"FP8_DECODE_WARPS": 8},
+        "t128_st4": {"FP8_DECODE_BLOCK_N": 128, "FP8_DECODE_STAGES": 4},
+        "t128_w8": {"FP8_DECODE_BLOCK_N": 128, "FP8_DECODE_WARPS": 8},
+        "s1024_st4": {"FP8_SPLIT_SIZE": 1024, "FP8_DECODE_STAGES": 4},
+    }.items():
+        CONFIGS[f"pairs_k_{name}"] = {"FP8_PAIRS_K": True, **cfg}
 res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
 res["fp8_native"] = tpa._fp8_native(torch.device(dev), tpa.interpreter_active())  # the pairs can run here
 t0 = time.time()

@@ -333,8 +333,10 @@ def plan_launch(
             SPLIT_SHORT=SPLIT_SHORT,
             SHORT_UNDER=SHORT_UNDER,
             MASK_SPLIT=DECODE_MASK_SPLIT,
-            num_warps=DECODE_WARPS,
-            num_stages=2 if dtype == torch.float32 and d_pad > 128 else DECODE_STAGES,
+            num_warps=(FP8_DECODE_WARPS or DECODE_WARPS) if kv_fp8 else DECODE_WARPS,
+            num_stages=2
+            if dtype == torch.float32 and d_pad > 128
+            else ((FP8_DECODE_STAGES or DECODE_STAGES) if kv_fp8 else DECODE_STAGES),
             **common,
         )
     if other_seqs:
@@ -440,6 +442,8 @@ SPLIT_SHORT = 256  # unused while SHORT_UNDER is 0
 SHORT_UNDER = 0
 FP8_DECODE_BLOCK_N = 0  # decode over an fp8 cache: 0 takes DECODE_BLOCK_N ...
 FP8_SPLIT_SIZE = 0  # ... and SPLIT_SIZE
+FP8_DECODE_STAGES = 0  # ... and DECODE_STAGES (an fp8 tile is half the shared memory)
+FP8_DECODE_WARPS = 0  # ... and DECODE_WARPS
 #: Issue 17, sixth round: an fp8 cache's V tiles read as 16-bit pairs of fp8 values and widened
 #: by one ``cvt`` a pair (``_widen_pairs``), where the dots run in fp16 on sm_89 or later and
 #: every offset into the cache is even; ``FP8_PAIRS_K``: K's too (on sm_90, triton 3.6, no fewer

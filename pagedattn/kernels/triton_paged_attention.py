@@ -576,14 +576,8 @@ def _prefill_kernel(
         if USE_WINDOW:  # the tile's first row sees nothing before its window
             lo = tl.maximum(0, context + q_tile * BLOCK_Q - window + 1)
         slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([ROWS], tl.float32)
-        if USE_SINKS:  # the sink seeds the running softmax: weight exp(sink - m), no value
-            m = tl.load(sinks_ptr + head, mask=row_mask, other=float("-inf")).to(tl.float32)
-            if EXP2:
-                m = m * 1.4426950408889634
-            l_sum = tl.where(row_mask, 1.0, 0.0)
-        else:
-            m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
-            l_sum = tl.zeros([ROWS], dtype=tl.float32)
+        m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+        l_sum = tl.zeros([ROWS], dtype=tl.float32)
         acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
         # keys below the tile's first row's position are visible to every row (no window):
         # whole tiles of them skip the mask; the rest (the diagonal) is masked
@@ -629,6 +623,24 @@ def _prefill_kernel(
             EXP2,
             MASK_SPLIT,
         )
+        if USE_SINKS:
+            # the sink joins once, after the keys (weight exp(sink - m), no value), as in the decode
+            # merge. Seeding the running max with it weighed every key relative to the sink: under
+            # a sink far above a row's keys, the weights fell below fp16's range where fp16 dots
+            # (F16_DOTS) meet V, and the row came out 0 (H200 thorough search, 2026-12-01)
+            sink = tl.load(sinks_ptr + head, mask=row_mask, other=float("-inf")).to(tl.float32)
+            if EXP2:
+                sink = sink * 1.4426950408889634
+            m_new = tl.maximum(m, sink)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows
+            if EXP2:
+                alpha = tl.exp2(m - m_safe)
+                l_sum = l_sum * alpha + tl.exp2(sink - m_safe)
+            else:
+                alpha = tl.exp(m - m_safe)
+                l_sum = l_sum * alpha + tl.exp(sink - m_safe)
+            acc = acc * alpha[:, None]
+            m = m_new
         l_safe = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
         result = acc * (v_scale / l_safe)[:, None]
         o_off = (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
