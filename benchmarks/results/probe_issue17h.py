@@ -9,14 +9,16 @@ the bf16 cache (the default tiles), and an e4m3 cache with the compiler's wideni
 (``plain``), the pairs (``pairs``, the new default), K as pairs too (``pairs_k``), the pairs with
 128-key tiles (``pairs_t128``), with 1024-key splits (``pairs_s1024``), with both
 (``pairs_t128_s1024``); e5m2 with the pairs. ``PROBE_ROUND=2``: K as pairs too (``pairs_k``)
-with tiles, splits, stages and warps. Each fp8 output is compared with SDPA in fp32 on
+with tiles, splits, stages and warps. ``PROBE_ROUND=3``: 32-key decode tiles at 3 to 5 stages for
+both caches (more programs an SM), and SDPA on a contiguous cache for the bf16 decode target. Each fp8 output is compared with SDPA in fp32 on
 the dequantized cache (``err``, max abs), and checked by ``check_attention`` on a smaller case of
 every configuration (``verdict``). Ratios are to the bf16 cache at the same point.
 
     PYTHONPATH=. python benchmarks/results/probe_issue17h.py OUT_JSON
     PROBE_ROUND=2 PYTHONPATH=. python benchmarks/results/probe_issue17h.py OUT_JSON
 
-Round 1 ran on 3635c97 (``results/h200-probe-issue17h.json``, ``h200-call-17h.log``).
+Round 1 ran on 3635c97 (``results/h200-probe-issue17h.json``, ``h200-call-17h.log``), round 2 on
+7a0e408 (``h200-probe-issue17h2.json``, ``h200-call-17i.log``).
 """
 
 import json
@@ -65,6 +67,11 @@ if os.environ.get("PROBE_ROUND", "1") == "1":
             "plain_t128": {"FP8_PAIRS": False, "FP8_DECODE_BLOCK_N": 128},
         }
     )
+elif os.environ.get("PROBE_ROUND") == "3":  # 32-key tiles: more programs an SM, for both caches
+    CONFIGS = {"pairs_k": {"FP8_PAIRS_K": True}}
+    for st in (3, 4, 5):
+        CONFIGS[f"pairs_k_t32_st{st}"] = {"FP8_PAIRS_K": True, "FP8_DECODE_BLOCK_N": 32, "FP8_DECODE_STAGES": st}
+    BF16_CONFIGS = {f"bf16_t32_st{st}": {"DECODE_BLOCK_N": 32, "DECODE_STAGES": st} for st in (3, 4, 5)}
 else:  # the second round: K as pairs too, with tiles, splits, stages and warps
     for name, cfg in {
         "t128": {"FP8_DECODE_BLOCK_N": 128},
@@ -140,6 +147,8 @@ setcfg()
 dump()
 
 POINTS = [(32, 4096), (8, 8192), (64, 2048), (1, 4096), (1, 32768)] if not DRY else [(2, 64)]
+if BF16_CONFIGS and not DRY:
+    POINTS += [(128, 2048), (32, 8192), (8, 32768), (1, 2048)]
 ks, vs = 0.37, 1.9
 for B, L in POINTS:
     q, k, v, tables, seq_lens, loc = paged_batch(B, L, 1, Hq, Hkv, D, 16, torch.bfloat16, dev)
@@ -162,6 +171,11 @@ for B, L in POINTS:
         return g, out
 
     graphs = {"bf16": graph({}, k, v)}
+    for name, cfg in BF16_CONFIGS.items():
+        graphs[name] = graph(cfg, k, v)
+    if BF16_CONFIGS:  # the decode target's reference: SDPA on the same history made contiguous
+        kc, vc = contiguous_history(k, v, tables, L)
+        graphs["sdpa"] = (graph_replay(lambda: sdpa(qd, kc, vc), dev), None)
     for name, cfg in CONFIGS.items():
         graphs[f"e4m3_{name}"] = graph(cfg, k8, v8)
     graphs["e5m2_pairs"] = graph({}, k5, v5)
@@ -178,6 +192,9 @@ for B, L in POINTS:
     log(f"B={B} L={L} " + " ".join(f"{n} {best[n]:.1f}us x{row['x_bf16'][n]:.2f}" for n in best))
     log(f"   err {row['err']}")
     dump()
+    if "sdpa" in best:
+        row["x_sdpa"] = {n: best["sdpa"] / t for n, t in best.items()}
+        log("   of sdpa " + " ".join(f"{n} {x:.3f}" for n, x in row["x_sdpa"].items()))
     del q, k, v, k8, v8, k5, v5, graphs, keep
     if dev == "cuda":
         torch.cuda.empty_cache()

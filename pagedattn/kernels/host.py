@@ -446,10 +446,12 @@ FP8_DECODE_STAGES = 0  # ... and DECODE_STAGES (an fp8 tile is half the shared m
 FP8_DECODE_WARPS = 0  # ... and DECODE_WARPS
 #: Issue 17, sixth round: an fp8 cache's V tiles read as 16-bit pairs of fp8 values and widened
 #: by one ``cvt`` a pair (``_widen_pairs``), where the dots run in fp16 on sm_89 or later and
-#: every offset into the cache is even; ``FP8_PAIRS_K``: K's too (on sm_90, triton 3.6, no fewer
-#: instructions: the compiler already reads K's fp8 bytes into the dot's layout).
+#: every offset into the caches is even; ``FP8_PAIRS_K``: K's too. H200, B=32 L=4k e4m3 decode
+#: (results/h200-probe-issue17h*.json, one process): 0.98x of the bf16 cache's speed without,
+#: 1.10x with V's pairs (688 -> 538 instructions a step, sm_90, triton 3.6), 1.25x with K's too
+#: (556 instructions, but 128 registers instead of 140: four programs an SM instead of three).
 FP8_PAIRS = True
-FP8_PAIRS_K = False
+FP8_PAIRS_K = True
 PREFILL_ROWS = 128
 PREFILL_BLOCK_N = 64
 PREFILL_STAGES = 3  # 2 where 3 would not fit (PREFILL_SHARED_BUDGET), and for fp32
