@@ -235,11 +235,13 @@ def test_the_launch_key_is_tritons_or_finer():
     assert int(proc.stdout.split()[-1]) > 1000, proc.stdout
 
 
-def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(monkeypatch):
+@pytest.mark.parametrize("path", ["fused", "torch"])
+def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch):
     """The check holds one block of rows at a time, as the oracle does: when the oracle's pass
-    yields a block, the previous block's tensors (its reference rows, here) are freed. A name
-    left holding them (the launch's argument tuple did) kept two blocks' worth alive: 12 MB over
-    the oracle's peak on the H200's 32k-history case."""
+    yields a block, the previous block's tensors are freed: its score-sized weights (the chunk)
+    and, on the fused path, what the verdict kernel read (the reference rows, the weighted
+    moments, the subnormal correction). A name left holding them (the launch's argument tuple
+    did) kept two blocks' worth alive: 12 MB over the oracle's peak on the H200's 32k case."""
     import weakref
 
     from pagedattn.cases import CaseSpec
@@ -251,24 +253,31 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(monkeypatch):
 
     def launch(kernel, grid, args, consts):
         if kernel is fused._compiled().verdict:
-            refs.append(weakref.ref(args[4]))  # the block's reference rows, ``o``
+            refs.extend(weakref.ref(t) for t in args[4:7])  # ``o``, ``s12``, ``ex`` (``o`` without one)
         return real_launch(kernel, grid, args, consts)
 
     def chunks(*args, **kwargs):
-        for c in real_chunks(*args, **kwargs):
+        it = real_chunks(*args, **kwargs)
+        while True:
+            try:
+                c = next(it)  # the next block's tensors exist: the previous block's must not
+            except StopIteration:
+                return
             alive.append([r() is not None for r in refs])
+            refs.extend(weakref.ref(t) for t in (c.scores, c.probs))
             yield c
+            del c  # this wrapper's own name goes before the next block comes
 
     monkeypatch.setattr(fused, "_launch", launch)
-    monkeypatch.setattr(fused, "iter_chunks", chunks)
-    monkeypatch.setattr(fused, "ON_CPU", True)
+    monkeypatch.setattr(fused if path == "fused" else policy, "iter_chunks", chunks)
+    monkeypatch.setattr(fused, "ON_CPU", path == "fused")
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     case = CaseSpec("t", ((300, 120), (50, 1)), num_heads=4, num_kv_heads=2).build().to(DEVICE)
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
-    monkeypatch.setattr(fused, "usable", lambda case: True)
+    monkeypatch.setattr(fused, "usable", lambda case: path == "fused")
     check_attention(out, case)
-    assert len(refs) >= 3, f"several blocks expected, got {len(refs)}"
+    assert len(alive) >= 3, f"several blocks expected, got {len(alive)}"
     assert not any(any(flags) for flags in alive), alive
 
 
