@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -157,6 +157,11 @@ def pytest_configure(config: pytest.Config) -> None:
         run.controller = True
         if config.getoption("dist") == "load" and run.isolate:
             config.option.dist = "loadgroup"
+        from pagedattn.backend_spec import spec_problem
+
+        problem = spec_problem(spec)  # before the workers start: each would fail to load it
+        if problem is not None:
+            _usage_error(config, run, problem)
         return
     if worker is not None and worker.get("pagedattn_loadgroup"):
         config.option.loadgroup = True  # xdist's worker appends each item's group to its node id
@@ -167,7 +172,10 @@ def pytest_configure(config: pytest.Config) -> None:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1))))
     if worker is not None and device == "cuda":
         device = run.device = worker_device(device, worker["workerid"], torch.cuda.device_count())
-    backend, extra = _construct(run, spec, device)
+    try:
+        backend, extra = _construct(run, spec, device)
+    except pytest.UsageError as exc:
+        _usage_error(config, run, str(exc))
     if backend is None:
         return
     from pagedattn.adapters.loading import backend_info
@@ -186,6 +194,16 @@ def pytest_configure(config: pytest.Config) -> None:
         probe_unclaimed=config.getoption("--probe-unclaimed") or 0,
         tb_long=config.getoption("tbstyle", "auto") == "long",
     )
+
+
+def _usage_error(config: pytest.Config, run: Run, message: str) -> NoReturn:
+    """Stop the run with a usage error (exit 4) whose message the JSON report keeps too (its
+    ``error``, ``exit_status`` 4), so that a CI job reading the report sees why no case ran."""
+    if run.book is not None:
+        run.broken = f"usage error: {message}"
+        config._pagedattn_exit = int(pytest.ExitCode.USAGE_ERROR)  # type: ignore[attr-defined]
+        run.book.flush()
+    raise pytest.UsageError(message)
 
 
 def _construct(run: Run, spec: str, device: str) -> tuple[Backend | None, list[str]]:

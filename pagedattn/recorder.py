@@ -8,6 +8,7 @@ Torch-free.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import Any
@@ -69,6 +70,7 @@ class Recorder:
         self.run = run
         self.book = book
         self.ahead_workers: dict[str, bool] = {}  # xdist worker -> its warm-up ahead was on (AHEAD_KEY)
+        self.collected_workers: set[str] = set()  # xdist workers that reported their collection
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         if self.run.controller:
@@ -84,6 +86,7 @@ class Recorder:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.collected_workers.add(_worker_id(node))
         if self.config.getoption("dist") == "loadgroup" and ids and not any(split_group(i)[1] for i in ids):
             # the worker did not append the configuration to the node ids, so the scheduler
             # sees no groups (pytest-xdist#1386: pytest >= 9.2 ignores xdist's node-id rewrite)
@@ -135,6 +138,10 @@ class Recorder:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         self.run.testrunuid = getattr(node, "workerinput", {}).get("testrunuid", "") or self.run.testrunuid
+        if error and _worker_id(node) not in self.collected_workers and not self.run.broken:
+            # a worker that never collected failed to start (its configure: the backend did not
+            # load there); its last line is the cause, and no case can run on any worker
+            self.run.broken = _startup_failure(str(error))
         info = getattr(node, "workeroutput", {}).get("pagedattn_info")
         if info and not self.run.info.get("capabilities"):
             self.run.info = dict(info)  # this worker's warm-up ahead counts included
@@ -143,6 +150,27 @@ class Recorder:
             total = self.run.info.setdefault("warmup_ahead_stats", {})
             for key, value in info["warmup_ahead_stats"].items():
                 total[key] = round(total.get(key, 0) + value, 2)
+
+
+def _worker_id(node: Any) -> str:
+    return str(
+        getattr(getattr(node, "gateway", None), "id", "") or getattr(node, "workerinput", {}).get("workerid", "")
+    )
+
+
+def _startup_failure(error: str) -> str:
+    """One line for a pytest-xdist worker that failed to start, from its traceback ``error``:
+    ``usage error: MESSAGE`` for a ``pytest.UsageError`` (the backend's import, attribute or
+    constructor, as ``load_backend`` words it), else ``a worker failed to start: LAST LINE``."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        if line.startswith(("_pytest.config.exceptions.UsageError: ", "pytest.UsageError: ", "UsageError: ")):
+            message = line.split("UsageError: ", 1)[1]
+            if message.endswith(":"):  # "importing 'x' failed:" and the import's traceback: its exception
+                cause = next((x for x in lines[i + 1 :] if re.match(r"[\w.]+(Error|Exception): ", x)), "")
+                message = f"{message} {cause}".strip()
+            return f"usage error: {message}"
+    return f"a worker failed to start: {lines[-1] if lines else 'no reason given'}"
 
 
 def _stop_reason(session: pytest.Session, run: Run) -> str:
@@ -167,7 +195,8 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
     if any(r.status in failing for r in book.records.values()) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
     if run.broken and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        usage = run.broken.startswith("usage error: ")
+        session.exitstatus = pytest.ExitCode.USAGE_ERROR if usage else pytest.ExitCode.TESTS_FAILED
     config._pagedattn_exit = int(session.exitstatus)  # type: ignore[attr-defined]
     book.flush()
     release(run)

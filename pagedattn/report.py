@@ -178,6 +178,9 @@ def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
     word (unsupported reasons, probes, unexpected passes, stale expectations, crashes and
     timeouts, cases never run)."""
     recs = records(config)
+    if not recs and run.broken:  # nothing collected: the workers did not start (the backend)
+        tr.write_sep("=", f"pagedattn conformance: {run.info.get('name', run.spec)} on {target(run)}")
+        tr.write_line(f"ERROR: {run.broken}; no case ran", red=True)
     if not recs or run.book is None:
         return
     cases = [r.to_dict() for r in recs]

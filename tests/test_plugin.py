@@ -614,6 +614,68 @@ def test_a_usage_error_is_not_reported_as_a_death(pytester):
     assert "died" not in result.stderr.str() and "--isolate" not in result.stderr.str(), result.stderr.str()
 
 
+@pytest.mark.parametrize(
+    "backend, workers, says",
+    [
+        ("nosuch_module.nowhere:B", [], "importing 'nosuch_module.nowhere' failed"),
+        # under -n 2 the controller finds the unknown module before it starts the workers ...
+        ("nosuch_module.nowhere:B", ["-n", "2"], "no module named 'nosuch_module'"),
+        # ... and what only the workers can find (an attribute) comes back from their failed start
+        ("pagedattn.adapters.reference:Nope", ["-n", "2"], "has no attribute 'Nope'"),
+    ],
+    ids=["serial", "controller", "workers"],
+)
+def test_a_backend_that_cannot_load_is_a_usage_error_in_the_report_too(pytester, backend, workers, says):
+    """A CI job reading the JSON report sees why no case ran: exit status 4 there and from
+    pytest, the error in ``error`` and on the terminal in one line, serial or under -n 2 (where
+    the workers load the backend: it used to be every worker's traceback and exit status 5)."""
+    result = _run(pytester, DECODE, f"--backend={backend}", *workers, f"--report-json={pytester.path / 'r.json'}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
+    report = json.loads((pytester.path / "r.json").read_text())
+    assert report["exit_status"] == 4 and report["error"].startswith("usage error: --backend="), report["error"]
+    assert says in report["error"], report["error"]
+    assert says in result.stdout.str() + result.stderr.str()
+    assert report["counts"]["passed"] == 0
+
+
+def test_a_workers_failed_start_is_told_in_one_line():
+    """What a pytest-xdist worker's failed start leaves (its traceback) as the report's error: the
+    usage error's message, with the exception of an import it wraps, else the last line."""
+    from pagedattn.recorder import _startup_failure
+
+    tb = (
+        'Traceback (most recent call last):\n  File "x.py", line 1, in f\n'
+        "_pytest.config.exceptions.UsageError: --backend=m:B: importing 'm' failed:\n"
+        'Traceback (most recent call last):\n  File "m.py", line 1\nImportError: libfoo.so: cannot open\n'
+    )
+    assert (
+        _startup_failure(tb) == "usage error: --backend=m:B: importing 'm' failed: ImportError: libfoo.so: cannot open"
+    )
+    assert (
+        _startup_failure("Traceback:\nRuntimeError: CUDA error") == "a worker failed to start: RuntimeError: CUDA error"
+    )
+    assert _startup_failure("") == "a worker failed to start: no reason given"
+
+
+def test_a_backend_spec_is_checked_without_importing_the_backend(tmp_path):
+    """``spec_problem`` (the controller's check before it starts the workers) names an unknown
+    entry point, a missing file and an unknown top-level module, and imports nothing to do so."""
+    import sys
+
+    from pagedattn.backend_spec import spec_problem
+
+    assert spec_problem("reference") is None and spec_problem("pagedattn.adapters.reference:ReferenceBackend") is None
+    assert "unknown backend. Available:" in spec_problem("nosuch")
+    assert "does not exist" in spec_problem(str(tmp_path / "nofile.py") + ":B")
+    assert "no module named 'nosuch_top'" in spec_problem("nosuch_top.sub:B")
+    (tmp_path / "spec_probe_mod.py").write_text("raise SystemExit('imported')\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert spec_problem("spec_probe_mod:B") is None and "spec_probe_mod" not in sys.modules
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
 def test_a_constructor_that_exits_is_not_reported_as_a_death(pytester):
     """A backend whose constructor raises ``SystemExit`` (or a Ctrl-C while it is being built)
     ends the process without a session finish: the watch is released at unconfigure and stays

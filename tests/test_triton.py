@@ -592,7 +592,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
              "KV_FP8": host.fp8_widening(getattr(torch, kv_dtype or dtype),
                                          dtype == "float16" or (dtype == "bfloat16" and m.F16_DOTS_FOR_FP8),
                                          native=True, even=d % 2 == 0),
-             "F16_DOTS": kv_dtype is not None and dtype == "bfloat16",
+             "F16_DOTS": kv_dtype is not None and dtype == "bfloat16" and m.F16_DOTS_FOR_FP8,
              "TABLE_AHEAD": True, "OFF_I32": m.OFFSETS_I32}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
@@ -796,16 +796,18 @@ def test_widen_pairs_converts_every_fp8_pair_exactly(kv_dtype):
 
 
 @runs_kernel
-@pytest.mark.parametrize("odd", ["key_cache", "value_cache"])
-def test_fp8_cache_at_an_odd_address_widens_through_the_compiler(odd, monkeypatch):
-    """A cache whose first byte is at an odd address cannot be read as 16-bit pairs: the launch
-    takes the compiler's widening (``KV_FP8`` 1), and the output is right."""
+@pytest.mark.parametrize("odd", ["key_address", "value_address", "value_stride", "head_dim"])
+def test_an_odd_offset_into_an_fp8_cache_widens_through_the_compiler(odd, monkeypatch):
+    """16-bit pairs need every offset into both caches even: a cache whose first byte is at an
+    odd address, a cache row of an odd number of elements (a padded view) or an odd head_dim
+    takes the compiler's widening (``KV_FP8`` 1), and the output is right. The device is made to
+    claim the pair conversion (``_fp8_native``), so that the offsets alone decide, here too."""
     spec = CaseSpec(
         "t",
         ((90, 1), (40, 9)),
         num_heads=4,
         num_kv_heads=2,
-        head_dim=32,
+        head_dim=31 if odd == "head_dim" else 32,
         dtype=torch.float16,
         kv_dtype=torch.float8_e5m2,
         k_scale=0.5,
@@ -813,9 +815,22 @@ def test_fp8_cache_at_an_odd_address_widens_through_the_compiler(odd, monkeypatc
     )
     case = spec.build().to(DEVICE)
     args = _args(case)
-    i = 1 if odd == "key_cache" else 2
-    shifted = torch.empty(args[i].numel() + 1, dtype=torch.uint8, device=DEVICE)[1:].view(args[i].dtype)
-    args[i] = shifted.view(args[i].shape).copy_(args[i])  # the same values, one byte further
+    if odd in ("key_address", "value_address"):
+        i = 1 if odd == "key_address" else 2
+        shifted = torch.empty(args[i].numel() + 1, dtype=torch.uint8, device=DEVICE)[1:].view(args[i].dtype)
+        args[i] = shifted.view(args[i].shape).copy_(args[i])  # the same values, one byte further
+        assert args[i].data_ptr() % 2 == 1
+    elif odd == "head_dim":  # 31 values a head in rows of 32: every stride even, head_dim alone odd
+        for i in (1, 2):
+            N, bs, H, D = args[i].shape
+            args[i] = torch.zeros(N, bs, H, D + 1, dtype=args[i].dtype, device=DEVICE)[..., :D].copy_(args[i])
+        assert all(st % 2 == 0 for t in args[1:3] for st in t.stride()[:3])
+    elif odd == "value_stride":
+        N, bs, H, D = args[2].shape
+        padded = torch.zeros(N, bs, H * D + 1, dtype=torch.uint8, device=DEVICE).view(args[2].dtype)
+        args[2] = padded[:, :, : H * D].view(N, bs, H, D).copy_(args[2])  # rows of H * D + 1 elements
+        assert args[2].stride(1) % 2 == 1
+    monkeypatch.setattr(tpa, "_fp8_native", lambda *a: True)
     modes = []
     real = tpa.fp8_widening
     monkeypatch.setattr(tpa, "fp8_widening", lambda *a: modes.append(real(*a)) or modes[-1])

@@ -20,9 +20,11 @@ every configuration (``verdict``). Ratios are to the bf16 cache at the same poin
     PROBE_ROUND=2 PYTHONPATH=. python benchmarks/results/probe_issue17h.py OUT_JSON
 
 Round 1 ran on 3635c97 (``results/h200-probe-issue17h.json``, ``h200-call-17h.log``), round 2 on
-7a0e408 (``h200-probe-issue17h2.json``, ``h200-call-17i.log``), round 3 on 82c952d
-(``h200-probe-issue17h3.json``, ``h200-call-17j.log``: after the thorough profile, its latency-bound
-rows ~15-25% slower than in the calls before and after, bf16 at B=1 too; read only within the round).
+7a0e408 (``h200-probe-issue17h2.json``, ``h200-call-17i.log``). Rounds 3 (82c952d, ``h2...3.json``)
+and 4 (ea13af4, ``...h4.json``) are void: ``setcfg`` then restored only the fp8 switches, so a
+bf16 configuration's 32-key tiles and stages stayed set for every graph built after it (the
+"bf16" baseline after the first point, and every fp8 graph). Fixed; round 4 ran again on the
+fixed probe (``h200-probe-issue17h4b.json``, ``h200-call-17l.log``).
 """
 
 import json
@@ -55,8 +57,11 @@ DEFAULTS = {
         "FP8_SPLIT_SIZE",
         "FP8_DECODE_STAGES",
         "FP8_DECODE_WARPS",
+        "DECODE_BLOCK_N",
+        "DECODE_STAGES",
     )
 }
+BF16_CONFIGS: dict = {}  # bf16 cache configurations beside the default (rounds 3 and 4)
 CONFIGS = {
     "plain": {"FP8_PAIRS": False},
     "pairs": {"FP8_PAIRS_K": False},
@@ -112,8 +117,8 @@ def log(msg):
     print(f"[{time.time() - t0:5.0f}s] {msg}", flush=True)
 
 
-# every configuration judged by the oracle first (a decode and a prefill sequence, window + sinks
-# + lse, both fp8 formats, fp16 and bf16 queries): a wrong configuration's speed means nothing
+# every configuration judged by the oracle first (a decode and a prefill sequence, window + sinks,
+# both fp8 formats, fp16 and bf16 queries): a wrong configuration's speed means nothing
 for name, cfg in CONFIGS.items():
     setcfg(**cfg)
     for dt, kv in ((torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2)):

@@ -13,13 +13,13 @@ import inspect
 import os
 import sys
 import traceback
-from importlib.metadata import EntryPoint, entry_points
 from types import ModuleType
 from typing import Any, cast
 
 from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.adapters.exclusion import INVARIANCES
 from pagedattn.adapters.protocol import Backend, SupportsGather, SupportsLse, SupportsWarmup, SupportsWriteCache
+from pagedattn.backend_spec import GROUP, available_backends  # noqa: F401  (GROUP: re-exported)
 
 
 def _protocol_methods(protocol: type) -> tuple[str, ...]:
@@ -35,16 +35,9 @@ OPTIONAL_METHODS = tuple(
     m for p in (SupportsGather, SupportsWriteCache, SupportsLse, SupportsWarmup) for m in _protocol_methods(p)
 )
 
-GROUP = "pagedattn.backends"
-
 
 class BackendLoadError(Exception):
     """``--backend`` names nothing loadable; the message says why and what exists."""
-
-
-def available_backends() -> dict[str, EntryPoint]:
-    """Entry points of the ``pagedattn.backends`` group, by name."""
-    return {ep.name: ep for ep in entry_points(group=GROUP)}
 
 
 def _cause(exc: BaseException) -> str:

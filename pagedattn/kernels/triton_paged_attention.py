@@ -250,7 +250,7 @@ def _attend_tiles(
             dp = tl.arange(0, HEAD_DIM_PAD // 2)
             pmask = dp < HEAD_DIM // 2
         if KV_FP8 >= 4:
-            k_pairs = k_cache_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + (k_off // 2)[:, None] + dp[None, :]
+            k_pairs = k_cache_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + (k_off >> 1)[:, None] + dp[None, :]
             if MASKED:
                 kt = tl.load(k_pairs, mask=kmask[:, None] & pmask[None, :], other=0)
             else:
@@ -260,7 +260,7 @@ def _attend_tiles(
         else:
             kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=dmask[:, None], other=0.0)
         if KV_FP8 >= 2:  # V as 16-bit pairs of fp8 values (``FP8_PAIRS``: even offsets, checked by ``run``)
-            v_pairs = v_cache_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + (v_off // 2)[:, None] + dp[None, :]
+            v_pairs = v_cache_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + (v_off >> 1)[:, None] + dp[None, :]
             if MASKED:
                 v = tl.load(v_pairs, mask=kmask[:, None] & pmask[None, :], other=0)
             else:
