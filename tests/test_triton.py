@@ -669,6 +669,7 @@ HOPPER_CONFIGS = {
         # an fp8 cache widened by the compiler (no pairs), and only V read as pairs
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", False, {"FP8_PAIRS": False}],
         ["float16", 32, 8, 128, 16, "float8_e5m2", False, {"FP8_PAIRS_K": False}],
+        ["float16", 32, 8, 128, 16, "float8_e5m2", False],  # the same with K's pairs: more conversions
     ],
 }
 
@@ -708,6 +709,11 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
         # fp8 pairs (``_widen_pairs``, its conversion into its own register ``t``) where chosen, and only there
         pairs = r["cvt_pairs"]
         assert (pairs > 0) == (r["kv_fp8"] >= 2), f"{r['cfg']}: KV_FP8 {r['kv_fp8']}, {pairs} cvt pairs"
+        if r["kv_fp8"] >= 4:  # K's pairs too: more conversions than the same kernel with V's alone
+            v_only = [q for q in results if q["cfg"][:5] == r["cfg"][:5] and q["cfg"][-1] == r["cfg"][-1]]
+            for q in v_only:
+                if q["kv_fp8"] in (2, 3):
+                    assert pairs > q["cvt_pairs"], f"{r['cfg']}: {pairs} cvt pairs, V's alone {q['cvt_pairs']}"
         if r["mma"] is not None:
             # half-precision dots must land on the tensor cores; IEEE fp32 dots cannot (FMA)
             assert r["mma"] == (r["cfg"][0] != "float32"), f"{r['cfg']}: unexpected tensor-core use: {r}"
@@ -718,9 +724,11 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_fp8_prefill_at_every_tile_width(dtype, kv_dtype, block_n, monkeypatch):
-    """An fp8 cache under every prefill key-tile width: 16-key tiles went wrong on the H200
-    (triton 3.6) through the row-split widening of V, which tiles under 32 rows now skip."""
+    """An fp8 cache under every key-tile width, prefill and decode: 16-key tiles went wrong on the
+    H200 (triton 3.6) through the row-split widening of V, which tiles under 32 rows now skip; on a
+    GPU of sm_89 or later the tiles are read as pairs (``_widen_pairs``) at every width."""
     monkeypatch.setattr(host, "PREFILL_BLOCK_N", block_n)
+    monkeypatch.setattr(host, "FP8_DECODE_BLOCK_N", block_n)
     spec = CaseSpec(
         "t", ((70, 30), (20, 1)), num_heads=4, num_kv_heads=2, head_dim=32, dtype=dtype, kv_dtype=kv_dtype, v_scale=2.0
     )
@@ -731,6 +739,7 @@ def test_fp8_prefill_at_every_tile_width(dtype, kv_dtype, block_n, monkeypatch):
 
 
 @runs_kernel
+# bf16: the control (bf16 weights keep the range, so it passed on the old kernel too)
 @pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["bf16", "e4m3"])
 def test_a_sink_far_above_the_keys_leaves_the_prefill_weights_in_range(kv_dtype):
     """A sink e^25 above every key: relative to it, each key's weight is ~1e-11, below fp16's
