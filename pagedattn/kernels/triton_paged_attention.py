@@ -128,6 +128,11 @@ def _widen_rows(x, dtype: tl.constexpr):
     return tl.join(a.to(dtype), b.to(dtype)).reshape(x.shape[0], x.shape[1])
 
 
+#: one pair of fp8 values (a 16-bit word, the first in its lower byte) to two fp16 values
+_E4M3_PAIRS = tl.constexpr("{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }")
+_E5M2_PAIRS = tl.constexpr("{ .reg .b32 t; cvt.rn.f16x2.e5m2x2 t, $2; mov.b32 {$0, $1}, t; }")
+
+
 @triton.jit
 def _widen_pairs(x, E5M2: tl.constexpr):
     """``x`` [ROWS, C] uint16, each two fp8 values of a row (the first in the lower byte, as
@@ -139,23 +144,10 @@ def _widen_pairs(x, E5M2: tl.constexpr):
     fp8 decode loop's instructions on sm_90, triton 3.6). Read as 16-bit pairs, the bytes are
     already where the conversion takes them."""
     if E5M2:
-        lo, hi = tl.inline_asm_elementwise(
-            "{ .reg .b32 t; cvt.rn.f16x2.e5m2x2 t, $2; mov.b32 {$0, $1}, t; }",
-            "=h,=h,h",
-            [x],
-            dtype=(tl.float16, tl.float16),
-            is_pure=True,
-            pack=1,
-        )
+        asm: tl.constexpr = _E5M2_PAIRS
     else:
-        lo, hi = tl.inline_asm_elementwise(
-            "{ .reg .b32 t; cvt.rn.f16x2.e4m3x2 t, $2; mov.b32 {$0, $1}, t; }",
-            "=h,=h,h",
-            [x],
-            dtype=(tl.float16, tl.float16),
-            is_pure=True,
-            pack=1,
-        )
+        asm: tl.constexpr = _E4M3_PAIRS
+    lo, hi = tl.inline_asm_elementwise(asm, "=h,=h,h", [x], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
     return tl.join(lo, hi).reshape(x.shape[0], 2 * x.shape[1])
 
 
