@@ -55,7 +55,9 @@ def report() -> list[str]:
 
 def print_report(path: str) -> int:
     """The summary of the JSON report at ``path``; 0 if every case passed (or was
-    unsupported or expected to fail), 1 if not, 2 if the file is not a report."""
+    unsupported or expected to fail) and the run had no error, 1 if not (a failing case, the
+    run's ``error``: a backend that could not be loaded or built, or its exit status), 2 if
+    the file is not a report."""
     from pagedattn.status import FAILING
     from pagedattn.table import summary_lines
 
@@ -75,7 +77,8 @@ def print_report(path: str) -> int:
     if report.get("error"):
         print(f"ERROR: {report['error']}")
     print("\n".join(summary_lines(report)))
-    return 1 if any(c.get("status") in {s.value for s in FAILING} for c in cases) else 0
+    failed = any(c.get("status") in {s.value for s in FAILING} for c in cases)
+    return 1 if failed or report.get("error") or report.get("exit_status") not in (0, None) else 0
 
 
 def main(argv: list[str] | None = None) -> int:

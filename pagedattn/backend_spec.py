@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from importlib.metadata import EntryPoint, entry_points
 
 GROUP = "pagedattn.backends"
@@ -29,10 +30,12 @@ def spec_problem(spec: str) -> str | None:
         if where.endswith(".py") or os.sep in where or "/" in where:
             return None if os.path.exists(where) else f"--backend={spec}: file {where!r} does not exist"
         top = where.split(".", 1)[0]
+        if top in sys.modules:  # imported already (a plugin or conftest may put modules there)
+            return None
         try:
             found = importlib.util.find_spec(top) is not None  # the top level only: no package is imported
         except (ImportError, ValueError):
-            found = False
+            found = True  # cannot tell without importing it: the workers will
         return None if found else f"--backend={spec}: no module named {top!r} (importing {where!r})"
     known = available_backends()
     if spec not in known:

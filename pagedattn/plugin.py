@@ -12,6 +12,7 @@ checkout without an install). It does nothing unless a test asks for the
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from collections.abc import Generator
@@ -159,7 +160,8 @@ def pytest_configure(config: pytest.Config) -> None:
             config.option.dist = "loadgroup"
         from pagedattn.backend_spec import spec_problem
 
-        problem = spec_problem(spec)  # before the workers start: each would fail to load it
+        # before the workers start (each would fail to load it), where they see what this process sees
+        problem = spec_problem(spec) if workers_share_this_process(config.getoption("tx", None)) else None
         if problem is not None:
             _usage_error(config, run, problem)
         return
@@ -196,12 +198,20 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+def workers_share_this_process(txs: list[str] | None) -> bool:
+    """Whether pytest-xdist's workers (``--tx`` specs; ``-n N`` gives plain ``popen``) run here,
+    in this directory, with this interpreter: ``popen`` without options. A ``chdir=``, another
+    ``python=``, ``ssh`` or ``socket`` worker may find files and modules this process does not."""
+    return all(re.fullmatch(r"(\d+\*)?popen", tx) for tx in txs or [])
+
+
 def _usage_error(config: pytest.Config, run: Run, message: str) -> NoReturn:
     """Stop the run with a usage error (exit 4) whose message the JSON report keeps too (its
     ``error``, ``exit_status`` 4), so that a CI job reading the report sees why no case ran."""
     if run.book is not None:
         run.broken = f"usage error: {message}"
         config._pagedattn_exit = int(pytest.ExitCode.USAGE_ERROR)  # type: ignore[attr-defined]
+        run.book.stop("not run: usage error")  # finished, not crashed: nothing was collected
         run.book.flush()
     raise pytest.UsageError(message)
 

@@ -138,14 +138,15 @@ class Recorder:
     @pytest.hookimpl(optionalhook=True)
     def pytest_testnodedown(self, node: Any, error: Any) -> None:
         self.run.testrunuid = getattr(node, "workerinput", {}).get("testrunuid", "") or self.run.testrunuid
-        if error and _worker_id(node) not in self.collected_workers and not self.run.broken:
+        if error and _worker_id(node) not in self.collected_workers and str(error) != "keyboard-interrupt":
             # a worker that never collected failed to start (its configure: the backend did not
-            # load there); its last line is the cause, and no case can run on any worker
-            self.run.broken = _startup_failure(str(error))
+            # load there, or a replacement after a crash did not): the run's error only if no
+            # worker started at all (``finish``)
+            self.run.start_failure = self.run.start_failure or _startup_failure(str(error))
         info = getattr(node, "workeroutput", {}).get("pagedattn_info")
         if info and not self.run.info.get("capabilities"):
             self.run.info = dict(info)  # this worker's warm-up ahead counts included
-            self.run.broken = getattr(node, "workeroutput", {}).get("pagedattn_broken", "")
+            self.run.broken = self.run.broken or getattr(node, "workeroutput", {}).get("pagedattn_broken", "")
         elif info and info.get("warmup_ahead_stats"):  # every worker's warm-up ahead, summed
             total = self.run.info.setdefault("warmup_ahead_stats", {})
             for key, value in info["warmup_ahead_stats"].items():
@@ -167,10 +168,21 @@ def _startup_failure(error: str) -> str:
         if line.startswith(("_pytest.config.exceptions.UsageError: ", "pytest.UsageError: ", "UsageError: ")):
             message = line.split("UsageError: ", 1)[1]
             if message.endswith(":"):  # "importing 'x' failed:" and the import's traceback: its exception
-                cause = next((x for x in lines[i + 1 :] if re.match(r"[\w.]+(Error|Exception): ", x)), "")
-                message = f"{message} {cause}".strip()
+                message = f"{message} {_wrapped_cause(lines[i + 1 :])}".strip()
             return f"usage error: {message}"
     return f"a worker failed to start: {lines[-1] if lines else 'no reason given'}"
+
+
+def _wrapped_cause(lines: list[str]) -> str:
+    """The exception line of the traceback a usage error's message carries (``lines``: the
+    message's lines after its first): up to the next chained traceback, never a usage error."""
+    cause = ""
+    for line in lines:
+        if line.startswith(("During handling of the above exception", "The above exception was")):
+            break
+        if "UsageError" not in line and re.match(r"[\w.]+(Error|Exception|Exit|Interrupt)(: |$)", line):
+            cause = line
+    return cause
 
 
 def _stop_reason(session: pytest.Session, run: Run) -> str:
@@ -194,6 +206,8 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
     failing = FAILING - {Status.XPASSED} - ({Status.NOT_RUN} if collect_only else set())
     if any(r.status in failing for r in book.records.values()) and session.exitstatus == 0:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    if run.start_failure and not run.broken and not book.records:
+        run.broken = run.start_failure  # no worker started: why no case ran
     if run.broken and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
         usage = run.broken.startswith("usage error: ")
         session.exitstatus = pytest.ExitCode.USAGE_ERROR if usage else pytest.ExitCode.TESTS_FAILED

@@ -39,7 +39,7 @@ def target(run: Run) -> str:
         return str(run.info["target"])
     if run.info.get("name"):
         return f"{run.info['name']} ({run.device})"
-    return f"{run.spec} (loaded in the xdist workers)"
+    return f"{run.spec} (loaded in the xdist workers)" if run.controller else f"{run.spec} (not loaded)"
 
 
 def _guard_line(run: Run) -> str:
@@ -156,6 +156,7 @@ def report_header(config: pytest.Config) -> dict[str, Any]:
         },
         "error": run.broken or None,
         "grouping_lost": run.grouping_lost or None,
+        "worker_start_failure": run.start_failure or None,
         "expectations": {
             "file": config.getoption("--expectations", None),
             "stale": stale_expectations(run.expectations, cases),
@@ -189,6 +190,8 @@ def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
         tr.write_line(f"ERROR: {run.broken}; no case ran", red=True)
     if run.grouping_lost:
         tr.write_line(f"warning: {run.grouping_lost}", yellow=True)
+    if run.start_failure and run.start_failure != run.broken:
+        tr.write_line(f"warning: a pytest-xdist worker failed to start: {run.start_failure}", yellow=True)
     for line in format_table(run.book.report()["summary"]):
         tr.write_line(line)
     for reason in sorted({r.reason for r in recs if r.status is Status.UNSUPPORTED}):

@@ -40,6 +40,9 @@ class Run:
     crashed_workers: int = 0
     #: why ``--dist loadgroup`` did not keep configurations together, or "" (it did, or is off)
     grouping_lost: str = ""
+    #: the first pytest-xdist worker that failed to start (``recorder._startup_failure``), or "";
+    #: the run's error only where no worker started (``recorder.finish``), else a warning
+    start_failure: str = ""
     expectations: list[dict[str, Any]] = field(default_factory=list)  # --expectations entries
     testrunuid: str = ""  # pytest-xdist's run id, seen by the controller (the warm-up's claims)
     preload: threading.Thread | None = None  # the controller's imports in the background (plugin)

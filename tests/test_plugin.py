@@ -638,7 +638,10 @@ def test_a_backend_that_cannot_load_is_a_usage_error_in_the_report_too(pytester,
     assert report["exit_status"] == 4 and report["error"].startswith("usage error: --backend="), report["error"]
     assert says in report["error"], report["error"]
     assert says in result.stdout.str() + result.stderr.str()
-    assert report["counts"]["passed"] == 0
+    assert report["counts"]["passed"] == 0 and report["complete"]
+    from pagedattn.__main__ import print_report
+
+    assert print_report(str(pytester.path / "r.json")) == 1  # a CI job gating on the report fails too
 
 
 def test_a_workers_failed_start_is_told_in_one_line():
@@ -658,6 +661,81 @@ def test_a_workers_failed_start_is_told_in_one_line():
         _startup_failure("Traceback:\nRuntimeError: CUDA error") == "a worker failed to start: RuntimeError: CUDA error"
     )
     assert _startup_failure("") == "a worker failed to start: no reason given"
+    # an import failing with a bare exception, chained under the usage error: the exception's name
+    bare = (
+        "_pytest.config.exceptions.UsageError: --backend=b:B: importing 'b' failed:\n"
+        "Traceback (most recent call last):\nImportError\n\n"
+        "During handling of the above exception, another exception occurred:\n"
+        "pytest.UsageError: --backend=b:B: importing 'b' failed:\n"
+    )
+    assert _startup_failure(bare) == "usage error: --backend=b:B: importing 'b' failed: ImportError"
+
+
+def test_the_spec_is_checked_only_where_the_workers_see_what_the_controller_sees():
+    from pagedattn.plugin import workers_share_this_process
+
+    assert workers_share_this_process(None) and workers_share_this_process(["popen", "4*popen"])
+    for tx in ("popen//chdir=/tmp", "2*popen//python=python3.12", "ssh=host//python=python3", "socket=1.2.3.4:8888"):
+        assert not workers_share_this_process(["popen", tx]), tx
+
+
+def test_a_workers_failed_start_is_the_runs_error_only_where_no_worker_started():
+    """pytest-xdist replaces a worker that went down (a crash mid-run, at the end of a run), and
+    the replacement may fail to start (its backend: a GPU still held by the dead worker). With no
+    worker started, that failure is the run's error and a usage error exits 4; where another
+    worker collected and ran cases, it is a warning (``worker_start_failure``) and the verdicts and
+    exit status are the cases'. A healthy worker's finish does not erase a failure seen before."""
+    from types import SimpleNamespace
+
+    from pagedattn.book import RecordBook
+    from pagedattn.recorder import Recorder, finish
+    from pagedattn.session import Run
+    from pagedattn.status import Status
+
+    config = SimpleNamespace(getoption=lambda name, default=None: "load")
+    tb = "Traceback (most recent call last):\n_pytest.config.exceptions.UsageError: --backend=m:B: CUDA error\n"
+
+    def node(worker, info=None):
+        out = {"pagedattn_info": info, "pagedattn_broken": ""} if info else {}
+        return SimpleNamespace(gateway=SimpleNamespace(id=worker), workerinput={"workerid": worker}, workeroutput=out)
+
+    def session(status):
+        opts = SimpleNamespace(getoption=lambda name, default=None: False)
+        return SimpleNamespace(config=opts, exitstatus=status, shouldstop=False, shouldfail=False)
+
+    # no worker started: every one failed, and so did their replacements
+    run = Run(spec="m:B", controller=True)
+    book = RecordBook()
+    rec = Recorder(config, run, book)
+    for worker in ("gw0", "gw1", "gw2"):
+        rec.pytest_testnodedown(node(worker), tb)
+    done = session(pytest.ExitCode.NO_TESTS_COLLECTED)
+    finish(done, run, book)
+    assert run.broken == "usage error: --backend=m:B: CUDA error" and done.exitstatus == pytest.ExitCode.USAGE_ERROR
+
+    # gw0 collected and ran its cases; its replacement-to-be gw2 failed to start; gw1 finished well
+    run = Run(spec="m:B", controller=True)
+    book = RecordBook()
+    rec = Recorder(config, run, book)
+    rec.pytest_xdist_node_collection_finished(node("gw0"), ["t.py::a"])
+    book.records["t.py::a"].status = Status.PASSED  # as its report would have made it
+    rec.pytest_testnodedown(node("gw0"), "Traceback (most recent call last):\nFatal Python error: Aborted")
+    assert not run.start_failure, "a worker that collected and then went down did not fail to start"
+    rec.pytest_testnodedown(node("gw2"), tb)
+    rec.pytest_testnodedown(node("gw1", info={"name": "m", "capabilities": {}}), None)
+    assert run.start_failure.startswith("usage error: ") and not run.broken
+    done = session(pytest.ExitCode.OK)
+    finish(done, run, book)
+    assert not run.broken and done.exitstatus == pytest.ExitCode.OK
+
+    # a constructor crash a worker reported (its ``pagedattn_broken``) is not erased by a later one
+    run = Run(spec="m:B", controller=True)
+    rec = Recorder(config, run, RecordBook())
+    rec.pytest_xdist_node_collection_finished(node("gw0"), ["t.py::a"])
+    out = {"pagedattn_info": {"name": "m"}, "pagedattn_broken": "constructing the backend crashed"}
+    rec.pytest_testnodedown(SimpleNamespace(gateway=SimpleNamespace(id="gw0"), workerinput={}, workeroutput=out), None)
+    rec.pytest_testnodedown(node("gw1", info={"name": "m"}), None)
+    assert run.broken == "constructing the backend crashed"
 
 
 def test_a_backend_spec_is_checked_without_importing_the_backend(tmp_path):
@@ -671,6 +749,13 @@ def test_a_backend_spec_is_checked_without_importing_the_backend(tmp_path):
     assert "unknown backend. Available:" in spec_problem("nosuch")
     assert "does not exist" in spec_problem(str(tmp_path / "nofile.py") + ":B")
     assert "no module named 'nosuch_top'" in spec_problem("nosuch_top.sub:B")
+    import types
+
+    sys.modules["spec_injected_mod"] = types.ModuleType("spec_injected_mod")  # a plugin's: no __spec__
+    try:
+        assert spec_problem("spec_injected_mod:B") is None
+    finally:
+        del sys.modules["spec_injected_mod"]
     (tmp_path / "spec_probe_mod.py").write_text("raise SystemExit('imported')\n")
     sys.path.insert(0, str(tmp_path))
     try:

@@ -143,10 +143,7 @@ def _widen_pairs(x, E5M2: tl.constexpr):
     words, reassembles pairs and converts them (~3 integer instructions a value: a third of the
     fp8 decode loop's instructions on sm_90, triton 3.6). Read as 16-bit pairs, the bytes are
     already where the conversion takes them."""
-    if E5M2:
-        asm: tl.constexpr = _E5M2_PAIRS
-    else:
-        asm: tl.constexpr = _E4M3_PAIRS
+    asm: tl.constexpr = _E5M2_PAIRS if E5M2 else _E4M3_PAIRS
     lo, hi = tl.inline_asm_elementwise(asm, "=h,=h,h", [x], dtype=(tl.float16, tl.float16), is_pure=True, pack=1)
     return tl.join(lo, hi).reshape(x.shape[0], 2 * x.shape[1])
 
