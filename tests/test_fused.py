@@ -281,6 +281,44 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
     assert not any(any(flags) for flags in alive), alive
 
 
+@pytest.mark.parametrize("lse", [False, True], ids=["attention", "lse"])
+def test_the_torch_paths_merged_blocks_go_before_the_next_ones_come(lse, monkeypatch):
+    """The torch path's verdict holds one merged block of the bound's rows at a time: when
+    ``chunk_bounds`` yields a block, the one before it (its reference rows and bounds) is gone."""
+    import weakref
+
+    from pagedattn.cases import CaseSpec
+    from pagedattn.oracle import check_attention, check_attention_lse, verdict
+
+    refs: list = []
+    alive: list = []
+    real = verdict.chunk_bounds
+
+    def bounds(*args, **kwargs):
+        it = real(*args, **kwargs)
+        while True:
+            try:
+                blk = next(it)  # the next block exists: the previous block's rows must not
+            except StopIteration:
+                return
+            alive.append([r() is not None for r in refs])
+            refs.extend(weakref.ref(t) for t in (blk.o, blk.e))
+            yield blk
+            del blk
+
+    monkeypatch.setattr(verdict, "chunk_bounds", bounds)
+    monkeypatch.setattr(fused, "usable", lambda case: False)
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
+    case = CaseSpec("t", ((700, 350), (400, 300)), num_heads=4, num_kv_heads=2).build().to(DEVICE)
+    out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
+    if lse:
+        check_attention_lse(out, torch.zeros(case.num_tokens, case.num_heads, device=DEVICE), case)
+    else:
+        check_attention(out, case)
+    assert len(alive) >= 3, f"several merged blocks expected, got {len(alive)}"
+    assert not any(any(flags) for flags in alive), alive
+
+
 def test_the_launch_key_is_spec_argument_by_argument():
     """``_key`` (the launch's key, common types inline) is ``_spec`` of each argument under its
     flags, for every kind of argument and both flags."""

@@ -160,6 +160,7 @@ def check_attention(
     verdict = _Verdict()
     for blk in chunk_bounds(case, precision, qk_precision, tanh_precision, with_lse=False):
         verdict.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
+        del blk  # its rows go before the next block's are formed (a bound name would hold them)
     return verdict.check(case, common)
 
 
@@ -213,6 +214,7 @@ def check_attention_lse(
         v_out.add(blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor))
         assert blk.lse is not None and blk.e_lse is not None
         v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
+        del blk  # its rows go before the next block's are formed
     v_out._settle(v_lse)  # both verdicts' statistics in one transfer
     return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
 
