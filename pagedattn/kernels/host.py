@@ -449,7 +449,7 @@ FP8_DECODE_WARPS = 0  # ... and DECODE_WARPS
 #: every offset into the caches is even; ``FP8_PAIRS_K``: K's too. H200, B=32 L=4k e4m3 decode
 #: (results/h200-probe-issue17h*.json, one process): 0.98x of the bf16 cache's speed without,
 #: 1.10x with V's pairs (688 -> 538 instructions a step, sm_90, triton 3.6), 1.25x with K's too
-#: (556 instructions, but 128 registers instead of 140: four programs an SM instead of three).
+#: (548 instructions, but 128 registers instead of 140: four programs an SM instead of three).
 FP8_PAIRS = True
 FP8_PAIRS_K = True
 PREFILL_ROWS = 128

@@ -15,9 +15,9 @@ combines them by log-sum-exp, in a fixed order, in the same launch. The other
 sequences go to ``_prefill_kernel``. ``host.plan_launch`` decides, from each
 sequence's own sizes only, so results never depend on the rest of the batch.
 An fp8 cache is widened tile by tile after its load, to fp16 for bf16 queries
-(``_query_rows``): its V tiles read as 16-bit pairs of fp8 values, each widened by one
-``cvt`` (``_widen_pairs``, sm_89 and later, ``KV_FP8`` 2 or 3), else by the compiler
-(``_widen_rows``, ``KV_FP8`` 1; ``host.fp8_widening`` decides).
+(``_query_rows``): its K and V tiles read as 16-bit pairs of fp8 values, each widened by one
+``cvt`` (``_widen_pairs``, sm_89 and later; ``KV_FP8`` 4 or 5, 2 or 3 for V's alone), else by
+the compiler (``_widen_rows``, ``KV_FP8`` 1; ``host.fp8_widening`` decides).
 
 The softmax runs in base 2 (``EXP2``): the scale, times log2(e), meets the running
 max in one multiply-add per score, and the max and sums stay in base 2 until the
