@@ -179,15 +179,14 @@ def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
     word (unsupported reasons, probes, unexpected passes, stale expectations, crashes and
     timeouts, cases never run)."""
     recs = records(config)
-    if not recs and run.broken:  # nothing collected: the workers did not start (the backend)
-        tr.write_sep("=", f"pagedattn conformance: {run.info.get('name', run.spec)} on {target(run)}")
-        tr.write_line(f"ERROR: {run.broken}; no case ran", red=True)
-    if not recs or run.book is None:
+    if run.book is None or not (recs or run.broken):
         return
-    cases = [r.to_dict() for r in recs]
     tr.write_sep("=", f"pagedattn conformance: {run.info.get('name', run.spec)} on {target(run)}")
     if run.broken:
         tr.write_line(f"ERROR: {run.broken}; no case ran", red=True)
+    if not recs:  # nothing collected: the workers did not start (the backend)
+        return
+    cases = [r.to_dict() for r in recs]
     if run.grouping_lost:
         tr.write_line(f"warning: {run.grouping_lost}", yellow=True)
     if run.start_failure and run.start_failure != run.broken:
