@@ -149,6 +149,17 @@ def _widen_pairs(x, E5M2: tl.constexpr):
 
 
 @triton.jit
+def _load_pairs(cache_ptr, off, dp, pmask, kmask, MASKED: tl.constexpr):
+    """The fp8 tile [BLOCK_N, HEAD_DIM_PAD // 2] of rows at element offsets ``off`` [BLOCK_N]
+    (even) of ``cache_ptr``, as uint16 pairs ``dp`` (``pmask``: those within head_dim; ``kmask``:
+    the keys below the history's end, with ``MASKED``); +0.0 pairs where masked."""
+    pairs = cache_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + (off >> 1)[:, None] + dp[None, :]
+    if MASKED:
+        return tl.load(pairs, mask=kmask[:, None] & pmask[None, :], other=0)
+    return tl.load(pairs, mask=pmask[None, :], other=0)
+
+
+@triton.jit
 def _page_of(j, BLOCK_SIZE: tl.constexpr):
     """``j // BLOCK_SIZE`` for key indices ``j >= 0``, divided as unsigned: a shift for a
     power-of-two block (a multiply-high otherwise), without a signed division's fix-ups."""
@@ -239,21 +250,13 @@ def _attend_tiles(
             dp = tl.arange(0, HEAD_DIM_PAD // 2)
             pmask = dp < HEAD_DIM // 2
         if KV_FP8 >= 4:
-            k_pairs = k_cache_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + (k_off >> 1)[:, None] + dp[None, :]
-            if MASKED:
-                kt = tl.load(k_pairs, mask=kmask[:, None] & pmask[None, :], other=0)
-            else:
-                kt = tl.load(k_pairs, mask=pmask[None, :], other=0)
+            kt = _load_pairs(k_cache_ptr, k_off, dp, pmask, kmask, MASKED)
         elif MASKED:
             kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
         else:
             kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=dmask[:, None], other=0.0)
         if KV_FP8 >= 2:  # V as 16-bit pairs of fp8 values (``FP8_PAIRS``: even offsets, checked by ``run``)
-            v_pairs = v_cache_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + (v_off >> 1)[:, None] + dp[None, :]
-            if MASKED:
-                v = tl.load(v_pairs, mask=kmask[:, None] & pmask[None, :], other=0)
-            else:
-                v = tl.load(v_pairs, mask=pmask[None, :], other=0)
+            v = _load_pairs(v_cache_ptr, v_off, dp, pmask, kmask, MASKED)
         elif MASKED:
             v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
         else:
