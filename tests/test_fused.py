@@ -235,6 +235,27 @@ def test_the_launch_key_is_tritons_or_finer():
     assert int(proc.stdout.split()[-1]) > 1000, proc.stdout
 
 
+def _watched(real, tensors, refs: list, alive: list):
+    """A stand-in for the generator function ``real``: each time ``real`` yields, whether each
+    tensor of ``refs`` (weak references) is still alive goes to ``alive``, and the yielded item's
+    ``tensors(item)`` join ``refs``. Its own name for the item goes before the next is asked for."""
+    import weakref
+
+    def watched(*args, **kwargs):
+        it = real(*args, **kwargs)
+        while True:
+            try:
+                item = next(it)  # the next block's tensors exist: the previous block's must not
+            except StopIteration:
+                return
+            alive.append([r() is not None for r in refs])
+            refs.extend(weakref.ref(t) for t in tensors(item))
+            yield item
+            del item
+
+    return watched
+
+
 @pytest.mark.parametrize("path", ["fused", "torch"])
 def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch):
     """The check holds one block of rows at a time, as the oracle does: when the oracle's pass
@@ -256,18 +277,7 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
             refs.extend(weakref.ref(t) for t in args[4:7])  # ``o``, ``s12``, ``ex`` (``o`` without one)
         return real_launch(kernel, grid, args, consts)
 
-    def chunks(*args, **kwargs):
-        it = real_chunks(*args, **kwargs)
-        while True:
-            try:
-                c = next(it)  # the next block's tensors exist: the previous block's must not
-            except StopIteration:
-                return
-            alive.append([r() is not None for r in refs])
-            refs.extend(weakref.ref(t) for t in (c.scores, c.probs))
-            yield c
-            del c  # this wrapper's own name goes before the next block comes
-
+    chunks = _watched(real_chunks, lambda c: (c.scores, c.probs), refs, alive)
     monkeypatch.setattr(fused, "_launch", launch)
     monkeypatch.setattr(fused if path == "fused" else policy, "iter_chunks", chunks)
     monkeypatch.setattr(fused, "ON_CPU", path == "fused")
@@ -285,28 +295,12 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
 def test_the_torch_paths_merged_blocks_go_before_the_next_ones_come(lse, monkeypatch):
     """The torch path's verdict holds one merged block of the bound's rows at a time: when
     ``chunk_bounds`` yields a block, the one before it (its reference rows and bounds) is gone."""
-    import weakref
-
     from pagedattn.cases import CaseSpec
     from pagedattn.oracle import check_attention, check_attention_lse, verdict
 
     refs: list = []
     alive: list = []
-    real = verdict.chunk_bounds
-
-    def bounds(*args, **kwargs):
-        it = real(*args, **kwargs)
-        while True:
-            try:
-                blk = next(it)  # the next block exists: the previous block's rows must not
-            except StopIteration:
-                return
-            alive.append([r() is not None for r in refs])
-            refs.extend(weakref.ref(t) for t in (blk.o, blk.e))
-            yield blk
-            del blk
-
-    monkeypatch.setattr(verdict, "chunk_bounds", bounds)
+    monkeypatch.setattr(verdict, "chunk_bounds", _watched(verdict.chunk_bounds, lambda b: (b.o, b.e), refs, alive))
     monkeypatch.setattr(fused, "usable", lambda case: False)
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     case = CaseSpec("t", ((700, 350), (400, 300)), num_heads=4, num_kv_heads=2).build().to(DEVICE)
