@@ -173,6 +173,137 @@ def _slot_of(j, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
+def _step(
+    q,
+    m,
+    l_sum,
+    acc,
+    blk,
+    j,
+    kmask,
+    k_cache_ptr,
+    v_cache_ptr,
+    kv_head,
+    pos,
+    slopes,
+    qk_scale,
+    s_scale,
+    window,
+    soft_cap,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_vb,
+    stride_vs,
+    stride_vh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    IEEE_FP32: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr,
+    USE_ALIBI: tl.constexpr,
+    KV_FP8: tl.constexpr,
+    OFF_I32: tl.constexpr,
+    MASKED: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    EXP2: tl.constexpr,
+):
+    """One key tile of the online softmax: the keys ``j`` [BLOCK_N] (int32; ``kmask``: those
+    that exist, below the history's or the split's end) in the cache blocks ``blk`` [BLOCK_N]
+    join the rows' running max ``m`` [ROWS], denominator ``l_sum`` [ROWS] and weighted-V sum
+    ``acc`` [ROWS, HEAD_DIM_PAD] (fp32), which come back updated. Without ``MASKED`` every key
+    is visible to every row: no mask is computed. Shared by ``_attend_tiles`` (prefill) and the
+    decode kernel's loop, so both compute a tile alike."""
+    d = tl.arange(0, HEAD_DIM_PAD)
+    dmask = d < HEAD_DIM
+    # FOLD: scores stay unscaled until the exponent, where the scale (with log2(e)) and the
+    # max meet in one fused multiply-add; soft-cap and ALiBi need the scaled score first.
+    FOLD: tl.constexpr = EXP2 and not (USE_SOFTCAP or USE_ALIBI)
+    slot = _slot_of(j, BLOCK_SIZE)
+    if OFF_I32:  # every element offset of both caches fits int32 (``run``: ``fits_int32``)
+        k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
+        v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
+    else:  # every term in int64: a head-major cache's head stride alone can pass 2**31
+        blk, slot_w, head_w = blk.to(tl.int64), slot.to(tl.int64), kv_head.to(tl.int64)
+        k_off = blk * stride_kb + slot_w * stride_ks + head_w * stride_kh
+        v_off = blk * stride_vb + slot_w * stride_vs + head_w * stride_vh
+    if KV_FP8 >= 2:
+        dp = tl.arange(0, HEAD_DIM_PAD // 2)
+        pmask = dp < HEAD_DIM // 2
+    if KV_FP8 >= 4:
+        kt = _load_pairs(k_cache_ptr, k_off, dp, pmask, kmask, MASKED)
+    elif MASKED:
+        kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
+    else:
+        kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=dmask[:, None], other=0.0)
+    if KV_FP8 >= 2:  # V as 16-bit pairs of fp8 values (``FP8_PAIRS``: even offsets, checked by ``run``)
+        v = _load_pairs(v_cache_ptr, v_off, dp, pmask, kmask, MASKED)
+    elif MASKED:
+        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
+    else:
+        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
+    if KV_FP8:  # fp8 -> the dots' dtype is exact (fewer exponent and significand bits)
+        if KV_FP8 >= 4:
+            kt = tl.trans(_widen_pairs(kt, KV_FP8 == 5))
+        else:
+            kt = kt.to(q.dtype)
+        if KV_FP8 >= 2:
+            v = _widen_pairs(v, KV_FP8 % 2 == 1)
+        else:
+            v = _widen_rows(v, q.dtype)
+    elif UPCAST:
+        kt = kt.to(tl.float32)
+        v = v.to(tl.float32)
+    if IEEE_FP32:
+        s = tl.dot(q, kt, input_precision="ieee")  # [ROWS, BLOCK_N]
+    else:
+        s = tl.dot(q, kt)
+    if not FOLD:
+        s = s * qk_scale[:, None]
+        if USE_SOFTCAP:  # on the scores, before any mask: a masked score stays -inf
+            s = _soft_cap(s, soft_cap)
+        if USE_ALIBI:
+            s += slopes[:, None] * (j[None, :] - pos[:, None]).to(tl.float32)
+        if EXP2:
+            s = s * 1.4426950408889634  # log2(e): the running max and sum are in base 2
+    if MASKED:
+        # masked loads gave zero keys, and a zero key still scores: force them out
+        visible = kmask[None, :]
+        if CAUSAL:
+            visible = visible & (j[None, :] <= pos[:, None])
+        if USE_WINDOW:
+            visible = visible & (j[None, :] > pos[:, None] - window)
+        s = tl.where(visible, s, float("-inf"))
+    if FOLD:
+        # s_scale > 0, so the scaled max is the max of the scaled scores
+        m_new = tl.maximum(m, tl.max(s, 1) * s_scale)
+    else:
+        m_new = tl.maximum(m, tl.max(s, 1))
+    if MASKED:
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
+    else:
+        m_safe = m_new  # every row saw a finite score
+    if EXP2:
+        alpha = tl.exp2(m - m_safe)  # rescale what was accumulated under the old max
+        if FOLD:
+            p = tl.exp2(s * s_scale[:, None] - m_safe[:, None])
+        else:
+            p = tl.exp2(s - m_safe[:, None])
+    else:
+        alpha = tl.exp(m - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+    l_sum = l_sum * alpha + tl.sum(p, 1)
+    if IEEE_FP32:
+        pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
+    else:
+        pv = tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + pv
+    return m_new, l_sum, acc
+
+
+@triton.jit
 def _attend_tiles(
     q,
     m,
@@ -219,11 +350,6 @@ def _attend_tiles(
     is below ``hi`` and visible to every row: no mask is computed and no row can be
     empty. ``blk_next`` [BLOCK_N] carries the first tile's block-table entries
     (``TABLE_AHEAD``); the next loop's come back with the state."""
-    d = tl.arange(0, HEAD_DIM_PAD)
-    dmask = d < HEAD_DIM
-    # FOLD: scores stay unscaled until the exponent, where the scale (with log2(e)) and the
-    # max meet in one fused multiply-add; soft-cap and ALiBi need the scaled score first.
-    FOLD: tl.constexpr = EXP2 and not (USE_SOFTCAP or USE_ALIBI)
     for j0 in range(start, stop, BLOCK_N):
         j = j0 + tl.arange(0, BLOCK_N)
         kmask = j < hi
@@ -238,86 +364,43 @@ def _attend_tiles(
             blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
         else:
             blk = tl.load(table_ptr + _page_of(j, BLOCK_SIZE), mask=kmask, other=0)
-        slot = _slot_of(j, BLOCK_SIZE)
-        if OFF_I32:  # every element offset of both caches fits int32 (``run``: ``fits_int32``)
-            k_off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
-            v_off = blk * stride_vb + slot * stride_vs + kv_head * stride_vh
-        else:  # every term in int64: a head-major cache's head stride alone can pass 2**31
-            blk, slot_w, head_w = blk.to(tl.int64), slot.to(tl.int64), kv_head.to(tl.int64)
-            k_off = blk * stride_kb + slot_w * stride_ks + head_w * stride_kh
-            v_off = blk * stride_vb + slot_w * stride_vs + head_w * stride_vh
-        if KV_FP8 >= 2:
-            dp = tl.arange(0, HEAD_DIM_PAD // 2)
-            pmask = dp < HEAD_DIM // 2
-        if KV_FP8 >= 4:
-            kt = _load_pairs(k_cache_ptr, k_off, dp, pmask, kmask, MASKED)
-        elif MASKED:
-            kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
-        else:
-            kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=dmask[:, None], other=0.0)
-        if KV_FP8 >= 2:  # V as 16-bit pairs of fp8 values (``FP8_PAIRS``: even offsets, checked by ``run``)
-            v = _load_pairs(v_cache_ptr, v_off, dp, pmask, kmask, MASKED)
-        elif MASKED:
-            v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
-        else:
-            v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
-        if KV_FP8:  # fp8 -> the dots' dtype is exact (fewer exponent and significand bits)
-            if KV_FP8 >= 4:
-                kt = tl.trans(_widen_pairs(kt, KV_FP8 == 5))
-            else:
-                kt = kt.to(q.dtype)
-            if KV_FP8 >= 2:
-                v = _widen_pairs(v, KV_FP8 % 2 == 1)
-            else:
-                v = _widen_rows(v, q.dtype)
-        elif UPCAST:
-            kt = kt.to(tl.float32)
-            v = v.to(tl.float32)
-        if IEEE_FP32:
-            s = tl.dot(q, kt, input_precision="ieee")  # [ROWS, BLOCK_N]
-        else:
-            s = tl.dot(q, kt)
-        if not FOLD:
-            s = s * qk_scale[:, None]
-            if USE_SOFTCAP:  # on the scores, before any mask: a masked score stays -inf
-                s = _soft_cap(s, soft_cap)
-            if USE_ALIBI:
-                s += slopes[:, None] * (j[None, :] - pos[:, None]).to(tl.float32)
-            if EXP2:
-                s = s * 1.4426950408889634  # log2(e): the running max and sum are in base 2
-        if MASKED:
-            # masked loads gave zero keys, and a zero key still scores: force them out
-            visible = kmask[None, :]
-            if CAUSAL:
-                visible = visible & (j[None, :] <= pos[:, None])
-            if USE_WINDOW:
-                visible = visible & (j[None, :] > pos[:, None] - window)
-            s = tl.where(visible, s, float("-inf"))
-        if FOLD:
-            # s_scale > 0, so the scaled max is the max of the scaled scores
-            m_new = tl.maximum(m, tl.max(s, 1) * s_scale)
-        else:
-            m_new = tl.maximum(m, tl.max(s, 1))
-        if MASKED:
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-        else:
-            m_safe = m_new  # every row saw a finite score
-        if EXP2:
-            alpha = tl.exp2(m - m_safe)  # rescale what was accumulated under the old max
-            if FOLD:
-                p = tl.exp2(s * s_scale[:, None] - m_safe[:, None])
-            else:
-                p = tl.exp2(s - m_safe[:, None])
-        else:
-            alpha = tl.exp(m - m_safe)
-            p = tl.exp(s - m_safe[:, None])
-        l_sum = l_sum * alpha + tl.sum(p, 1)
-        if IEEE_FP32:
-            pv = tl.dot(p.to(v.dtype), v, input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(v.dtype), v)
-        acc = acc * alpha[:, None] + pv
-        m = m_new
+        m, l_sum, acc = _step(
+            q,
+            m,
+            l_sum,
+            acc,
+            blk,
+            j,
+            kmask,
+            k_cache_ptr,
+            v_cache_ptr,
+            kv_head,
+            pos,
+            slopes,
+            qk_scale,
+            s_scale,
+            window,
+            soft_cap,
+            stride_kb,
+            stride_ks,
+            stride_kh,
+            stride_vb,
+            stride_vs,
+            stride_vh,
+            HEAD_DIM,
+            HEAD_DIM_PAD,
+            BLOCK_SIZE,
+            UPCAST,
+            IEEE_FP32,
+            USE_WINDOW,
+            USE_SOFTCAP,
+            USE_ALIBI,
+            KV_FP8,
+            OFF_I32,
+            MASKED,
+            CAUSAL,
+            EXP2,
+        )
     return m, l_sum, acc, blk_next
 
 
