@@ -185,10 +185,13 @@ def test_tile_sizes(heads, kv, d, group_pad_decode, group_pad_other, d_pad):
 
 
 def test_plan_is_batch_invariant():
-    """A sequence's launch, tiles and splits depend on that sequence alone."""
+    """A sequence's launch, tiles and splits depend on that sequence alone. The grid, and how
+    many splits a decode program takes, follow the batch: launch shapes, which change no bit
+    (``test_splits_per_program_change_no_bit``)."""
     alone_d, alone_p = _plan([3000], [1]), _plan([300], [30])
     batch = _plan([3000, 300, 17, 9000], [1, 30, 17, 1])
-    assert alone_d.decode == dataclasses.replace(batch.decode, grid=alone_d.decode.grid)
+    shape = ("grid", "SPLIT_GROUPS", "SPLITS_PER_PROGRAM")
+    assert alone_d.decode == dataclasses.replace(batch.decode, **{k: getattr(alone_d.decode, k) for k in shape})
     assert alone_p.other == dataclasses.replace(batch.other, grid=alone_p.other.grid)
 
 
@@ -263,6 +266,68 @@ def test_many_splits_merge_within_policy(spec, long_from, max_splits, grid, monk
     assert check.passed and not check.warning, str(check)
 
 
+def test_decode_programs_take_more_splits_only_in_large_launches(monkeypatch):
+    """``decode_splits_per_program``: a program a split until the launch would keep at least
+    ``DECODE_MIN_PROGRAMS`` programs with twice as many splits each (up to ``DECODE_SPP_MAX``
+    and the history's splits); the plan's grid holds the split groups; a fixed value wins."""
+    monkeypatch.setattr(host, "DECODE_MIN_PROGRAMS", 64)
+    monkeypatch.setattr(host, "DECODE_SPP_MAX", 4)
+    spp = host.decode_splits_per_program
+    assert spp(1, 8, 8) == 1  # 64 programs at one split each: not more than the floor
+    assert spp(2, 8, 8) == 2 and spp(4, 8, 8) == 4 and spp(64, 8, 8) == 4  # the cap
+    assert spp(64, 1, 8) == 1 and spp(64, 3, 8) == 2  # never more than the history has
+    plan = _plan([5000] * 4, [1] * 4, heads=32, kv=8)  # 10 splits of 512: 4 * 8 * 10 programs
+    assert plan.decode.SPLITS_PER_PROGRAM == 4 and plan.decode.SPLIT_GROUPS == 3
+    assert (plan.decode.GRID_ORDER, plan.decode.grid) == host.decode_grid(4, 3, 8)
+    monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", 3)
+    assert spp(1, 8, 8) == 3 and spp(1, 2, 8) == 2
+    plan = _plan([5000], [1])
+    assert (plan.decode.SPLITS_PER_PROGRAM, plan.decode.SPLIT_GROUPS, plan.max_splits) == (3, 4, 10)
+    # the kernel walks a program's splits in whole tiles: a split size that is not is refused
+    monkeypatch.setattr(host, "SPLIT_SIZE", 40)
+    with pytest.raises(RuntimeError, match="splits of 40 keys are not whole tiles of 64"):
+        _plan([5000], [1])
+
+
+@runs_kernel
+@pytest.mark.parametrize(
+    "kw",
+    [dict(sinks=True), dict(sliding_window=45, dtype=torch.float32), dict(alibi_slopes=True, logits_soft_cap=20.0)],
+    ids=["sinks", "window-fp32", "alibi-softcap"],
+)
+def test_splits_per_program_change_no_bit(kw, monkeypatch):
+    """A program taking 1, 2, 3 or every split of its history computes the same bits (out and
+    lse) and leaves the split counters at zero: each split's state is stored at its end and the
+    next starts afresh, as a program of its own would. Histories of one to seven 32-key splits
+    (64-key splits from 150 keys), a window that starts mid-split, a continuation beside them."""
+    for name, value in (("SPLIT_SIZE", 32), ("SPLIT_LONG", 64), ("LONG_FROM", 150), ("DECODE_BLOCK_N", 16)):
+        monkeypatch.setattr(host, name, value)
+    spec = CaseSpec(
+        "t",
+        ((140, 1), (70, 1), (9, 1), (33, 4), (200, 1), (400, 1)),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        block_size=8,
+        layout="permuted",
+        **{"dtype": torch.float16, **kw},
+    )
+    case = spec.build().to(DEVICE)
+    extra = {k: getattr(case, k) for k in ("sinks", "alibi_slopes") if getattr(case, k) is not None}
+    extra.update({k: getattr(spec, k) for k in ("sliding_window", "logits_soft_cap") if getattr(spec, k)})
+    got = {}
+    for spp in (1, 2, 3, 7):
+        monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", spp)
+        prep = tpa.prepare(*_args(case), scale=case.scale, return_lse=True, **extra)
+        assert prep.plan.decode.SPLITS_PER_PROGRAM == min(spp, prep.plan.max_splits) and prep.plan.max_splits == 7
+        got[spp] = tpa.run(prep, case.query, case.key_cache, case.value_cache)
+        assert int(prep.done.abs().sum()) == 0, f"{spp} splits a program: counters left at {prep.done.tolist()}"
+    c1, c2 = check_attention_lse(*got[1], case)
+    assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+    for spp, (out, lse) in got.items():
+        assert torch.equal(out, got[1][0]) and torch.equal(lse, got[1][1]), f"{spp} splits a program: other bits"
+
+
 @runs_kernel
 def test_short_history_split_tier_within_policy(monkeypatch):
     """Histories under SHORT_UNDER keys take SPLIT_SHORT-key splits, in the kernel as in
@@ -299,7 +364,7 @@ def test_fp8_cache_takes_its_own_decode_tiles_and_splits(spec, monkeypatch):
 SOFTMAX_PATHS = {
     "first-round": dict(EXP2_SOFTMAX=False, PREFILL_MASK_SPLIT=False, PREFILL_HEAVY_FIRST=False),
     "exp2-only": dict(EXP2_SOFTMAX=True, PREFILL_MASK_SPLIT=False, PREFILL_HEAVY_FIRST=False),
-    "all": dict(EXP2_SOFTMAX=True, PREFILL_MASK_SPLIT=True, PREFILL_HEAVY_FIRST=True, DECODE_MASK_SPLIT=True),
+    "all": dict(EXP2_SOFTMAX=True, PREFILL_MASK_SPLIT=True, PREFILL_HEAVY_FIRST=True),
 }
 #: prefills long enough that whole key tiles lie below the diagonal (the unmasked tiles),
 #: several query tiles (the heavy-first order), decodes ending in a partial tile; with
@@ -630,12 +695,12 @@ FIRST_ROUND = {
     "PREFILL_STAGES": 2,
     "DECODE_GRID": "sequences_first",
 }
-#: unmasked decode tiles, the short-history split tier, a register cap with 32-key prefill tiles,
+#: a register cap on decode, the short-history split tier, a register cap with 32-key prefill tiles,
 #: int64 cache offsets (a cache past 2**31 elements), the one-axis decode grid (heads fastest)
 SWITCHED = {
     "OFFSETS_I32": False,
     "DECODE_GRID": "heads_fast",
-    "DECODE_MASK_SPLIT": True,
+    "DECODE_MAXNREG": 128,
     "SHORT_UNDER": 4096,
     "SPLIT_SHORT": 128,
     "PREFILL_MAXNREG": 128,

@@ -240,6 +240,8 @@ class LaunchConfig:
     MASK_SPLIT: bool = False  # key tiles that every row sees wholly take no mask
     HEAVY_FIRST: bool = False  # prefill: the longest causal tiles are launched first
     GRID_ORDER: int = 0  # decode: the grid's order of programs (``DECODE_GRIDS``)
+    SPLITS_PER_PROGRAM: int = 1  # decode: consecutive splits a program takes (a launch shape: the same bits) ...
+    SPLIT_GROUPS: int = 0  # ... and the programs of a sequence and kv head, ceil(max_splits / SPLITS_PER_PROGRAM)
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
@@ -320,19 +322,27 @@ def plan_launch(
                 f"{len(decode_seqs)} decode sequences of up to {max_splits} splits need a scratch of "
                 f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
             )
-        order, grid = decode_grid(len(decode_seqs), max_splits, num_kv_heads)
+        block_n = decode_block_n(dtype, kv_fp8, interpreter)
+        for size in {decode_split(seq_lens[b], kv_fp8) for b in decode_seqs}:
+            if size % block_n:  # the kernel walks a program's splits as whole tiles (tuning constants)
+                raise RuntimeError(f"paged_attention: decode splits of {size} keys are not whole tiles of {block_n}")
+        spp = decode_splits_per_program(len(decode_seqs), max_splits, num_kv_heads)
+        groups = -(-max_splits // spp)
+        order, grid = decode_grid(len(decode_seqs), groups, num_kv_heads)
         decode = LaunchConfig(
             grid=grid,
             GRID_ORDER=order,
+            SPLITS_PER_PROGRAM=spp,
+            SPLIT_GROUPS=groups,
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
-            BLOCK_N=decode_block_n(dtype, kv_fp8, interpreter),
+            BLOCK_N=block_n,
             SPLIT_SIZE=(FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE,
             SPLIT_LONG=SPLIT_LONG,
             LONG_FROM=LONG_FROM,
             SPLIT_SHORT=SPLIT_SHORT,
             SHORT_UNDER=SHORT_UNDER,
-            MASK_SPLIT=DECODE_MASK_SPLIT,
+            maxnreg=DECODE_MAXNREG,
             num_warps=(FP8_DECODE_WARPS or DECODE_WARPS) if kv_fp8 else DECODE_WARPS,
             num_stages=2
             if dtype == torch.float32 and d_pad > 128
@@ -377,9 +387,26 @@ def plan_launch(
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 
 
+def decode_splits_per_program(n_decode: int, max_splits: int, num_kv_heads: int) -> int:
+    """Consecutive splits one decode program takes (``DECODE_SPLITS_PER_PROGRAM`` when set):
+    the most, up to ``DECODE_SPP_MAX``, that still leave at least ``DECODE_MIN_PROGRAMS``
+    programs, so a large batch runs fewer, longer programs and a small one keeps a program a
+    split. A launch shape only: each split computes the same bits whoever runs it."""
+    if DECODE_SPLITS_PER_PROGRAM:
+        return max(1, min(DECODE_SPLITS_PER_PROGRAM, max_splits))
+    spp = 1
+    while (
+        2 * spp <= min(DECODE_SPP_MAX, max_splits)
+        and n_decode * num_kv_heads * -(-max_splits // (2 * spp)) >= DECODE_MIN_PROGRAMS
+    ):
+        spp *= 2
+    return spp
+
+
 def decode_grid(n_decode: int, max_splits: int, num_kv_heads: int) -> tuple[int, tuple[int, int, int]]:
     """The decode launch's grid order (``DECODE_GRIDS[DECODE_GRID]``) and grid for
-    ``n_decode`` sequences of up to ``max_splits`` splits. Scheduling only: a program's work
+    ``n_decode`` sequences of up to ``max_splits`` programs each (split groups, see
+    ``decode_splits_per_program``). Scheduling only: a program's work
     and its bits do not depend on it. A three-axis grid holds at most ``GRID_YZ_MAX``
     programs on its second and third axes: past that, one axis, kv heads fastest
     (``heads_fast``), the same order as ``heads_first``."""
@@ -480,7 +507,6 @@ FP32_TILE_INTERPRETER = 32
 #: folded into one multiply-add per score, no mask on key tiles every row sees wholly, and
 #: prefill's longest causal tiles launched first. False gives the kernel of the first round.
 EXP2_SOFTMAX = True
-DECODE_MASK_SPLIT = False
 PREFILL_MASK_SPLIT = True
 PREFILL_HEAVY_FIRST = True
 #: The decode grid's orders of programs: ``sequences_first`` (sequences, splits, kv heads: the
@@ -496,3 +522,10 @@ DECODE_GRIDS = {"sequences_first": 0, "heads_fast": 1, "heads_first": 2}
 #: heads_first is within 2.2% of the best order at every point (the fourth round's 3-7% loss of
 #: heads_fast at B=1 is 0.3-3.5% here), so no order is chosen by batch size.
 DECODE_GRID = "heads_first"
+#: Consecutive splits a decode program takes (``decode_splits_per_program``): 0 picks by the
+#: launch's size, fewer programs for a large batch (a launch shape, so a sequence's bits do not
+#: depend on it); a positive value fixes it (the benchmark's switch).
+DECODE_SPLITS_PER_PROGRAM = 0
+DECODE_MIN_PROGRAMS = 1056  # 8 programs of 4 warps an SM on an H200's 132 SMs (to be tuned)
+DECODE_SPP_MAX = 4
+DECODE_MAXNREG: int | None = None

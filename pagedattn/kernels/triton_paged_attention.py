@@ -553,7 +553,7 @@ def _attend(
 #: (Not ``stride_pa_seq``: its divisibility by 16, always true, vectorizes the merge's loads.)
 #: The prefill kernel has the first three; the decode kernel all.
 _PLAIN_INTS_PREFILL = ("window", "stride_bt", "stride_lt")
-_PLAIN_INTS = (*_PLAIN_INTS_PREFILL, "n_kv_heads", "max_splits", "stride_pml_seq")
+_PLAIN_INTS = (*_PLAIN_INTS_PREFILL, "n_kv_heads", "n_groups", "splits_per_program", "stride_pml_seq")
 
 
 @triton.jit(do_not_specialize=list(_PLAIN_INTS_PREFILL))
@@ -751,7 +751,8 @@ def _decode_kernel(
     window,
     soft_cap,
     n_kv_heads,
-    max_splits,
+    n_groups,
+    splits_per_program,
     # strides (elements); partials are [n_decode, max_splits, num_heads, HEAD_DIM_PAD] and [..., 2]
     stride_qt,
     stride_qh,
@@ -793,11 +794,12 @@ def _decode_kernel(
     OFF_I32: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     EXP2: tl.constexpr,
-    MASK_SPLIT: tl.constexpr,
     GRID_ORDER: tl.constexpr,
 ):
-    """One split of one decode sequence's history for one kv head's query group; the
-    split that finishes last merges them all (one launch: no second kernel to wait for).
+    """``splits_per_program`` consecutive splits of one decode sequence's history for one kv
+    head's query group (the grid's ``n_groups`` programs of a sequence and kv head cover the
+    longest history's splits); the program that finishes a sequence's last split merges
+    them all (one launch: no second kernel to wait for).
 
     Each split writes its running max, denominator and weighted-V sum, then counts itself
     done in ``done_ptr`` [n_decode, num_kv_heads] int32 (zero between launches: the
@@ -809,15 +811,15 @@ def _decode_kernel(
         # together and read the same pages (a page row holds every kv head) at once
         pid = tl.program_id(0)
         kv_head = pid % n_kv_heads
-        split = (pid // n_kv_heads) % max_splits
-        i = pid // (n_kv_heads * max_splits)  # index among the decode sequences
+        grp = (pid // n_kv_heads) % n_groups
+        i = pid // (n_kv_heads * n_groups)  # index among the decode sequences
     elif GRID_ORDER == 2:  # the same order on three axes
         kv_head = tl.program_id(0)
-        split = tl.program_id(1)
+        grp = tl.program_id(1)
         i = tl.program_id(2)
     else:
         i = tl.program_id(0)  # index among the decode sequences
-        split = tl.program_id(1)
+        grp = tl.program_id(1)
         kv_head = tl.program_id(2)
     seq = tl.load(seq_ids_ptr + i)
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -829,10 +831,10 @@ def _decode_kernel(
         split_size = tl.where(seq_len < SHORT_UNDER, SPLIT_SHORT, split_size)
     first_split = first // split_size
     n_splits = (seq_len + split_size - 1) // split_size
-    lo = split * split_size
-    hi = tl.minimum(seq_len, lo + split_size)
-    if (split >= first_split) & (split < n_splits):  # the grid is sized for the longest history of the launch
-        lo = tl.maximum(lo, first)
+    # this program's splits: sa .. sb-1 (the grid is sized for the longest history of the launch)
+    sa = tl.maximum(grp * splits_per_program, first_split)
+    sb = tl.minimum(grp * splits_per_program + splits_per_program, n_splits)
+    if sa < sb:
         t = tl.load(query_start_loc_ptr + seq)
         g = tl.arange(0, GROUP_PAD)
         head = kv_head * GROUP + g
@@ -847,63 +849,95 @@ def _decode_kernel(
         if UPCAST:
             q = q.to(tl.float32)
         q, qk_scale = _query_rows(q, scale, F16_DOTS)
+        if EXP2 and not (USE_SOFTCAP or USE_ALIBI):
+            s_scale = qk_scale * 1.4426950408889634
+        else:
+            s_scale = qk_scale
         pos = tl.full([GROUP_PAD], 0, dtype=tl.int32) + (seq_len - 1)  # the new token sees everything
         slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([GROUP_PAD], tl.float32)
+        pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
+        pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
+        table_ptr = block_tables_ptr + seq * stride_bt
         m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
         l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
-        # the new token sees every key of its split (the window's start is lo already):
-        # only the last, partial tile of a history needs a mask
-        full_hi = lo + (hi - lo) // BLOCK_N * BLOCK_N
-        m, l_sum, acc = _attend(
-            q,
-            m,
-            l_sum,
-            acc,
-            k_cache_ptr,
-            v_cache_ptr,
-            block_tables_ptr + seq * stride_bt,
-            kv_head,
-            lo,
-            full_hi,
-            hi,
-            pos,
-            slopes,
-            qk_scale,
-            window,
-            soft_cap,
-            stride_kb,
-            stride_ks,
-            stride_kh,
-            stride_vb,
-            stride_vs,
-            stride_vh,
-            BLOCK_N,
-            HEAD_DIM,
-            HEAD_DIM_PAD,
-            BLOCK_SIZE,
-            UPCAST,
-            IEEE_FP32,
-            USE_WINDOW,
-            USE_SOFTCAP,
-            USE_ALIBI,
-            KV_FP8,
-            TABLE_AHEAD,
-            OFF_I32,
-            False,
-            EXP2,
-            MASK_SPLIT,
-        )
-        pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
-        pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
-        tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
-        tl.store(pml + split * stride_pml_split, m, mask=row_mask)
-        tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
+        # One loop over the tiles of every split of the program, so the K/V pipeline runs on
+        # across a split's end, where the split's state is stored and restarted: each split
+        # computes the same bits as a program of its own would (``splits_per_program`` is a
+        # launch shape, not a numerical choice). A split starts at its first visible key
+        # (the window's start in the first split) and ends at its last: tiles are masked there.
+        split = sa
+        j0 = tl.maximum(sa * split_size, first)
+        end = tl.minimum(sa * split_size + split_size, seq_len)
+        n_tiles = (end - j0 + BLOCK_N - 1) // BLOCK_N
+        rest_hi = tl.minimum(sb * split_size, seq_len)
+        rest_lo = sa * split_size + split_size
+        n_tiles += tl.maximum(rest_hi - rest_lo + BLOCK_N - 1, 0) // BLOCK_N
+        j_next = j0 + tl.arange(0, BLOCK_N)
+        blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < end, other=0)
+        for _ in range(0, n_tiles):
+            j = j0 + tl.arange(0, BLOCK_N)
+            # the next tile: on in this split, or the next split's first
+            wrap = j0 + BLOCK_N >= end
+            next_split = split + wrap.to(tl.int32)
+            next_j0 = tl.where(wrap, next_split * split_size, j0 + BLOCK_N)
+            next_end = tl.where(wrap, tl.minimum(next_j0 + split_size, seq_len), end)
+            # the block-table entries a step ahead (``TABLE_AHEAD``, see ``_attend_tiles``)
+            blk = blk_next
+            j_next = next_j0 + tl.arange(0, BLOCK_N)
+            blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < next_end, other=0)
+            m, l_sum, acc = _step(
+                q,
+                m,
+                l_sum,
+                acc,
+                blk,
+                j,
+                j < end,
+                k_cache_ptr,
+                v_cache_ptr,
+                kv_head,
+                pos,
+                slopes,
+                qk_scale,
+                s_scale,
+                window,
+                soft_cap,
+                stride_kb,
+                stride_ks,
+                stride_kh,
+                stride_vb,
+                stride_vs,
+                stride_vh,
+                HEAD_DIM,
+                HEAD_DIM_PAD,
+                BLOCK_SIZE,
+                UPCAST,
+                IEEE_FP32,
+                USE_WINDOW,
+                USE_SOFTCAP,
+                USE_ALIBI,
+                KV_FP8,
+                OFF_I32,
+                True,
+                False,
+                EXP2,
+            )
+            if wrap:  # the split's last tile: its state to the scratch, and a fresh state for the next
+                tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
+                tl.store(pml + split * stride_pml_split, m, mask=row_mask)
+                tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
+                m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+                l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
+                acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+            split = next_split
+            j0 = next_j0
+            end = next_end
         # every thread's stores precede the count (the barrier), and the count releases
         # them to the merging program, which acquires them with its own count
         tl.debug_barrier()
         done = done_ptr + i * n_kv_heads + kv_head
-        if tl.atomic_add(done, 1, sem="acq_rel") == n_splits - first_split - 1:
+        if tl.atomic_add(done, sb - sa, sem="acq_rel") == n_splits - first_split - (sb - sa):
             tl.atomic_xchg(done, 0)  # ready for the next launch (or graph replay)
             # a running merge in split order (the same bits in any batch and any schedule),
             # from the first split with visible keys: its max is finite for every real row,
@@ -1180,7 +1214,8 @@ def run(
             window,
             cap,
             prep.cache_shape[2],
-            plan.max_splits,
+            cfg.SPLIT_GROUPS,
+            cfg.SPLITS_PER_PROGRAM,
             query.stride(0),
             query.stride(1),
             *strides_kv,
@@ -1206,7 +1241,6 @@ def run(
             UPCAST=cfg.UPCAST,
             IEEE_FP32=cfg.IEEE_FP32,
             EXP2=cfg.EXP2,
-            MASK_SPLIT=cfg.MASK_SPLIT,
             GRID_ORDER=cfg.GRID_ORDER,
             **flags,
             **cfg.launch_options,

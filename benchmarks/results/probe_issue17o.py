@@ -1,0 +1,172 @@
+# ruff: noqa
+"""Issue 17, seventh round, in one process: decode programs that take several consecutive splits.
+
+A decode program used to take one split (512 keys below 16k, 2048 from there): at B >= 8 the
+launch ran several waves of short programs, each filling its K/V pipeline anew. Now a program
+may take ``host.DECODE_SPLITS_PER_PROGRAM`` consecutive splits in one loop whose pipeline runs on
+across a split's end (``_decode_kernel``), storing each split's state as before, so the bits do
+not change (checked here: ``same_bits``). This times, from a CUDA graph at each point: the
+previous kernel (``old``, the tree of cb2e035 as ``old_pagedattn``, carried in ``.dev/old17o``),
+the new one at its rule (``new``) and at 1, 2, 4 and 8 splits a program, ``new`` with a
+128-register cap (``r128``), and SDPA on the same history made contiguous (``sdpa``); fp8 e4m3
+at three points. Every new configuration is judged by the oracle first (``verdicts``).
+
+    PYTHONPATH=.:.dev/old17o python benchmarks/results/probe_issue17o.py OUT_JSON
+"""
+
+import json
+import os
+import sys
+import time
+
+DRY = os.environ.get("PROBE_DRY") == "1"
+if DRY:
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import torch
+
+sys.path.insert(0, "benchmarks")
+from bench_paged_attention import bench, contiguous_history, graph_replay, machine, paged_batch, sdpa  # noqa: E402
+
+from pagedattn.cases.spec import CaseSpec  # noqa: E402
+from pagedattn.kernels import host  # noqa: E402
+from pagedattn.kernels import triton_paged_attention as tpa  # noqa: E402
+from pagedattn.oracle import check_attention  # noqa: E402
+from old_pagedattn.kernels import triton_paged_attention as old_tpa  # noqa: E402
+
+dev = "cuda" if not DRY else "cpu"
+Hq, Hkv, D = (32, 8, 128) if not DRY else (4, 2, 32)
+KEYS = ("DECODE_SPLITS_PER_PROGRAM", "DECODE_MAXNREG", "DECODE_MIN_PROGRAMS", "DECODE_SPP_MAX")
+DEFAULTS = {k: getattr(host, k) for k in KEYS}
+CONFIGS = {
+    "new": {},
+    "spp1": {"DECODE_SPLITS_PER_PROGRAM": 1},
+    "spp2": {"DECODE_SPLITS_PER_PROGRAM": 2},
+    "spp4": {"DECODE_SPLITS_PER_PROGRAM": 4},
+    "spp8": {"DECODE_SPLITS_PER_PROGRAM": 8},
+    "r128": {"DECODE_MAXNREG": 128},
+}
+FP8_CONFIGS = {
+    "new": {},
+    "spp1": CONFIGS["spp1"],
+    "spp2": CONFIGS["spp2"],
+    "spp4": CONFIGS["spp4"],
+    "r128": CONFIGS["r128"],
+}
+res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
+t0 = time.time()
+
+
+def setcfg(**cfg):
+    for k, v in {**DEFAULTS, **cfg}.items():
+        setattr(host, k, v)
+
+
+def dump():
+    with open(sys.argv[1], "w") as f:
+        json.dump(res, f, indent=1, default=str)
+
+
+def log(msg):
+    print(f"[{time.time() - t0:5.0f}s] {msg}", flush=True)
+
+
+# every configuration judged by the oracle first: decode sequences of several splits (window +
+# sinks; a prefill beside them), bf16 and fp16 queries, bf16 and fp8 caches
+for name, cfg in {**CONFIGS, "spp3": {"DECODE_SPLITS_PER_PROGRAM": 3}}.items():
+    setcfg(**cfg)
+    for dt, kv in ((torch.bfloat16, None), (torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2)):
+        spec = CaseSpec(
+            "p",
+            ((700, 1), (300, 45), (2100, 1), (5000, 1), (17000, 1)),
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=128,
+            dtype=dt,
+            kv_dtype=kv,
+            k_scale=0.37 if kv else 1.0,
+            v_scale=1.9 if kv else 1.0,
+            sliding_window=4000,
+            sinks=True,
+        )
+        key = f"{name}/{kv or dt}"
+        try:
+            case = spec.build().to(dev)
+            out = tpa.paged_attention(
+                case.query,
+                case.key_cache,
+                case.value_cache,
+                case.block_tables,
+                case.seq_lens,
+                case.query_start_loc,
+                scale=case.scale,
+                k_scale=case.k_scale,
+                v_scale=case.v_scale,
+                sliding_window=case.sliding_window,
+                sinks=case.sinks,
+            )
+            c = check_attention(out, case)
+            res["verdicts"][key] = {"passed": c.passed, "warning": c.warning, "worst": str(c)[:300]}
+        except Exception as e:
+            res["verdicts"][key] = {"error": repr(e)[:400]}
+        log(f"verdict {key}: {res['verdicts'][key]}")
+setcfg()
+dump()
+
+POINTS = [(B, L) for B in (8, 32, 64, 128) for L in (2048, 4096, 8192, 32768)] + [
+    (1, L) for L in (2048, 4096, 8192, 32768)
+]
+if DRY:
+    POINTS = [(2, 64)]
+FP8_POINTS = {(32, 4096), (8, 8192), (64, 2048), (1, 4096)}
+ks, vs = 0.37, 1.9
+for B, L in POINTS:
+    q, k, v, tables, seq_lens, loc = paged_batch(B, L, 1, Hq, Hkv, D, 16, torch.bfloat16, dev)
+    qd = q.view(B, Hq, 1, D)
+    row = {"B": B, "L": L, "us": {}, "spp": {}, "same_bits": {}}
+    keep = []
+
+    def graph(name, mod, cfg, kk, vv, **kw):
+        setcfg(**cfg)
+        prep = mod.prepare(q, kk, vv, tables, seq_lens, loc, **kw)
+        if mod is tpa:
+            row["spp"][name] = prep.plan.decode.SPLITS_PER_PROGRAM
+        out = torch.empty_like(q)
+        keep.extend([prep, out])
+        g = graph_replay(lambda: mod.run(prep, q, kk, vv, out=out), dev)
+        setcfg()
+        return g, out
+
+    graphs = {"old": graph("old", old_tpa, {}, k, v)}
+    for name, cfg in CONFIGS.items():
+        graphs[name] = graph(name, tpa, cfg, k, v)
+    kc, vc = contiguous_history(k, v, tables, L)
+    graphs["sdpa"] = (graph_replay(lambda: sdpa(qd, kc, vc), dev), None)
+    if (B, L) in FP8_POINTS or DRY:
+        k8, v8 = (k.float() / ks).to(torch.float8_e4m3fn), (v.float() / vs).to(torch.float8_e4m3fn)
+        graphs["e4m3_old"] = graph("e4m3_old", old_tpa, {}, k8, v8, k_scale=ks, v_scale=vs)
+        for name, cfg in FP8_CONFIGS.items():
+            graphs[f"e4m3_{name}"] = graph(f"e4m3_{name}", tpa, cfg, k8, v8, k_scale=ks, v_scale=vs)
+    for name, (g, out) in graphs.items():
+        g()
+    torch.cuda.synchronize() if dev == "cuda" else None
+    for name, (g, out) in graphs.items():
+        if out is not None and name not in ("old", "spp1", "e4m3_old", "e4m3_spp1"):
+            base = graphs["e4m3_spp1" if name.startswith("e4m3") else "spp1"][1]
+            row["same_bits"][name] = bool(torch.equal(out, base))
+    row["same_bits"]["old"] = bool(torch.equal(graphs["old"][1], graphs["spp1"][1]))
+    for rep in range(2):  # alternated, twice: the best of each
+        for name, (g, out) in graphs.items():
+            row["us"].setdefault(name, []).append(1e3 * bench(g, dev))
+    best = {n: min(t) for n, t in row["us"].items()}
+    row["x_sdpa"] = {n: best["sdpa"] / t for n, t in best.items()}
+    row["x_old"] = {n: best["e4m3_old" if n.startswith("e4m3") else "old"] / t for n, t in best.items() if n != "sdpa"}
+    res["points"].append(row)
+    log(f"B={B} L={L} " + " ".join(f"{n} {best[n]:.1f}us" for n in best))
+    log("   of sdpa " + " ".join(f"{n} {x:.3f}" for n, x in row["x_sdpa"].items()))
+    log(f"   spp {row['spp']['new']} (e4m3 {row['spp'].get('e4m3_new')}) same bits {row['same_bits']}")
+    dump()
+    del q, k, v, graphs, keep, kc, vc
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+log("probe done")
