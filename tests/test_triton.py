@@ -266,23 +266,31 @@ def test_many_splits_merge_within_policy(spec, long_from, max_splits, grid, monk
     assert check.passed and not check.warning, str(check)
 
 
-def test_decode_programs_take_more_splits_only_in_large_launches(monkeypatch):
-    """``decode_splits_per_program``: a program a split until the launch would keep at least
-    ``DECODE_MIN_PROGRAMS`` programs with twice as many splits each (up to ``DECODE_SPP_MAX``
-    and the history's splits); the plan's grid holds the split groups; a fixed value wins."""
-    monkeypatch.setattr(host, "DECODE_MIN_PROGRAMS", 64)
+def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
+    """``decode_launch_shape``: the split loop with the fewest splits a program (up to
+    ``DECODE_SPP_MAX`` and the history's) that fit the launch in ``DECODE_WAVE`` programs, else
+    one split a program without the loop; the switches force either; the plan's grid holds the
+    split groups."""
+    monkeypatch.setattr(host, "DECODE_WAVE", 64)
     monkeypatch.setattr(host, "DECODE_SPP_MAX", 4)
-    spp = host.decode_splits_per_program
-    assert spp(1, 8, 8) == 1  # 64 programs at one split each: not more than the floor
-    assert spp(2, 8, 8) == 2 and spp(4, 8, 8) == 4 and spp(64, 8, 8) == 4  # the cap
-    assert spp(64, 1, 8) == 1 and spp(64, 3, 8) == 2  # never more than the history has
-    plan = _plan([5000] * 4, [1] * 4, heads=32, kv=8)  # 10 splits of 512: 4 * 8 * 10 programs
-    assert plan.decode.SPLITS_PER_PROGRAM == 4 and plan.decode.SPLIT_GROUPS == 3
-    assert (plan.decode.GRID_ORDER, plan.decode.grid) == host.decode_grid(4, 3, 8)
+    shape = host.decode_launch_shape
+    assert shape(1, 8, 8) == (True, 1)  # 64 programs: one wave
+    assert shape(2, 8, 8) == (True, 2) and shape(3, 8, 8) == (True, 4)  # 3 * 8 * 2 programs
+    assert shape(2, 9, 8) == (True, 3)  # the fewest splits a program that fit: 2 * 8 * 3
+    assert shape(5, 8, 8) == (False, 1) and shape(4, 17, 8) == (False, 1)  # no fit up to the cap
+    assert shape(64, 1, 8) == (False, 1) and shape(8, 1, 8) == (True, 1)  # never past the history's splits
+    plan = _plan([5000] * 2, [1] * 2, heads=32, kv=8)  # 10 splits of 512 each: 2 * 8 * 4 programs of 3
+    assert (plan.decode.SPLIT_LOOP, plan.decode.SPLITS_PER_PROGRAM, plan.decode.SPLIT_GROUPS) == (True, 3, 4)
+    assert (plan.decode.GRID_ORDER, plan.decode.grid) == host.decode_grid(2, 4, 8)
+    assert not _plan([5000] * 9, [1] * 9).decode.SPLIT_LOOP
+    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", True)
+    assert shape(5, 8, 8) == (True, 1) and shape(1, 8, 8) == (True, 1)
     monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", 3)
-    assert spp(1, 8, 8) == 3 and spp(1, 2, 8) == 2
+    assert shape(1, 8, 8) == (True, 3) and shape(1, 2, 8) == (True, 2)
     plan = _plan([5000], [1])
     assert (plan.decode.SPLITS_PER_PROGRAM, plan.decode.SPLIT_GROUPS, plan.max_splits) == (3, 4, 10)
+    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", False)
+    assert shape(1, 8, 8) == (False, 1)
     # the kernel walks a program's splits in whole tiles: a split size that is not is refused
     monkeypatch.setattr(host, "SPLIT_SIZE", 40)
     with pytest.raises(RuntimeError, match="splits of 40 keys are not whole tiles of 64"):
@@ -296,9 +304,9 @@ def test_decode_programs_take_more_splits_only_in_large_launches(monkeypatch):
     ids=["sinks", "window-fp32", "alibi-softcap"],
 )
 def test_splits_per_program_change_no_bit(kw, monkeypatch):
-    """A program taking 1, 2, 3 or every split of its history computes the same bits (out and
-    lse) and leaves the split counters at zero: each split's state is stored at its end and the
-    next starts afresh, as a program of its own would. Histories of one to seven 32-key splits
+    """A program of one split, or the split loop taking 1, 2, 3 or every split of its history,
+    computes the same bits (out and lse) and leaves the split counters at zero: the loop stores
+    each split's state at its end and starts the next afresh, as a program of its own would. Histories of one to seven 32-key splits
     (64-key splits from 150 keys), a window that starts mid-split, a continuation beside them."""
     for name, value in (("SPLIT_SIZE", 32), ("SPLIT_LONG", 64), ("LONG_FROM", 150), ("DECODE_BLOCK_N", 16)):
         monkeypatch.setattr(host, name, value)
@@ -316,16 +324,18 @@ def test_splits_per_program_change_no_bit(kw, monkeypatch):
     extra = {k: getattr(case, k) for k in ("sinks", "alibi_slopes") if getattr(case, k) is not None}
     extra.update({k: getattr(spec, k) for k in ("sliding_window", "logits_soft_cap") if getattr(spec, k)})
     got = {}
-    for spp in (1, 2, 3, 7):
+    for loop, spp in ((False, 0), (True, 1), (True, 2), (True, 3), (True, 7)):
+        monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", loop)
         monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", spp)
         prep = tpa.prepare(*_args(case), scale=case.scale, return_lse=True, **extra)
-        assert prep.plan.decode.SPLITS_PER_PROGRAM == min(spp, prep.plan.max_splits) and prep.plan.max_splits == 7
+        assert prep.plan.decode.SPLIT_LOOP == loop and prep.plan.max_splits == 7
+        assert prep.plan.decode.SPLITS_PER_PROGRAM == max(1, spp)
         got[spp] = tpa.run(prep, case.query, case.key_cache, case.value_cache)
         assert int(prep.done.abs().sum()) == 0, f"{spp} splits a program: counters left at {prep.done.tolist()}"
-    c1, c2 = check_attention_lse(*got[1], case)
+    c1, c2 = check_attention_lse(*got[0], case)
     assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
     for spp, (out, lse) in got.items():
-        assert torch.equal(out, got[1][0]) and torch.equal(lse, got[1][1]), f"{spp} splits a program: other bits"
+        assert torch.equal(out, got[0][0]) and torch.equal(lse, got[0][1]), f"{spp} splits a program: other bits"
 
 
 @runs_kernel
@@ -661,7 +671,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
              "TABLE_AHEAD": True, "OFF_I32": m.OFFSETS_I32}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
-            "HEAVY_FIRST", "GRID_ORDER")
+            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
@@ -695,12 +705,13 @@ FIRST_ROUND = {
     "PREFILL_STAGES": 2,
     "DECODE_GRID": "sequences_first",
 }
-#: a register cap on decode, the short-history split tier, a register cap with 32-key prefill tiles,
+#: a register cap on decode without the split loop, the short-history split tier, a register cap with 32-key prefill tiles,
 #: int64 cache offsets (a cache past 2**31 elements), the one-axis decode grid (heads fastest)
 SWITCHED = {
     "OFFSETS_I32": False,
     "DECODE_GRID": "heads_fast",
     "DECODE_MAXNREG": 128,
+    "DECODE_SPLIT_LOOP": False,
     "SHORT_UNDER": 4096,
     "SPLIT_SHORT": 128,
     "PREFILL_MAXNREG": 128,
@@ -715,7 +726,8 @@ HOPPER_CONFIGS = {
     "representative": [
         ["float32", 8, 2, 256, 16, "float8_e4m3fn", True],
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True],
-        ["float16", 6, 2, 48, 13, None, False, {"OFFSETS_I32": False}],  # the int64 cache offsets
+        # the int64 cache offsets; decode programs of one split (no split loop)
+        ["float16", 6, 2, 48, 13, None, False, {"OFFSETS_I32": False, "DECODE_SPLIT_LOOP": False}],
         ["bfloat16", 8, 1, 80, 1, None, False],
     ],
     "rest": [

@@ -36,7 +36,8 @@ from old_pagedattn.kernels import triton_paged_attention as old_tpa  # noqa: E40
 
 dev = "cuda" if not DRY else "cpu"
 Hq, Hkv, D = (32, 8, 128) if not DRY else (4, 2, 32)
-KEYS = ("DECODE_SPLITS_PER_PROGRAM", "DECODE_MAXNREG", "DECODE_MIN_PROGRAMS", "DECODE_SPP_MAX")
+KEYS = ("DECODE_SPLITS_PER_PROGRAM", "DECODE_MAXNREG", "DECODE_SPLIT_LOOP", "FP8_DECODE_MAXNREG", "DECODE_SPP_MAX")
+ROUND = os.environ.get("PROBE_ROUND", "1")  # round 1 ran on d2a12af (every program walked its splits in the loop)
 DEFAULTS = {k: getattr(host, k) for k in KEYS}
 CONFIGS = {
     "new": {},
@@ -44,15 +45,23 @@ CONFIGS = {
     "spp2": {"DECODE_SPLITS_PER_PROGRAM": 2},
     "spp4": {"DECODE_SPLITS_PER_PROGRAM": 4},
     "spp8": {"DECODE_SPLITS_PER_PROGRAM": 8},
-    "r128": {"DECODE_MAXNREG": 128},
+    "r128": {"DECODE_MAXNREG": 128, "FP8_DECODE_MAXNREG": 128},
 }
 FP8_CONFIGS = {
-    "new": {},
+    "new": {"FP8_DECODE_MAXNREG": None},
     "spp1": CONFIGS["spp1"],
     "spp2": CONFIGS["spp2"],
     "spp4": CONFIGS["spp4"],
     "r128": CONFIGS["r128"],
 }
+if ROUND == "2":  # the launch-shape rule: the split loop where one wave holds it, else one split a program
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},
+        "new": {},
+        "no_loop": {"DECODE_SPLIT_LOOP": False},
+        "loop_rule": {"DECODE_SPLIT_LOOP": True},
+    }
+    FP8_CONFIGS = {**CONFIGS, "no_loop_nocap": {"DECODE_SPLIT_LOOP": False, "FP8_DECODE_MAXNREG": None}}
 res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
 t0 = time.time()
 
@@ -73,7 +82,7 @@ def log(msg):
 
 # every configuration judged by the oracle first: decode sequences of several splits (window +
 # sinks; a prefill beside them), bf16 and fp16 queries, bf16 and fp8 caches
-for name, cfg in {**CONFIGS, "spp3": {"DECODE_SPLITS_PER_PROGRAM": 3}}.items():
+for name, cfg in {**CONFIGS, "spp3": {"DECODE_SPLITS_PER_PROGRAM": 3}, "no_loop": {"DECODE_SPLIT_LOOP": False}}.items():
     setcfg(**cfg)
     for dt, kv in ((torch.bfloat16, None), (torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2)):
         spec = CaseSpec(
@@ -130,7 +139,7 @@ for B, L in POINTS:
         setcfg(**cfg)
         prep = mod.prepare(q, kk, vv, tables, seq_lens, loc, **kw)
         if mod is tpa:
-            row["spp"][name] = prep.plan.decode.SPLITS_PER_PROGRAM
+            row["spp"][name] = (prep.plan.decode.SPLIT_LOOP, prep.plan.decode.SPLITS_PER_PROGRAM)
         out = torch.empty_like(q)
         keep.extend([prep, out])
         g = graph_replay(lambda: mod.run(prep, q, kk, vv, out=out), dev)
@@ -164,7 +173,7 @@ for B, L in POINTS:
     res["points"].append(row)
     log(f"B={B} L={L} " + " ".join(f"{n} {best[n]:.1f}us" for n in best))
     log("   of sdpa " + " ".join(f"{n} {x:.3f}" for n, x in row["x_sdpa"].items()))
-    log(f"   spp {row['spp']['new']} (e4m3 {row['spp'].get('e4m3_new')}) same bits {row['same_bits']}")
+    log(f"   spp {row['spp']} same bits {row['same_bits']}")
     dump()
     del q, k, v, graphs, keep, kc, vc
     if dev == "cuda":

@@ -240,7 +240,8 @@ class LaunchConfig:
     MASK_SPLIT: bool = False  # key tiles that every row sees wholly take no mask
     HEAVY_FIRST: bool = False  # prefill: the longest causal tiles are launched first
     GRID_ORDER: int = 0  # decode: the grid's order of programs (``DECODE_GRIDS``)
-    SPLITS_PER_PROGRAM: int = 1  # decode: consecutive splits a program takes (a launch shape: the same bits) ...
+    SPLIT_LOOP: bool = False  # decode: programs walk their splits in one loop (``decode_launch_shape``) ...
+    SPLITS_PER_PROGRAM: int = 1  # ... consecutive splits a program takes (a launch shape: the same bits) ...
     SPLIT_GROUPS: int = 0  # ... and the programs of a sequence and kv head, ceil(max_splits / SPLITS_PER_PROGRAM)
     num_warps: int = 4
     num_stages: int = 2
@@ -326,12 +327,13 @@ def plan_launch(
         for size in {decode_split(seq_lens[b], kv_fp8) for b in decode_seqs}:
             if size % block_n:  # the kernel walks a program's splits as whole tiles (tuning constants)
                 raise RuntimeError(f"paged_attention: decode splits of {size} keys are not whole tiles of {block_n}")
-        spp = decode_splits_per_program(len(decode_seqs), max_splits, num_kv_heads)
+        split_loop, spp = decode_launch_shape(len(decode_seqs), max_splits, num_kv_heads)
         groups = -(-max_splits // spp)
         order, grid = decode_grid(len(decode_seqs), groups, num_kv_heads)
         decode = LaunchConfig(
             grid=grid,
             GRID_ORDER=order,
+            SPLIT_LOOP=split_loop,
             SPLITS_PER_PROGRAM=spp,
             SPLIT_GROUPS=groups,
             GROUP_PAD=max(MIN_DOT, group_pad),
@@ -342,7 +344,8 @@ def plan_launch(
             LONG_FROM=LONG_FROM,
             SPLIT_SHORT=SPLIT_SHORT,
             SHORT_UNDER=SHORT_UNDER,
-            maxnreg=DECODE_MAXNREG,
+            # an fp8 cache's decode at a register cap: 4 programs an SM (see FP8_DECODE_MAXNREG)
+            maxnreg=FP8_DECODE_MAXNREG if kv_fp8 and dtype != torch.float32 and d_pad <= 128 else DECODE_MAXNREG,
             num_warps=(FP8_DECODE_WARPS or DECODE_WARPS) if kv_fp8 else DECODE_WARPS,
             num_stages=2
             if dtype == torch.float32 and d_pad > 128
@@ -387,26 +390,33 @@ def plan_launch(
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 
 
-def decode_splits_per_program(n_decode: int, max_splits: int, num_kv_heads: int) -> int:
-    """Consecutive splits one decode program takes (``DECODE_SPLITS_PER_PROGRAM`` when set):
-    the most, up to ``DECODE_SPP_MAX``, that still leave at least ``DECODE_MIN_PROGRAMS``
-    programs, so a large batch runs fewer, longer programs and a small one keeps a program a
-    split. A launch shape only: each split computes the same bits whoever runs it."""
+def decode_launch_shape(n_decode: int, max_splits: int, num_kv_heads: int) -> tuple[bool, int]:
+    """The decode launch's shape: whether its programs walk their splits in one loop
+    (``SPLIT_LOOP``), and how many consecutive splits each takes. A launch shape only: each
+    split computes the same bits whoever runs it and however (``_decode_kernel``).
+
+    The split loop holds a little more shared memory than a program of one split (on the
+    H200 at bf16, D=128: two programs an SM instead of three), but keeps its K/V pipeline
+    running across a split's end. So: the fewest splits a program (up to ``DECODE_SPP_MAX``)
+    that fit the launch in ``DECODE_WAVE`` programs, one wave of the split loop; a launch that
+    fits at none takes one split a program without the loop. ``DECODE_SPLIT_LOOP`` (True or
+    False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0, with the loop) force either (the
+    benchmark's switches)."""
+    if DECODE_SPLIT_LOOP is False:
+        return False, 1
     if DECODE_SPLITS_PER_PROGRAM:
-        return max(1, min(DECODE_SPLITS_PER_PROGRAM, max_splits))
-    spp = 1
-    while (
-        2 * spp <= min(DECODE_SPP_MAX, max_splits)
-        and n_decode * num_kv_heads * -(-max_splits // (2 * spp)) >= DECODE_MIN_PROGRAMS
-    ):
-        spp *= 2
-    return spp
+        return True, max(1, min(DECODE_SPLITS_PER_PROGRAM, max_splits))
+    heads = n_decode * num_kv_heads
+    for spp in range(1, max(1, min(DECODE_SPP_MAX, max_splits)) + 1):
+        if heads * -(-max_splits // spp) <= DECODE_WAVE:
+            return True, spp
+    return bool(DECODE_SPLIT_LOOP), 1
 
 
 def decode_grid(n_decode: int, max_splits: int, num_kv_heads: int) -> tuple[int, tuple[int, int, int]]:
     """The decode launch's grid order (``DECODE_GRIDS[DECODE_GRID]``) and grid for
     ``n_decode`` sequences of up to ``max_splits`` programs each (split groups, see
-    ``decode_splits_per_program``). Scheduling only: a program's work
+    ``decode_launch_shape``). Scheduling only: a program's work
     and its bits do not depend on it. A three-axis grid holds at most ``GRID_YZ_MAX``
     programs on its second and third axes: past that, one axis, kv heads fastest
     (``heads_fast``), the same order as ``heads_first``."""
@@ -522,10 +532,17 @@ DECODE_GRIDS = {"sequences_first": 0, "heads_fast": 1, "heads_first": 2}
 #: heads_first is within 2.2% of the best order at every point (the fourth round's 3-7% loss of
 #: heads_fast at B=1 is 0.3-3.5% here), so no order is chosen by batch size.
 DECODE_GRID = "heads_first"
-#: Consecutive splits a decode program takes (``decode_splits_per_program``): 0 picks by the
-#: launch's size, fewer programs for a large batch (a launch shape, so a sequence's bits do not
-#: depend on it); a positive value fixes it (the benchmark's switch).
-DECODE_SPLITS_PER_PROGRAM = 0
-DECODE_MIN_PROGRAMS = 1056  # 8 programs of 4 warps an SM on an H200's 132 SMs (to be tuned)
-DECODE_SPP_MAX = 4
-DECODE_MAXNREG: int | None = None
+#: The decode launch's shape (``decode_launch_shape``). Issue 17, seventh round (H200, one process,
+#: from a CUDA graph, results/h200-probe-issue17o.json): the split loop at one split a program
+#: took B=1 from 0.69 / 0.80 / 0.88 / 0.81 of SDPA (2k / 4k / 8k / 32k) to 0.71 / 0.83 / 0.91 / 0.90,
+#: but at B >= 32 it lost 1-6% where its launch ran several waves (2 programs an SM against 3).
+#: Fitted in one wave, it gained (B=8 L=4k 0.95 against 0.86, B=32 L=2k 0.94 against 0.90).
+DECODE_SPLIT_LOOP: bool | None = None  # None: by the launch; True or False forces it
+DECODE_SPLITS_PER_PROGRAM = 0  # 0: by the launch; > 0 fixes it (with the loop)
+DECODE_WAVE = 264  # programs of the split loop in one wave: 2 an SM on the H200's 132 SMs
+DECODE_SPP_MAX = 16
+DECODE_MAXNREG: int | None = None  # a register cap on decode (the compiler's choice without)
+#: ... and over an fp8 cache (half-precision queries, head_dim <= 128): sm_90, triton 3.6, e4m3, D=128,
+#: the decode kernel took 136-138 registers with the split loop's launch shapes (3 programs an SM;
+#: 128 before them, 4), and 126-128 under this cap with no spill (ptxas -v)
+FP8_DECODE_MAXNREG: int | None = 128

@@ -795,6 +795,7 @@ def _decode_kernel(
     WRITE_LSE: tl.constexpr,
     EXP2: tl.constexpr,
     GRID_ORDER: tl.constexpr,
+    SPLIT_LOOP: tl.constexpr,
 ):
     """``splits_per_program`` consecutive splits of one decode sequence's history for one kv
     head's query group (the grid's ``n_groups`` programs of a sequence and kv head cover the
@@ -849,58 +850,29 @@ def _decode_kernel(
         if UPCAST:
             q = q.to(tl.float32)
         q, qk_scale = _query_rows(q, scale, F16_DOTS)
-        if EXP2 and not (USE_SOFTCAP or USE_ALIBI):
-            s_scale = qk_scale * 1.4426950408889634
-        else:
-            s_scale = qk_scale
         pos = tl.full([GROUP_PAD], 0, dtype=tl.int32) + (seq_len - 1)  # the new token sees everything
         slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([GROUP_PAD], tl.float32)
-        pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
-        pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
-        table_ptr = block_tables_ptr + seq * stride_bt
         m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
         l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
         acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
-        # One loop over the tiles of every split of the program, so the K/V pipeline runs on
-        # across a split's end, where the split's state is stored and restarted: each split
-        # computes the same bits as a program of its own would (``splits_per_program`` is a
-        # launch shape, not a numerical choice). A split starts at its first visible key
-        # (the window's start in the first split) and ends at its last: tiles are masked there.
-        split = sa
-        j0 = tl.maximum(sa * split_size, first)
-        end = tl.minimum(sa * split_size + split_size, seq_len)
-        n_tiles = (end - j0 + BLOCK_N - 1) // BLOCK_N
-        rest_hi = tl.minimum(sb * split_size, seq_len)
-        rest_lo = sa * split_size + split_size
-        n_tiles += tl.maximum(rest_hi - rest_lo + BLOCK_N - 1, 0) // BLOCK_N
-        j_next = j0 + tl.arange(0, BLOCK_N)
-        blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < end, other=0)
-        for _ in range(0, n_tiles):
-            j = j0 + tl.arange(0, BLOCK_N)
-            # the next tile: on in this split, or the next split's first
-            wrap = j0 + BLOCK_N >= end
-            next_split = split + wrap.to(tl.int32)
-            next_j0 = tl.where(wrap, next_split * split_size, j0 + BLOCK_N)
-            next_end = tl.where(wrap, tl.minimum(next_j0 + split_size, seq_len), end)
-            # the block-table entries a step ahead (``TABLE_AHEAD``, see ``_attend_tiles``)
-            blk = blk_next
-            j_next = next_j0 + tl.arange(0, BLOCK_N)
-            blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < next_end, other=0)
-            m, l_sum, acc = _step(
+        if not SPLIT_LOOP:  # one split a program (the host sets splits_per_program 1)
+            lo = tl.maximum(sa * split_size, first)
+            hi = tl.minimum(seq_len, sa * split_size + split_size)
+            m, l_sum, acc = _attend(
                 q,
                 m,
                 l_sum,
                 acc,
-                blk,
-                j,
-                j < end,
                 k_cache_ptr,
                 v_cache_ptr,
+                block_tables_ptr + seq * stride_bt,
                 kv_head,
+                lo,
+                lo,
+                hi,
                 pos,
                 slopes,
                 qk_scale,
-                s_scale,
                 window,
                 soft_cap,
                 stride_kb,
@@ -909,6 +881,7 @@ def _decode_kernel(
                 stride_vb,
                 stride_vs,
                 stride_vh,
+                BLOCK_N,
                 HEAD_DIM,
                 HEAD_DIM_PAD,
                 BLOCK_SIZE,
@@ -918,21 +891,97 @@ def _decode_kernel(
                 USE_SOFTCAP,
                 USE_ALIBI,
                 KV_FP8,
+                TABLE_AHEAD,
                 OFF_I32,
-                True,
                 False,
                 EXP2,
+                False,
             )
-            if wrap:  # the split's last tile: its state to the scratch, and a fresh state for the next
-                tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
-                tl.store(pml + split * stride_pml_split, m, mask=row_mask)
-                tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
-                m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-                l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
-                acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
-            split = next_split
-            j0 = next_j0
-            end = next_end
+            pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
+            pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
+            tl.store(pa + sa * stride_pa_split, acc, mask=row_mask[:, None])
+            tl.store(pml + sa * stride_pml_split, m, mask=row_mask)
+            tl.store(pml + sa * stride_pml_split + 1, l_sum, mask=row_mask)
+        else:
+            if EXP2 and not (USE_SOFTCAP or USE_ALIBI):
+                s_scale = qk_scale * 1.4426950408889634
+            else:
+                s_scale = qk_scale
+            pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
+            pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
+            table_ptr = block_tables_ptr + seq * stride_bt
+            # One loop over the tiles of every split of the program, so the K/V pipeline runs on
+            # across a split's end, where the split's state is stored and restarted: each split
+            # computes the same bits as a program of its own would (``splits_per_program`` is a
+            # launch shape, not a numerical choice). A split starts at its first visible key
+            # (the window's start in the first split) and ends at its last: tiles are masked there.
+            split = sa
+            j0 = tl.maximum(sa * split_size, first)
+            end = tl.minimum(sa * split_size + split_size, seq_len)
+            n_tiles = (end - j0 + BLOCK_N - 1) // BLOCK_N
+            rest_hi = tl.minimum(sb * split_size, seq_len)
+            rest_lo = sa * split_size + split_size
+            n_tiles += tl.maximum(rest_hi - rest_lo + BLOCK_N - 1, 0) // BLOCK_N
+            j_next = j0 + tl.arange(0, BLOCK_N)
+            blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < end, other=0)
+            for _ in range(0, n_tiles):
+                j = j0 + tl.arange(0, BLOCK_N)
+                # the next tile: on in this split, or the next split's first
+                wrap = j0 + BLOCK_N >= end
+                next_split = split + wrap.to(tl.int32)
+                next_j0 = tl.where(wrap, next_split * split_size, j0 + BLOCK_N)
+                next_end = tl.where(wrap, tl.minimum(next_j0 + split_size, seq_len), end)
+                # the block-table entries a step ahead (``TABLE_AHEAD``, see ``_attend_tiles``)
+                blk = blk_next
+                j_next = next_j0 + tl.arange(0, BLOCK_N)
+                blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < next_end, other=0)
+                m, l_sum, acc = _step(
+                    q,
+                    m,
+                    l_sum,
+                    acc,
+                    blk,
+                    j,
+                    j < end,
+                    k_cache_ptr,
+                    v_cache_ptr,
+                    kv_head,
+                    pos,
+                    slopes,
+                    qk_scale,
+                    s_scale,
+                    window,
+                    soft_cap,
+                    stride_kb,
+                    stride_ks,
+                    stride_kh,
+                    stride_vb,
+                    stride_vs,
+                    stride_vh,
+                    HEAD_DIM,
+                    HEAD_DIM_PAD,
+                    BLOCK_SIZE,
+                    UPCAST,
+                    IEEE_FP32,
+                    USE_WINDOW,
+                    USE_SOFTCAP,
+                    USE_ALIBI,
+                    KV_FP8,
+                    OFF_I32,
+                    True,
+                    False,
+                    EXP2,
+                )
+                if wrap:  # the split's last tile: its state to the scratch, and a fresh state for the next
+                    tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
+                    tl.store(pml + split * stride_pml_split, m, mask=row_mask)
+                    tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
+                    m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+                    l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
+                    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                split = next_split
+                j0 = next_j0
+                end = next_end
         # every thread's stores precede the count (the barrier), and the count releases
         # them to the merging program, which acquires them with its own count
         tl.debug_barrier()
@@ -1242,6 +1291,7 @@ def run(
             IEEE_FP32=cfg.IEEE_FP32,
             EXP2=cfg.EXP2,
             GRID_ORDER=cfg.GRID_ORDER,
+            SPLIT_LOOP=cfg.SPLIT_LOOP,
             **flags,
             **cfg.launch_options,
         )
