@@ -2,6 +2,7 @@
 the interpreter or a GPU, and an ahead-of-time compile for Hopper on this CPU."""
 
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -291,6 +292,25 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
     assert (plan.decode.SPLITS_PER_PROGRAM, plan.decode.SPLIT_GROUPS, plan.max_splits) == (3, 4, 10)
     monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", False)
     assert shape(1, 8, 8) == (False, 1)
+    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", None)
+    monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", 0)
+    # an fp8 cache takes no split loop (FP8_DECODE_SPLIT_LOOP), and the register cap only in a
+    # launch of more than DECODE_WAVE programs at one split each
+    assert shape(1, 8, 8, kv_fp8=True) == (False, 1)
+    fp8 = functools.partial(
+        host.plan_launch,
+        query_lens=[1],
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=16,
+        dtype=torch.bfloat16,
+        interpreter=False,
+        kv_dtype=torch.float8_e4m3fn,
+    )
+    assert fp8([100]).decode.maxnreg is None and not fp8([100]).decode.SPLIT_LOOP  # 8 programs
+    assert fp8([5000]).decode.maxnreg == host.FP8_DECODE_MAXNREG  # 8 * 10 programs
+    assert fp8([5000], num_heads=8, num_kv_heads=8, head_dim=256).decode.maxnreg is None  # wider tiles would spill
     # the kernel walks a program's splits in whole tiles: a split size that is not is refused
     monkeypatch.setattr(host, "SPLIT_SIZE", 40)
     with pytest.raises(RuntimeError, match="splits of 40 keys are not whole tiles of 64"):
@@ -306,8 +326,9 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
 def test_splits_per_program_change_no_bit(kw, monkeypatch):
     """A program of one split, or the split loop taking 1, 2, 3 or every split of its history,
     computes the same bits (out and lse) and leaves the split counters at zero: the loop stores
-    each split's state at its end and starts the next afresh, as a program of its own would. Histories of one to seven 32-key splits
-    (64-key splits from 150 keys), a window that starts mid-split, a continuation beside them."""
+    each split's state at its end and starts the next afresh, as a program of its own would.
+    Histories of one to seven 32-key splits (64-key splits from 150 keys), a window that starts
+    mid-split, a continuation beside them."""
     for name, value in (("SPLIT_SIZE", 32), ("SPLIT_LONG", 64), ("LONG_FROM", 150), ("DECODE_BLOCK_N", 16)):
         monkeypatch.setattr(host, name, value)
     spec = CaseSpec(
@@ -705,8 +726,9 @@ FIRST_ROUND = {
     "PREFILL_STAGES": 2,
     "DECODE_GRID": "sequences_first",
 }
-#: a register cap on decode without the split loop, the short-history split tier, a register cap with 32-key prefill tiles,
-#: int64 cache offsets (a cache past 2**31 elements), the one-axis decode grid (heads fastest)
+#: a register cap on decode without the split loop, the short-history split tier, a register cap
+#: with 32-key prefill tiles, int64 cache offsets (a cache past 2**31 elements), the one-axis decode
+#: grid (heads fastest)
 SWITCHED = {
     "OFFSETS_I32": False,
     "DECODE_GRID": "heads_fast",
@@ -747,6 +769,8 @@ HOPPER_CONFIGS = {
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", False, {"FP8_PAIRS": False}],
         ["float16", 32, 8, 128, 16, "float8_e5m2", False, {"FP8_PAIRS_K": False}],
         ["float16", 32, 8, 128, 16, "float8_e5m2", False],  # the same with K's pairs: more conversions
+        # the decode register cap of an fp8 cache in a launch past one wave
+        ["bfloat16", 32, 8, 128, 16, "float8_e5m2", True, {"DECODE_WAVE": 0}],
     ],
 }
 

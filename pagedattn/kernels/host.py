@@ -327,7 +327,14 @@ def plan_launch(
         for size in {decode_split(seq_lens[b], kv_fp8) for b in decode_seqs}:
             if size % block_n:  # the kernel walks a program's splits as whole tiles (tuning constants)
                 raise RuntimeError(f"paged_attention: decode splits of {size} keys are not whole tiles of {block_n}")
-        split_loop, spp = decode_launch_shape(len(decode_seqs), max_splits, num_kv_heads)
+        split_loop, spp = decode_launch_shape(len(decode_seqs), max_splits, num_kv_heads, kv_fp8)
+        # an fp8 cache's decode at a register cap where the launch outgrows a wave (see FP8_DECODE_MAXNREG)
+        capped = (
+            kv_fp8
+            and dtype != torch.float32
+            and d_pad <= 128
+            and len(decode_seqs) * num_kv_heads * max_splits > DECODE_WAVE
+        )
         groups = -(-max_splits // spp)
         order, grid = decode_grid(len(decode_seqs), groups, num_kv_heads)
         decode = LaunchConfig(
@@ -344,8 +351,7 @@ def plan_launch(
             LONG_FROM=LONG_FROM,
             SPLIT_SHORT=SPLIT_SHORT,
             SHORT_UNDER=SHORT_UNDER,
-            # an fp8 cache's decode at a register cap: 4 programs an SM (see FP8_DECODE_MAXNREG)
-            maxnreg=FP8_DECODE_MAXNREG if kv_fp8 and dtype != torch.float32 and d_pad <= 128 else DECODE_MAXNREG,
+            maxnreg=FP8_DECODE_MAXNREG if capped else DECODE_MAXNREG,
             num_warps=(FP8_DECODE_WARPS or DECODE_WARPS) if kv_fp8 else DECODE_WARPS,
             num_stages=2
             if dtype == torch.float32 and d_pad > 128
@@ -390,7 +396,7 @@ def plan_launch(
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 
 
-def decode_launch_shape(n_decode: int, max_splits: int, num_kv_heads: int) -> tuple[bool, int]:
+def decode_launch_shape(n_decode: int, max_splits: int, num_kv_heads: int, kv_fp8: bool = False) -> tuple[bool, int]:
     """The decode launch's shape: whether its programs walk their splits in one loop
     (``SPLIT_LOOP``), and how many consecutive splits each takes. A launch shape only: each
     split computes the same bits whoever runs it and however (``_decode_kernel``).
@@ -399,10 +405,11 @@ def decode_launch_shape(n_decode: int, max_splits: int, num_kv_heads: int) -> tu
     H200 at bf16, D=128: two programs an SM instead of three), but keeps its K/V pipeline
     running across a split's end. So: the fewest splits a program (up to ``DECODE_SPP_MAX``)
     that fit the launch in ``DECODE_WAVE`` programs, one wave of the split loop; a launch that
-    fits at none takes one split a program without the loop. ``DECODE_SPLIT_LOOP`` (True or
-    False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0, with the loop) force either (the
+    fits at none takes one split a program without the loop. An fp8 cache (``kv_fp8``) takes
+    no loop (``FP8_DECODE_SPLIT_LOOP``): measured slower at every point. ``DECODE_SPLIT_LOOP``
+    (True or False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0, with the loop) force either (the
     benchmark's switches)."""
-    if DECODE_SPLIT_LOOP is False:
+    if DECODE_SPLIT_LOOP is False or (kv_fp8 and DECODE_SPLIT_LOOP is None and not FP8_DECODE_SPLIT_LOOP):
         return False, 1
     if DECODE_SPLITS_PER_PROGRAM:
         return True, max(1, min(DECODE_SPLITS_PER_PROGRAM, max_splits))
@@ -533,16 +540,22 @@ DECODE_GRIDS = {"sequences_first": 0, "heads_fast": 1, "heads_first": 2}
 #: heads_fast at B=1 is 0.3-3.5% here), so no order is chosen by batch size.
 DECODE_GRID = "heads_first"
 #: The decode launch's shape (``decode_launch_shape``). Issue 17, seventh round (H200, one process,
-#: from a CUDA graph, results/h200-probe-issue17o.json): the split loop at one split a program
-#: took B=1 from 0.69 / 0.80 / 0.88 / 0.81 of SDPA (2k / 4k / 8k / 32k) to 0.71 / 0.83 / 0.91 / 0.90,
-#: but at B >= 32 it lost 1-6% where its launch ran several waves (2 programs an SM against 3).
-#: Fitted in one wave, it gained (B=8 L=4k 0.95 against 0.86, B=32 L=2k 0.94 against 0.90).
+#: from a CUDA graph; results/h200-probe-issue17o.json, -17o2.json): the split loop at one split a
+#: program took B=1 from 0.71 / 0.82 / 0.87 / 0.81 of SDPA (2k / 4k / 8k / 32k) to 0.72 / 0.85 /
+#: 0.90 / 0.90, but lost 3-7% at B >= 32 where its launch ran several waves (its shared memory
+#: holds 2 programs an SM against 3). Fitted in one wave it gains: B=8 L=4k 0.95 against 0.87,
+#: B=32 L=2k 0.94 against 0.90, B=8 L=32k 0.955 against 0.942; B >= 64 keeps one split a program.
 DECODE_SPLIT_LOOP: bool | None = None  # None: by the launch; True or False forces it
 DECODE_SPLITS_PER_PROGRAM = 0  # 0: by the launch; > 0 fixes it (with the loop)
 DECODE_WAVE = 264  # programs of the split loop in one wave: 2 an SM on the H200's 132 SMs
 DECODE_SPP_MAX = 16
 DECODE_MAXNREG: int | None = None  # a register cap on decode (the compiler's choice without)
-#: ... and over an fp8 cache (half-precision queries, head_dim <= 128): sm_90, triton 3.6, e4m3, D=128,
-#: the decode kernel took 136-138 registers with the split loop's launch shapes (3 programs an SM;
-#: 128 before them, 4), and 126-128 under this cap with no spill (ptxas -v)
+#: ... and over an fp8 cache (half-precision queries, head_dim <= 128) in a launch of more than
+#: DECODE_WAVE programs: sm_90, triton 3.6, e4m3, D=128, the decode kernel took 136 registers once
+#: it had the split loop's launch shapes (3 programs an SM; 128 before, 4), and 126 under this cap
+#: with no spill (ptxas -v). H200 (results/h200-probe-issue17o2.json): 1.135 / 1.098 of SDPA at
+#: B=8 L=8k / B=32 L=4k with the cap, 1.040 / 1.052 without; at B=1 L=4k 0.75 with, 0.81 without.
 FP8_DECODE_MAXNREG: int | None = 128
+#: the split loop over an fp8 cache: H200, e4m3 (h200-probe-issue17o2.json): 0.71 of SDPA at B=1
+#: L=4k against 0.75 without, 0.92 / 0.90 at B=8 L=8k / B=32 L=4k against 1.14 / 1.10
+FP8_DECODE_SPLIT_LOOP = False
