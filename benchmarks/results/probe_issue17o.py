@@ -36,7 +36,14 @@ from old_pagedattn.kernels import triton_paged_attention as old_tpa  # noqa: E40
 
 dev = "cuda" if not DRY else "cpu"
 Hq, Hkv, D = (32, 8, 128) if not DRY else (4, 2, 32)
-KEYS = ("DECODE_SPLITS_PER_PROGRAM", "DECODE_MAXNREG", "DECODE_SPLIT_LOOP", "FP8_DECODE_MAXNREG", "DECODE_SPP_MAX")
+KEYS = (
+    "DECODE_SPLITS_PER_PROGRAM",
+    "DECODE_MAXNREG",
+    "DECODE_SPLIT_LOOP",
+    "FP8_DECODE_MAXNREG",
+    "DECODE_SPP_MAX",
+    "DECODE_WAVE",
+)
 ROUND = os.environ.get("PROBE_ROUND", "1")  # round 1 ran on d2a12af (every program walked its splits in the loop)
 DEFAULTS = {k: getattr(host, k) for k in KEYS}
 CONFIGS = {
@@ -62,6 +69,15 @@ if ROUND == "2":  # the launch-shape rule: the split loop where one wave holds i
         "loop_rule": {"DECODE_SPLIT_LOOP": True},
     }
     FP8_CONFIGS = {**CONFIGS, "no_loop_nocap": {"DECODE_SPLIT_LOOP": False, "FP8_DECODE_MAXNREG": None}}
+elif ROUND == "3":  # the loop past one wave: whole sequences a program where B x kv heads passes a wave
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},
+        "new": {},
+        "wave2": {"DECODE_WAVE": 528},
+        "wave4": {"DECODE_WAVE": 1056},
+        "wave8": {"DECODE_WAVE": 2112},
+    }
+    FP8_CONFIGS = {}
 res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
 t0 = time.time()
 
@@ -125,6 +141,8 @@ dump()
 POINTS = [(B, L) for B in (8, 32, 64, 128) for L in (2048, 4096, 8192, 32768)] + [
     (1, L) for L in (2048, 4096, 8192, 32768)
 ]
+if ROUND == "3":
+    POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:
     POINTS = [(2, 64)]
 FP8_POINTS = {(32, 4096), (8, 8192), (64, 2048), (1, 4096)}
@@ -151,7 +169,7 @@ for B, L in POINTS:
         graphs[name] = graph(name, tpa, cfg, k, v)
     kc, vc = contiguous_history(k, v, tables, L)
     graphs["sdpa"] = (graph_replay(lambda: sdpa(qd, kc, vc), dev), None)
-    if (B, L) in FP8_POINTS or DRY:
+    if ((B, L) in FP8_POINTS or DRY) and FP8_CONFIGS:
         k8, v8 = (k.float() / ks).to(torch.float8_e4m3fn), (v.float() / vs).to(torch.float8_e4m3fn)
         graphs["e4m3_old"] = graph("e4m3_old", old_tpa, {}, k8, v8, k_scale=ks, v_scale=vs)
         for name, cfg in FP8_CONFIGS.items():
