@@ -119,8 +119,8 @@ def test_bad_scale_and_out():
         host.check_paged_inputs(**args, out=torch.empty(3))
 
 
-def _plan(seq_lens, query_lens, heads=32, kv=8, d=128, bs=16, dtype=torch.bfloat16, interpreter=False):
-    return host.plan_launch(seq_lens, query_lens, heads, kv, d, bs, dtype, interpreter)
+def _plan(seq_lens, query_lens, heads=32, kv=8, d=128, bs=16, dtype=torch.bfloat16, interpreter=False, kv_dtype=None):
+    return host.plan_launch(seq_lens, query_lens, heads, kv, d, bs, dtype, interpreter, kv_dtype)
 
 
 def test_launch_limits_fail_before_any_launch():
@@ -186,13 +186,19 @@ def test_tile_sizes(heads, kv, d, group_pad_decode, group_pad_other, d_pad):
 
 
 def test_plan_is_batch_invariant():
-    """A sequence's launch, tiles and splits depend on that sequence alone. The grid, and how
-    many splits a decode program takes, follow the batch: launch shapes, which change no bit
-    (``test_splits_per_program_change_no_bit``)."""
+    """A sequence's launch, tiles and splits depend on that sequence alone. The launch's shape
+    follows the batch: the grid, the decode's split loop, the splits a program takes and an
+    fp8 cache's register cap, none of which changes a bit (``test_launch_shape_changes_no_bit``).
+    The batch here passes a wave of the split loop, so its shape differs from the sequence's alone."""
     alone_d, alone_p = _plan([3000], [1]), _plan([300], [30])
-    batch = _plan([3000, 300, 17, 9000], [1, 30, 17, 1])
-    shape = ("grid", "SPLIT_GROUPS", "SPLITS_PER_PROGRAM")
+    batch = _plan([3000, 300, 17, 9000] + [3000] * 40, [1, 30, 17, 1] + [1] * 40)
+    shape = ("grid", "SPLIT_GROUPS", "SPLITS_PER_PROGRAM", "SPLIT_LOOP", "maxnreg")
+    assert alone_d.decode.SPLIT_LOOP and not batch.decode.SPLIT_LOOP
     assert alone_d.decode == dataclasses.replace(batch.decode, **{k: getattr(alone_d.decode, k) for k in shape})
+    fp8 = functools.partial(_plan, query_lens=[1] * 41, kv_dtype=torch.float8_e4m3fn)
+    alone_f, batch_f = fp8([3000], query_lens=[1]), fp8([3000] * 41)
+    assert alone_f.decode.maxnreg is None and batch_f.decode.maxnreg == host.FP8_DECODE_MAXNREG
+    assert alone_f.decode == dataclasses.replace(batch_f.decode, **{k: getattr(alone_f.decode, k) for k in shape})
     assert alone_p.other == dataclasses.replace(batch.other, grid=alone_p.other.grid)
 
 
@@ -311,26 +317,49 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
     assert fp8([100]).decode.maxnreg is None and not fp8([100]).decode.SPLIT_LOOP  # 8 programs
     assert fp8([5000]).decode.maxnreg == host.FP8_DECODE_MAXNREG  # 8 * 10 programs
     assert fp8([5000], num_heads=8, num_kv_heads=8, head_dim=256).decode.maxnreg is None  # wider tiles would spill
+    assert fp8([512 * 8]).decode.maxnreg is None and fp8([512 * 8 + 1]).decode.maxnreg  # 64 programs; 72
+    assert fp8([5000], dtype=torch.float32).decode.maxnreg is None  # fp32 queries: their own tiles
+    # the split sizes are checked whatever the batch's histories: the short tier's too
+    monkeypatch.setattr(host, "SHORT_UNDER", 4096)
+    monkeypatch.setattr(host, "SPLIT_SHORT", 100)
+    with pytest.raises(RuntimeError, match="splits of 100 keys are not whole tiles of 64"):
+        _plan([5000], [1])
+    monkeypatch.setattr(host, "SHORT_UNDER", 0)
     # the kernel walks a program's splits in whole tiles: a split size that is not is refused
     monkeypatch.setattr(host, "SPLIT_SIZE", 40)
     with pytest.raises(RuntimeError, match="splits of 40 keys are not whole tiles of 64"):
         _plan([5000], [1])
 
 
+#: the decode launch's shapes (host switches): one split a program, uncapped and at a register cap
+#: (``DECODE_WAVE`` 0 caps an fp8 cache's), and the split loop at 1, 2, 3 and every split a program
+LAUNCH_SHAPES = {
+    "one-split": dict(DECODE_SPLIT_LOOP=False),
+    "one-split-capped": dict(DECODE_SPLIT_LOOP=False, DECODE_MAXNREG=128, DECODE_WAVE=0),
+    **{f"loop-{n}": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=n) for n in (1, 2, 3, 7)},
+}
+
+
 @runs_kernel
 @pytest.mark.parametrize(
     "kw",
-    [dict(sinks=True), dict(sliding_window=45, dtype=torch.float32), dict(alibi_slopes=True, logits_soft_cap=20.0)],
-    ids=["sinks", "window-fp32", "alibi-softcap"],
+    [
+        dict(sinks=True),
+        dict(sliding_window=45, dtype=torch.float32),
+        dict(alibi_slopes=True, logits_soft_cap=20.0, dtype=torch.bfloat16),
+        dict(sliding_window=100, sinks=True, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, k_scale=0.5),
+    ],
+    ids=["sinks", "window-fp32", "alibi-softcap-bf16", "fp8-window-sinks"],
 )
-def test_splits_per_program_change_no_bit(kw, monkeypatch):
-    """A program of one split, or the split loop taking 1, 2, 3 or every split of its history,
-    computes the same bits (out and lse) and leaves the split counters at zero: the loop stores
-    each split's state at its end and starts the next afresh, as a program of its own would.
-    Histories of one to seven 32-key splits (64-key splits from 150 keys), a window that starts
-    mid-split, a continuation beside them."""
+def test_launch_shape_changes_no_bit(kw, monkeypatch):
+    """Every decode launch shape (``LAUNCH_SHAPES``) computes the same bits (out and lse) and
+    leaves the split counters at zero: the split loop stores each split's state at its end and
+    starts the next afresh, as a program of its own would, and a register cap changes no
+    arithmetic. Histories of one to seven 32-key splits (64-key splits from 150 keys), a window
+    that starts mid-split, a continuation beside them; fp16, fp32, bf16 queries, an fp8 cache."""
     for name, value in (("SPLIT_SIZE", 32), ("SPLIT_LONG", 64), ("LONG_FROM", 150), ("DECODE_BLOCK_N", 16)):
         monkeypatch.setattr(host, name, value)
+    monkeypatch.setattr(host, "FP8_DECODE_BLOCK_N", 16)
     spec = CaseSpec(
         "t",
         ((140, 1), (70, 1), (9, 1), (33, 4), (200, 1), (400, 1)),
@@ -345,18 +374,21 @@ def test_splits_per_program_change_no_bit(kw, monkeypatch):
     extra = {k: getattr(case, k) for k in ("sinks", "alibi_slopes") if getattr(case, k) is not None}
     extra.update({k: getattr(spec, k) for k in ("sliding_window", "logits_soft_cap") if getattr(spec, k)})
     got = {}
-    for loop, spp in ((False, 0), (True, 1), (True, 2), (True, 3), (True, 7)):
-        monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", loop)
-        monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", spp)
-        prep = tpa.prepare(*_args(case), scale=case.scale, return_lse=True, **extra)
-        assert prep.plan.decode.SPLIT_LOOP == loop and prep.plan.max_splits == 7
-        assert prep.plan.decode.SPLITS_PER_PROGRAM == max(1, spp)
-        got[spp] = tpa.run(prep, case.query, case.key_cache, case.value_cache)
-        assert int(prep.done.abs().sum()) == 0, f"{spp} splits a program: counters left at {prep.done.tolist()}"
-    c1, c2 = check_attention_lse(*got[0], case)
+    for name, switches in LAUNCH_SHAPES.items():
+        with monkeypatch.context() as m:
+            for k, v in switches.items():
+                m.setattr(host, k, v)
+            prep = tpa.prepare(*_args(case), scale=case.scale, k_scale=case.k_scale, return_lse=True, **extra)
+            cfg = prep.plan.decode
+            assert (cfg.SPLIT_LOOP, prep.plan.max_splits) == (switches["DECODE_SPLIT_LOOP"], 7), name
+            assert cfg.SPLITS_PER_PROGRAM == switches.get("DECODE_SPLITS_PER_PROGRAM", 1), name
+            assert (cfg.maxnreg is not None) == ("capped" in name), name
+            got[name] = tpa.run(prep, case.query, case.key_cache, case.value_cache)
+            assert int(prep.done.abs().sum()) == 0, f"{name}: counters left at {prep.done.tolist()}"
+    c1, c2 = check_attention_lse(*got["one-split"], case)
     assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
-    for spp, (out, lse) in got.items():
-        assert torch.equal(out, got[0][0]) and torch.equal(lse, got[0][1]), f"{spp} splits a program: other bits"
+    for name, (out, lse) in got.items():
+        assert torch.equal(out, got["one-split"][0]) and torch.equal(lse, got["one-split"][1]), f"{name}: other bits"
 
 
 @runs_kernel
@@ -584,8 +616,8 @@ def test_cuda_graph_replay_computes_what_run_computes():
 
 @runs_kernel
 def test_run_leaves_the_split_counters_at_zero():
-    """The last split of a sequence resets its counter: the next launch, or a graph replay
-    of this one, starts from zero."""
+    """The program whose count completes a sequence's splits resets its counter: the next
+    launch, or a graph replay of this one, starts from zero."""
     case = CaseSpec("t", ((1100, 1), (600, 1), (40, 1)), num_heads=8, sliding_window=700).build().to(DEVICE)
     prep = tpa.prepare(*_args(case), scale=case.scale, sliding_window=700)
     assert prep.done is not None and prep.plan.max_splits == 3
@@ -708,6 +740,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
                         "mma": "mma" in c.asm["ptx"], "shared": c.metadata.shared,
                         "merge": None if name == "prefill" else
                                  {"found": len(merge) == 2, "cp_async": "cp.async" in merge[-1],
+                                  "count_acq_rel": "atom.global.gpu.acq_rel.add" in merge[0],
                                   "cg_loads": merge[-1].count("ld.global.cg"),
                                   "cg_vector_loads": merge[-1].count("ld.global.cg.v")}})
 print(json.dumps(results))
@@ -805,6 +838,8 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
             assert r["merge"]["found"] and r["merge"]["cg_loads"] > 0 and not r["merge"]["cp_async"], (
                 f"{r['cfg']}: the decode merge must load the partials with ld.global.cg, not cp.async: {r['merge']}"
             )
+            # the count that releases a program's stored splits to the merging program (acq_rel)
+            assert r["merge"]["count_acq_rel"], f"{r['cfg']}: the split count is not an acq_rel add: {r['merge']}"
             # the partials' rows are 16-aligned (stride_pa_seq specialized by the JIT): vector loads
             assert r["merge"]["cg_vector_loads"] > 0, f"{r['cfg']}: the merge's partial loads are scalar: {r['merge']}"
         # fp8 pairs (``_widen_pairs``, its conversion into its own register ``t``) where chosen, and only there

@@ -267,7 +267,10 @@ class LaunchPlan:
     Sequences with one new token (decode) and the others (prefill, continuation) go to
     two launches with their own tile shapes. Which launch a sequence takes, its tiles
     and its split of the history depend on that sequence alone, never on the batch, so
-    a sequence computes the same bits alone or in any batch.
+    a sequence computes the same bits alone or in any batch. The launch's shape follows
+    the batch: its grid, and for decode the split loop, the splits a program takes and an
+    fp8 cache's register cap (``decode_launch_shape``); none of them changes a bit
+    (``test_launch_shape_changes_no_bit``).
     """
 
     decode_seqs: list[int]
@@ -324,8 +327,13 @@ def plan_launch(
                 f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
             )
         block_n = decode_block_n(dtype, kv_fp8, interpreter)
-        for size in {decode_split(seq_lens[b], kv_fp8) for b in decode_seqs}:
-            if size % block_n:  # the kernel walks a program's splits as whole tiles (tuning constants)
+        # the split loop walks a program's splits as whole tiles: every split size the tuning
+        # constants can give, whatever this batch's histories (so no batch fails where another passes)
+        sizes = {(FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE, SPLIT_LONG} | (
+            {SPLIT_SHORT} if SHORT_UNDER else set()
+        )
+        for size in sorted(sizes):
+            if size % block_n:
                 raise RuntimeError(f"paged_attention: decode splits of {size} keys are not whole tiles of {block_n}")
         split_loop, spp = decode_launch_shape(len(decode_seqs), max_splits, num_kv_heads, kv_fp8)
         # an fp8 cache's decode at a register cap where the launch outgrows a wave (see FP8_DECODE_MAXNREG)
@@ -409,10 +417,12 @@ def decode_launch_shape(n_decode: int, max_splits: int, num_kv_heads: int, kv_fp
     no loop (``FP8_DECODE_SPLIT_LOOP``): measured slower at every point. ``DECODE_SPLIT_LOOP``
     (True or False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0, with the loop) force either (the
     benchmark's switches)."""
-    if DECODE_SPLIT_LOOP is False or (kv_fp8 and DECODE_SPLIT_LOOP is None and not FP8_DECODE_SPLIT_LOOP):
+    if DECODE_SPLIT_LOOP is False:
         return False, 1
     if DECODE_SPLITS_PER_PROGRAM:
         return True, max(1, min(DECODE_SPLITS_PER_PROGRAM, max_splits))
+    if kv_fp8 and DECODE_SPLIT_LOOP is None and not FP8_DECODE_SPLIT_LOOP:
+        return False, 1
     heads = n_decode * num_kv_heads
     for spp in range(1, max(1, min(DECODE_SPP_MAX, max_splits)) + 1):
         if heads * -(-max_splits // spp) <= DECODE_WAVE:
@@ -420,17 +430,17 @@ def decode_launch_shape(n_decode: int, max_splits: int, num_kv_heads: int, kv_fp
     return bool(DECODE_SPLIT_LOOP), 1
 
 
-def decode_grid(n_decode: int, max_splits: int, num_kv_heads: int) -> tuple[int, tuple[int, int, int]]:
+def decode_grid(n_decode: int, n_groups: int, num_kv_heads: int) -> tuple[int, tuple[int, int, int]]:
     """The decode launch's grid order (``DECODE_GRIDS[DECODE_GRID]``) and grid for
-    ``n_decode`` sequences of up to ``max_splits`` programs each (split groups, see
-    ``decode_launch_shape``). Scheduling only: a program's work
+    ``n_decode`` sequences of ``n_groups`` programs each for each kv head (groups of
+    consecutive splits, see ``decode_launch_shape``). Scheduling only: a program's work
     and its bits do not depend on it. A three-axis grid holds at most ``GRID_YZ_MAX``
     programs on its second and third axes: past that, one axis, kv heads fastest
     (``heads_fast``), the same order as ``heads_first``."""
     grids = {
-        DECODE_GRIDS["sequences_first"]: (n_decode, max_splits, num_kv_heads),
-        DECODE_GRIDS["heads_fast"]: (num_kv_heads * max_splits * n_decode, 1, 1),
-        DECODE_GRIDS["heads_first"]: (num_kv_heads, max_splits, n_decode),
+        DECODE_GRIDS["sequences_first"]: (n_decode, n_groups, num_kv_heads),
+        DECODE_GRIDS["heads_fast"]: (num_kv_heads * n_groups * n_decode, 1, 1),
+        DECODE_GRIDS["heads_first"]: (num_kv_heads, n_groups, n_decode),
     }
     order = DECODE_GRIDS[DECODE_GRID]
     if max(grids[order][1:]) > GRID_YZ_MAX:

@@ -173,6 +173,16 @@ def _slot_of(j, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
+def _folded_scale(qk_scale, EXP2: tl.constexpr, USE_SOFTCAP: tl.constexpr, USE_ALIBI: tl.constexpr):
+    """``_step``'s ``s_scale`` [ROWS]: the rows' score scale times log2(e) where ``_step`` folds
+    the scale into the exponent (its ``FOLD``: base 2, no soft-cap, no ALiBi), else the scale."""
+    if EXP2 and not (USE_SOFTCAP or USE_ALIBI):
+        return qk_scale * 1.4426950408889634
+    else:
+        return qk_scale
+
+
+@triton.jit
 def _step(
     q,
     m,
@@ -219,7 +229,8 @@ def _step(
     d = tl.arange(0, HEAD_DIM_PAD)
     dmask = d < HEAD_DIM
     # FOLD: scores stay unscaled until the exponent, where the scale (with log2(e)) and the
-    # max meet in one fused multiply-add; soft-cap and ALiBi need the scaled score first.
+    # max meet in one fused multiply-add; soft-cap and ALiBi need the scaled score first
+    # (``_folded_scale``, which forms ``s_scale``, tests the same condition).
     FOLD: tl.constexpr = EXP2 and not (USE_SOFTCAP or USE_ALIBI)
     slot = _slot_of(j, BLOCK_SIZE)
     if OFF_I32:  # every element offset of both caches fits int32 (``run``: ``fits_int32``)
@@ -452,10 +463,7 @@ def _attend(
     row's scores (the softmax scale, an fp8 cache's ``k_scale``, ``_query_rows``'s
     unscaling); ``slopes`` [ROWS] are the rows' ALiBi slopes (unused without ``USE_ALIBI``).
     With ``EXP2`` the returned max ``m`` is in base 2 (natural-log units times log2(e))."""
-    if EXP2 and not (USE_SOFTCAP or USE_ALIBI):
-        s_scale = qk_scale * 1.4426950408889634
-    else:
-        s_scale = qk_scale
+    s_scale = _folded_scale(qk_scale, EXP2, USE_SOFTCAP, USE_ALIBI)
     j_next = lo + tl.arange(0, BLOCK_N)
     blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
     if MASK_SPLIT:  # without it, every tile takes the masked path (full_hi is ignored)
@@ -799,14 +807,16 @@ def _decode_kernel(
 ):
     """``splits_per_program`` consecutive splits of one decode sequence's history for one kv
     head's query group (the grid's ``n_groups`` programs of a sequence and kv head cover the
-    longest history's splits); the program that finishes a sequence's last split merges
-    them all (one launch: no second kernel to wait for).
+    longest history's splits): one split through ``_attend``, or with ``SPLIT_LOOP`` any
+    number in one loop over their tiles. The program whose count completes the sequence's
+    splits merges them all (one launch: no second kernel to wait for).
 
-    Each split writes its running max, denominator and weighted-V sum, then counts itself
-    done in ``done_ptr`` [n_decode, num_kv_heads] int32 (zero between launches: the
-    merging program resets it, so a captured CUDA graph can replay the launch). The
-    merge reads the splits in split order, whichever finished last: the same bits in
-    any batch and any schedule. The sink joins there, once, not in every split."""
+    Each split writes its running max, denominator and weighted-V sum; then its program
+    counts the splits it did in ``done_ptr`` [n_decode, num_kv_heads] int32 (zero between
+    launches: the merging program resets it, so a captured CUDA graph can replay the
+    launch). The merge reads the splits in split order, whoever ran them: the same bits
+    in any batch, any launch shape and any schedule. The sink joins there, once, not in
+    every split."""
     if GRID_ORDER == 1:
         # one axis, kv heads fastest: the programs of one split of one sequence start
         # together and read the same pages (a page row holds every kv head) at once
@@ -897,16 +907,15 @@ def _decode_kernel(
                 EXP2,
                 False,
             )
+            # the scratch's addresses formed after the loop, in each branch: formed before the
+            # branch they stayed live through this loop (sm_90, triton 3.6: 146 registers, not 118)
             pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
             pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
             tl.store(pa + sa * stride_pa_split, acc, mask=row_mask[:, None])
             tl.store(pml + sa * stride_pml_split, m, mask=row_mask)
             tl.store(pml + sa * stride_pml_split + 1, l_sum, mask=row_mask)
         else:
-            if EXP2 and not (USE_SOFTCAP or USE_ALIBI):
-                s_scale = qk_scale * 1.4426950408889634
-            else:
-                s_scale = qk_scale
+            s_scale = _folded_scale(qk_scale, EXP2, USE_SOFTCAP, USE_ALIBI)
             pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
             pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
             table_ptr = block_tables_ptr + seq * stride_bt
@@ -931,7 +940,8 @@ def _decode_kernel(
                 next_split = split + wrap.to(tl.int32)
                 next_j0 = tl.where(wrap, next_split * split_size, j0 + BLOCK_N)
                 next_end = tl.where(wrap, tl.minimum(next_j0 + split_size, seq_len), end)
-                # the block-table entries a step ahead (``TABLE_AHEAD``, see ``_attend_tiles``)
+                # the block-table entries a step ahead, always (``TABLE_AHEAD`` is ``_attend_tiles``'
+                # switch: this loop has no single-buffered form)
                 blk = blk_next
                 j_next = next_j0 + tl.arange(0, BLOCK_N)
                 blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < next_end, other=0)
