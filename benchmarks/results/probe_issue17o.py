@@ -37,6 +37,8 @@ from old_pagedattn.kernels import triton_paged_attention as old_tpa  # noqa: E40
 dev = "cuda" if not DRY else "cpu"
 Hq, Hkv, D = (32, 8, 128) if not DRY else (4, 2, 32)
 KEYS = (
+    "SHORT_UNDER",
+    "SPLIT_SHORT",
     "DECODE_SPLITS_PER_PROGRAM",
     "DECODE_MAXNREG",
     "DECODE_SPLIT_LOOP",
@@ -69,6 +71,16 @@ if ROUND == "2":  # the launch-shape rule: the split loop where one wave holds i
         "loop_rule": {"DECODE_SPLIT_LOOP": True},
     }
     FP8_CONFIGS = {**CONFIGS, "no_loop_nocap": {"DECODE_SPLIT_LOOP": False, "FP8_DECODE_MAXNREG": None}}
+elif ROUND == "4":  # 256-key splits below 4k keys (a history's own rule): more programs at B=1
+    SHORT = {"SHORT_UNDER": 4096, "SPLIT_SHORT": 256}
+    CONFIGS = {
+        "spp1": {**SHORT, "DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base here
+        "new": {},
+        "short": SHORT,
+        "short_no_loop": {**SHORT, "DECODE_SPLIT_LOOP": False},
+        "short_loop2": {**SHORT, "DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 2},
+    }
+    FP8_CONFIGS = {}
 elif ROUND == "3":  # the loop past one wave: whole sequences a program where B x kv heads passes a wave
     CONFIGS = {
         "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},
@@ -141,6 +153,8 @@ dump()
 POINTS = [(B, L) for B in (8, 32, 64, 128) for L in (2048, 4096, 8192, 32768)] + [
     (1, L) for L in (2048, 4096, 8192, 32768)
 ]
+if ROUND == "4":
+    POINTS = [(B, L) for B in (1, 8, 32, 64, 128) for L in (1024, 2048, 3072)]
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:
