@@ -492,8 +492,13 @@ DECODE_STAGES = 3
 SPLIT_SIZE = 512
 SPLIT_LONG = 2048  # issue 17, second round: 0.93/0.94 of SDPA at B=8/32, L=32k (1024: 0.90/0.93; B=1: 0.89 vs 0.91)
 LONG_FROM = 16384
-SPLIT_SHORT = 256  # unused while SHORT_UNDER is 0
-SHORT_UNDER = 0
+#: Histories under SHORT_UNDER keys take SPLIT_SHORT-key splits (0: none). Issue 17, seventh round
+#: (H200, one process, from CUDA graphs; results/h200-probe-issue17o4.json): B=1 at 1k / 2k / 3k
+#: keys 0.64 / 0.72 / 0.78 of SDPA -> 0.82 / 0.86 / 0.87 (twice the programs of a 512-key split);
+#: the cost, twice the partial states to store and merge, 0.8-3.6 points at B >= 32 under 4k keys
+#: (B=128 L=2k 0.935 -> 0.906), 0.4-2 at B=8. A history's own rule: the same bits in any batch.
+SPLIT_SHORT = 256
+SHORT_UNDER = 4096
 FP8_DECODE_BLOCK_N = 0  # decode over an fp8 cache: 0 takes DECODE_BLOCK_N ...
 FP8_SPLIT_SIZE = 0  # ... and SPLIT_SIZE
 FP8_DECODE_STAGES = 0  # ... and DECODE_STAGES (an fp8 tile is half the shared memory)
