@@ -359,8 +359,9 @@ INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-7")
 def test_launch_shape_changes_no_bit(kw, monkeypatch):
     """Every decode launch shape (``LAUNCH_SHAPES``) computes the same bits (out and lse) and
     leaves the split counters at zero: the split loop stores each split's state at its end and
-    starts the next afresh, as a program of its own would, and a register cap changes no
-    arithmetic. Histories of one to seven 32-key splits (64-key splits from 150 keys), a window
+    starts the next afresh, as a program of its own would (or, walking every split of its
+    sequence, merges them in split order in the loop, as the merging program would), and a
+    register cap changes no arithmetic. Histories of one to seven 32-key splits (64-key splits from 150 keys), a window
     that starts mid-split, a continuation beside them; fp16, fp32, bf16 queries, an fp8 cache."""
     for name, value in (("SPLIT_SIZE", 32), ("SPLIT_LONG", 64), ("LONG_FROM", 150), ("DECODE_BLOCK_N", 16)):
         monkeypatch.setattr(host, name, value)
@@ -391,6 +392,7 @@ def test_launch_shape_changes_no_bit(kw, monkeypatch):
             assert (cfg.SPLIT_LOOP, prep.plan.max_splits) == (switches["DECODE_SPLIT_LOOP"], 7), name
             assert cfg.SPLITS_PER_PROGRAM == switches.get("DECODE_SPLITS_PER_PROGRAM", 1), name
             assert (cfg.maxnreg is not None) == ("capped" in name), name
+            assert cfg.SPLIT_WHOLE == (name == "loop-7"), name  # every split in one program: merged in its loop
             got[name] = tpa.run(prep, case.query, case.key_cache, case.value_cache)
             assert int(prep.done.abs().sum()) == 0, f"{name}: counters left at {prep.done.tolist()}"
     c1, c2 = check_attention_lse(*got["one-split"], case)
@@ -733,7 +735,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
              "TABLE_AHEAD": True, "OFF_I32": m.OFFSETS_I32}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
-            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP")
+            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP", "SPLIT_WHOLE")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
@@ -743,6 +745,8 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
         merge = c.asm["ptx"].split("atom.global.gpu.acq_rel.exch")
         waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", c.asm["ptx"])]
         results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]), "stages": cfg.num_stages,
+                        "whole": bool(getattr(cfg, "SPLIT_WHOLE", False)),
+                        "atomics": len(re.findall(r"\batom\.", c.asm["ptx"])),
                         "kv_fp8": flags["KV_FP8"],
                         "cvt_pairs": len(re.findall(r"cvt\.rn\.f16x2\.e\w+x2 t,", c.asm["ptx"])),
                         "deepest_wait": max(waits, default=0),
@@ -788,7 +792,8 @@ SWITCHED = {
 # rest compile under -m slow, which CI runs as its second step.
 HOPPER_CONFIGS = {
     "representative": [
-        ["float32", 8, 2, 256, 16, "float8_e4m3fn", True],
+        # every split of a sequence in one program, merged in its loop (no scratch, no count)
+        ["float32", 8, 2, 256, 16, "float8_e4m3fn", True, {"DECODE_SPLITS_PER_PROGRAM": 8}],
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True],
         # the int64 cache offsets; decode programs of one split (no split loop)
         ["float16", 6, 2, 48, 13, None, False, {"OFFSETS_I32": False, "DECODE_SPLIT_LOOP": False}],
@@ -841,7 +846,9 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
             # table entries, TABLE_AHEAD); with the table loaded in the step that uses them,
             # triton waits for every copy at the top of each step (wait_group 0)
             assert r["deepest_wait"] >= 1, f"{r['cfg']}: the decode loop's K/V loads are not multi-buffered: {r}"
-        if r["merge"] is not None:
+        if r["whole"]:  # merged in the program's loop: no count, no merge of stored splits
+            assert r["atomics"] == 0 and not r["merge"]["found"], f"{r['cfg']}: a whole-sequence program counts: {r}"
+        elif r["merge"] is not None:
             # a pipelined load becomes cp.async.ca, which reads through the SM's L1 and can see
             # a line cached before another program's split was stored (partials share lines)
             assert r["merge"]["found"] and r["merge"]["cg_loads"] > 0 and not r["merge"]["cp_async"], (

@@ -45,6 +45,7 @@ KEYS = (
     "FP8_DECODE_MAXNREG",
     "DECODE_SPP_MAX",
     "DECODE_WAVE",
+    "DECODE_MERGE_IN_LOOP",
 )
 ROUND = os.environ.get("PROBE_ROUND", "1")  # round 1 ran on d2a12af (every program walked its splits in the loop)
 DEFAULTS = {k: getattr(host, k) for k in KEYS}
@@ -79,6 +80,14 @@ elif ROUND == "4":  # 256-key splits below 4k keys (a history's own rule): more 
         "short": SHORT,
         "short_no_loop": {**SHORT, "DECODE_SPLIT_LOOP": False},
         "short_loop2": {**SHORT, "DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 2},
+    }
+    FP8_CONFIGS = {}
+elif ROUND == "5":  # a whole sequence a program merges its splits in the loop (B=16 and 32: one group)
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
+        "new": {},
+        "store_merge": {"DECODE_MERGE_IN_LOOP": False},
+        "no_loop": {"DECODE_SPLIT_LOOP": False},
     }
     FP8_CONFIGS = {}
 elif ROUND == "3":  # the loop past one wave: whole sequences a program where B x kv heads passes a wave
@@ -155,6 +164,8 @@ POINTS = [(B, L) for B in (8, 32, 64, 128) for L in (2048, 4096, 8192, 32768)] +
 ]
 if ROUND == "4":
     POINTS = [(B, L) for B in (1, 8, 32, 64, 128) for L in (1024, 2048, 3072)]
+if ROUND == "5":
+    POINTS = [(B, L) for B in (16, 32) for L in (2048, 4096, 8192, 32768)] + [(8, 4096), (1, 2048), (64, 2048)]
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:

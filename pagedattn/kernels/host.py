@@ -243,6 +243,7 @@ class LaunchConfig:
     SPLIT_LOOP: bool = False  # decode: programs walk their splits in one loop (``decode_launch_shape``) ...
     SPLITS_PER_PROGRAM: int = 1  # ... consecutive splits a program takes (a launch shape: the same bits) ...
     SPLIT_GROUPS: int = 0  # ... and the programs of a sequence and kv head, ceil(max_splits / SPLITS_PER_PROGRAM)
+    SPLIT_WHOLE: bool = False  # decode: a program walks every split of its sequence and merges them in its loop
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
@@ -351,6 +352,7 @@ def plan_launch(
             SPLIT_LOOP=split_loop,
             SPLITS_PER_PROGRAM=spp,
             SPLIT_GROUPS=groups,
+            SPLIT_WHOLE=split_loop and groups == 1 and DECODE_MERGE_IN_LOOP,
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
             BLOCK_N=block_n,
@@ -564,6 +566,10 @@ DECODE_SPLIT_LOOP: bool | None = None  # None: by the launch; True or False forc
 DECODE_SPLITS_PER_PROGRAM = 0  # 0: by the launch; > 0 fixes it (with the loop)
 DECODE_WAVE = 264  # programs of the split loop in one wave: 2 an SM on the H200's 132 SMs
 DECODE_SPP_MAX = 16
+#: A launch of one program a sequence and kv head (``SPLIT_GROUPS`` 1): each merges its splits in
+#: its loop, in split order (``_combine``: the bits of the merge over stored splits), and stores no
+#: split, counts nothing and reads nothing back. False: they store and merge as other launches do.
+DECODE_MERGE_IN_LOOP = True
 DECODE_MAXNREG: int | None = None  # a register cap on decode (the compiler's choice without)
 #: ... and over an fp8 cache (half-precision queries, head_dim <= 128) in a launch of more than
 #: DECODE_WAVE programs: sm_90, triton 3.6, e4m3, D=128, the decode kernel took 136 registers once

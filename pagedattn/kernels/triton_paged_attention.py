@@ -736,6 +736,64 @@ def _prefill_kernel(
             tl.store(lse_ptr + (q_start + tok) * stride_lt + head, lse, mask=row_mask)
 
 
+@triton.jit
+def _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2: tl.constexpr):
+    """A running merge of split states, the next split's ``(m_s, l_s, acc_s)`` into ``(m, l_sum, acc)``
+    ([ROWS], [ROWS], [ROWS, HEAD_DIM_PAD] fp32; maxima in base 2 with ``EXP2``). From ``m = -inf,
+    l_sum = 0, acc = 0`` it returns the first state exactly (weights 0 and 1)."""
+    m_new = tl.maximum(m, m_s)
+    if EXP2:  # the partial maxima are in base 2
+        a = tl.exp2(m - m_new)
+        b = tl.exp2(m_s - m_new)
+    else:
+        a = tl.exp(m - m_new)
+        b = tl.exp(m_s - m_new)
+    l_sum = l_sum * a + l_s * b
+    acc = acc * a[:, None] + acc_s * b[:, None]
+    return m_new, l_sum, acc
+
+
+@triton.jit
+def _finish(
+    m,
+    l_sum,
+    acc,
+    sinks_ptr,
+    head,
+    row_mask,
+    v_scale,
+    o_ptrs,
+    o_mask,
+    lse_ptrs,
+    USE_SINKS: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+    EXP2: tl.constexpr,
+):
+    """A decode row's end: the sink joins the merged state ``(m, l_sum, acc)``, and the output
+    (``o_ptrs`` [ROWS, HEAD_DIM_PAD], under ``o_mask``) and the lse (``lse_ptrs`` [ROWS]) are written."""
+    if USE_SINKS:
+        sink = tl.load(sinks_ptr + head, mask=row_mask, other=0.0)
+        if EXP2:
+            sink = sink * 1.4426950408889634
+            m_new = tl.maximum(m, sink)
+            a = tl.exp2(m - m_new)
+            l_sum = l_sum * a + tl.exp2(sink - m_new)
+        else:
+            m_new = tl.maximum(m, sink)
+            a = tl.exp(m - m_new)
+            l_sum = l_sum * a + tl.exp(sink - m_new)
+        acc = acc * a[:, None]
+        m = m_new
+    result = acc * (v_scale / l_sum)[:, None]
+    tl.store(o_ptrs, result.to(o_ptrs.dtype.element_ty), mask=o_mask)
+    if WRITE_LSE:
+        if EXP2:
+            lse = (m + tl.log2(l_sum)) * 0.6931471805599453
+        else:
+            lse = m + tl.log(l_sum)
+        tl.store(lse_ptrs, lse, mask=row_mask)
+
+
 @triton.jit(do_not_specialize=list(_PLAIN_INTS))
 def _decode_kernel(
     # pointers
@@ -804,6 +862,7 @@ def _decode_kernel(
     EXP2: tl.constexpr,
     GRID_ORDER: tl.constexpr,
     SPLIT_LOOP: tl.constexpr,
+    SPLIT_WHOLE: tl.constexpr,
 ):
     """``splits_per_program`` consecutive splits of one decode sequence's history for one kv
     head's query group (the grid's ``n_groups`` programs of a sequence and kv head cover the
@@ -933,6 +992,10 @@ def _decode_kernel(
             n_tiles += tl.maximum(rest_hi - rest_lo + BLOCK_N - 1, 0) // BLOCK_N
             j_next = j0 + tl.arange(0, BLOCK_N)
             blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < end, other=0)
+            if SPLIT_WHOLE:  # the merged state so far, from the merge's identity (``_combine``)
+                m_all = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+                l_all = tl.zeros([GROUP_PAD], dtype=tl.float32)
+                acc_all = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
             for _ in range(0, n_tiles):
                 j = j0 + tl.arange(0, BLOCK_N)
                 # the next tile: on in this split, or the next split's first
@@ -982,68 +1045,72 @@ def _decode_kernel(
                     False,
                     EXP2,
                 )
-                if wrap:  # the split's last tile: its state to the scratch, and a fresh state for the next
-                    tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
-                    tl.store(pml + split * stride_pml_split, m, mask=row_mask)
-                    tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
+                if wrap:  # the split's last tile: its state to the scratch (or merged here), a fresh one next
+                    if SPLIT_WHOLE:
+                        m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m, l_sum, acc, EXP2)
+                    else:
+                        tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
+                        tl.store(pml + split * stride_pml_split, m, mask=row_mask)
+                        tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
                     m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
                     l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
                     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
                 split = next_split
                 j0 = next_j0
                 end = next_end
-        # every thread's stores precede the count (the barrier), and the count releases
-        # them to the merging program, which acquires them with its own count
-        tl.debug_barrier()
-        done = done_ptr + i * n_kv_heads + kv_head
-        if tl.atomic_add(done, sb - sa, sem="acq_rel") == n_splits - first_split - (sb - sa):
-            tl.atomic_xchg(done, 0)  # ready for the next launch (or graph replay)
-            # a running merge in split order (the same bits in any batch and any schedule),
-            # from the first split with visible keys: its max is finite for every real row,
-            # so no exp(-inf - -inf) below. The loads are .cg (L2, where the other programs'
-            # stores are; an SM's L1 may hold a stale line), and the loop is not pipelined:
-            # a pipelined load becomes cp.async.ca, which reads through L1
-            # (test_kernel_compiles_for_hopper_without_a_gpu checks the machine code).
-            s0 = first_split
-            m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
-            l_sum = tl.load(pml + s0 * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
-            acc = tl.load(pa + s0 * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
-            for s in tl.range(first_split + 1, n_splits, num_stages=1):
-                m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
-                l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
-                acc_s = tl.load(pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
-                m_new = tl.maximum(m, m_s)
-                if EXP2:  # the partial maxima are in base 2
-                    a = tl.exp2(m - m_new)
-                    b = tl.exp2(m_s - m_new)
-                else:
-                    a = tl.exp(m - m_new)
-                    b = tl.exp(m_s - m_new)
-                l_sum = l_sum * a + l_s * b
-                acc = acc * a[:, None] + acc_s * b[:, None]
-                m = m_new
-            if USE_SINKS:
-                sink = tl.load(sinks_ptr + head, mask=row_mask, other=0.0)
-                if EXP2:
-                    sink = sink * 1.4426950408889634
-                    m_new = tl.maximum(m, sink)
-                    a = tl.exp2(m - m_new)
-                    l_sum = l_sum * a + tl.exp2(sink - m_new)
-                else:
-                    m_new = tl.maximum(m, sink)
-                    a = tl.exp(m - m_new)
-                    l_sum = l_sum * a + tl.exp(sink - m_new)
-                acc = acc * a[:, None]
-                m = m_new
-            result = acc * (v_scale / l_sum)[:, None]
-            o_off = t * stride_ot + head[:, None] * stride_oh + d[None, :]
-            tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
-            if WRITE_LSE:
-                if EXP2:
-                    lse = (m + tl.log2(l_sum)) * 0.6931471805599453
-                else:
-                    lse = m + tl.log(l_sum)
-                tl.store(lse_ptr + t * stride_lt + head, lse, mask=row_mask)
+            if SPLIT_WHOLE:  # the program merged every split of its sequence, in split order: done
+                _finish(
+                    m_all,
+                    l_all,
+                    acc_all,
+                    sinks_ptr,
+                    head,
+                    row_mask,
+                    v_scale,
+                    out_ptr + t * stride_ot + head[:, None] * stride_oh + d[None, :],
+                    row_mask[:, None] & dmask[None, :],
+                    lse_ptr + t * stride_lt + head,
+                    USE_SINKS,
+                    WRITE_LSE,
+                    EXP2,
+                )
+        if not SPLIT_WHOLE:  # a program that did every split merged them in the loop
+            # every thread's stores precede the count (the barrier), and the count releases
+            # them to the merging program, which acquires them with its own count
+            tl.debug_barrier()
+            done = done_ptr + i * n_kv_heads + kv_head
+            if tl.atomic_add(done, sb - sa, sem="acq_rel") == n_splits - first_split - (sb - sa):
+                tl.atomic_xchg(done, 0)  # ready for the next launch (or graph replay)
+                # a running merge in split order (the same bits in any batch and any schedule),
+                # from the first split with visible keys: its max is finite for every real row,
+                # so no exp(-inf - -inf) below. The loads are .cg (L2, where the other programs'
+                # stores are; an SM's L1 may hold a stale line), and the loop is not pipelined:
+                # a pipelined load becomes cp.async.ca, which reads through L1
+                # (test_kernel_compiles_for_hopper_without_a_gpu checks the machine code).
+                s0 = first_split
+                m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+                l_sum = tl.load(pml + s0 * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
+                acc = tl.load(pa + s0 * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
+                for s in tl.range(first_split + 1, n_splits, num_stages=1):
+                    m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+                    l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
+                    acc_s = tl.load(pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
+                    m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
+                _finish(
+                    m,
+                    l_sum,
+                    acc,
+                    sinks_ptr,
+                    head,
+                    row_mask,
+                    v_scale,
+                    out_ptr + t * stride_ot + head[:, None] * stride_oh + d[None, :],
+                    row_mask[:, None] & dmask[None, :],
+                    lse_ptr + t * stride_lt + head,
+                    USE_SINKS,
+                    WRITE_LSE,
+                    EXP2,
+                )
 
 
 @dataclass
@@ -1302,6 +1369,7 @@ def run(
             EXP2=cfg.EXP2,
             GRID_ORDER=cfg.GRID_ORDER,
             SPLIT_LOOP=cfg.SPLIT_LOOP,
+            SPLIT_WHOLE=cfg.SPLIT_WHOLE,
             **flags,
             **cfg.launch_options,
         )
