@@ -90,6 +90,13 @@ elif ROUND == "5":  # a whole sequence a program merges its splits in the loop (
         "no_loop": {"DECODE_SPLIT_LOOP": False},
     }
     FP8_CONFIGS = {}
+elif ROUND == "6":  # whole sequences a program where the rule takes two or more groups (B=8, 16)
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
+        "new": {},
+        "whole": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 16},
+    }
+    FP8_CONFIGS = {}
 elif ROUND == "3":  # the loop past one wave: whole sequences a program where B x kv heads passes a wave
     CONFIGS = {
         "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},
@@ -166,6 +173,8 @@ if ROUND == "4":
     POINTS = [(B, L) for B in (1, 8, 32, 64, 128) for L in (1024, 2048, 3072)]
 if ROUND == "5":
     POINTS = [(B, L) for B in (16, 32) for L in (2048, 4096, 8192, 32768)] + [(8, 4096), (1, 2048), (64, 2048)]
+if ROUND == "6":
+    POINTS = [(B, L) for B in (8, 16, 24) for L in (2048, 4096, 8192, 32768)]
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:
