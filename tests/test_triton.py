@@ -339,10 +339,12 @@ LAUNCH_SHAPES = {
     "one-split": dict(DECODE_SPLIT_LOOP=False),
     "one-split-capped": dict(DECODE_SPLIT_LOOP=False, DECODE_MAXNREG=128, DECODE_WAVE=0),
     **{f"loop-{n}": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=n) for n in (1, 2, 3, 7)},
+    # every split in one program, stored and merged as in other launches instead of in its loop
+    "loop-7-stored": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=7, DECODE_MERGE_IN_LOOP=False),
 }
 #: on the interpreter, which has no registers to cap, and where each shape costs a second of CPU
 #: time a case: one split a program, and the loop at 1, 3 and every split a program
-INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-7")
+INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-7", "loop-7-stored")
 
 
 @runs_kernel
@@ -353,8 +355,9 @@ INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-7")
         dict(sliding_window=45, dtype=torch.float32),
         dict(alibi_slopes=True, logits_soft_cap=20.0, dtype=torch.bfloat16),
         dict(sliding_window=100, sinks=True, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, k_scale=0.5),
+        dict(negative_scores=True),
     ],
-    ids=["sinks", "window-fp32", "alibi-softcap-bf16", "fp8-window-sinks"],
+    ids=["sinks", "window-fp32", "alibi-softcap-bf16", "fp8-window-sinks", "negative-scores"],
 )
 def test_launch_shape_changes_no_bit(kw, monkeypatch):
     """Every decode launch shape (``LAUNCH_SHAPES``) computes the same bits (out and lse) and
@@ -367,6 +370,8 @@ def test_launch_shape_changes_no_bit(kw, monkeypatch):
         monkeypatch.setattr(host, name, value)
     monkeypatch.setattr(host, "FP8_DECODE_BLOCK_N", 16)
     monkeypatch.setattr(host, "SHORT_UNDER", 0)
+    kw = dict(kw)
+    negative = kw.pop("negative_scores", False)
     spec = CaseSpec(
         "t",
         ((140, 1), (70, 1), (9, 1), (33, 4), (200, 1), (400, 1)),
@@ -378,6 +383,9 @@ def test_launch_shape_changes_no_bit(kw, monkeypatch):
         **{"dtype": torch.float16, **kw},
     )
     case = spec.build().to(DEVICE)
+    if negative:  # every score below 0: each split's maximum is negative (a merge from 0 would not be exact)
+        case.query.copy_(-case.query.abs())
+        case.key_cache.abs_()
     extra = {k: getattr(case, k) for k in ("sinks", "alibi_slopes") if getattr(case, k) is not None}
     extra.update({k: getattr(spec, k) for k in ("sliding_window", "logits_soft_cap") if getattr(spec, k)})
     got = {}

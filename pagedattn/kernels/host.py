@@ -269,8 +269,9 @@ class LaunchPlan:
     two launches with their own tile shapes. Which launch a sequence takes, its tiles
     and its split of the history depend on that sequence alone, never on the batch, so
     a sequence computes the same bits alone or in any batch. The launch's shape follows
-    the batch: its grid, and for decode the split loop, the splits a program takes and an
-    fp8 cache's register cap (``decode_launch_shape``); none of them changes a bit
+    the batch: its grid, and for decode the split loop, the splits a program takes, whether a
+    program merges its whole sequence in its loop (``SPLIT_WHOLE``) and an fp8 cache's register
+    cap (``decode_launch_shape``); none of them changes a bit
     (``test_launch_shape_changes_no_bit``).
     """
 

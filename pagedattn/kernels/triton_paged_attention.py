@@ -11,7 +11,9 @@ Sequences with one new token go to ``_decode_kernel``, which also splits the
 history into pieces of ``SPLIT_SIZE`` keys (``SPLIT_LONG`` for long histories)
 across programs (so one long sequence fills the GPU) and writes each piece's
 running max, denominator and weighted-V sum; the piece that finishes last
-combines them by log-sum-exp, in a fixed order, in the same launch. The other
+combines them by log-sum-exp, in a fixed order, in the same launch. A program may
+walk several pieces in one loop (``SPLIT_LOOP``), and one that walks all of its
+sequence's merges them in that loop and writes nothing else (``SPLIT_WHOLE``). The other
 sequences go to ``_prefill_kernel``. ``host.plan_launch`` decides, from each
 sequence's own sizes only, so results never depend on the rest of the batch.
 An fp8 cache is widened tile by tile after its load, to fp16 for bf16 queries
@@ -742,12 +744,15 @@ def _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2: tl.constexpr):
     ([ROWS], [ROWS], [ROWS, HEAD_DIM_PAD] fp32; maxima in base 2 with ``EXP2``). From ``m = -inf,
     l_sum = 0, acc = 0`` it returns the first state exactly (weights 0 and 1)."""
     m_new = tl.maximum(m, m_s)
+    # both maxima -inf (a split whose every score is -inf, folded into the identity): weights 0,
+    # not exp(-inf - -inf) = NaN; a finite maximum is unchanged, so are the bits
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
     if EXP2:  # the partial maxima are in base 2
-        a = tl.exp2(m - m_new)
-        b = tl.exp2(m_s - m_new)
+        a = tl.exp2(m - m_safe)
+        b = tl.exp2(m_s - m_safe)
     else:
-        a = tl.exp(m - m_new)
-        b = tl.exp(m_s - m_new)
+        a = tl.exp(m - m_safe)
+        b = tl.exp(m_s - m_safe)
     l_sum = l_sum * a + l_s * b
     acc = acc * a[:, None] + acc_s * b[:, None]
     return m_new, l_sum, acc
@@ -868,9 +873,11 @@ def _decode_kernel(
     head's query group (the grid's ``n_groups`` programs of a sequence and kv head cover the
     longest history's splits): one split through ``_attend``, or with ``SPLIT_LOOP`` any
     number in one loop over their tiles. The program whose count completes the sequence's
-    splits merges them all (one launch: no second kernel to wait for).
+    splits merges them all (one launch: no second kernel to wait for). With ``SPLIT_WHOLE``
+    each program walks every split of its sequence and merges them in its loop instead, in
+    split order with the same arithmetic (``_combine``), and stores, counts and reads nothing.
 
-    Each split writes its running max, denominator and weighted-V sum; then its program
+    Otherwise each split writes its running max, denominator and weighted-V sum; then its program
     counts the splits it did in ``done_ptr`` [n_decode, num_kv_heads] int32 (zero between
     launches: the merging program resets it, so a captured CUDA graph can replay the
     launch). The merge reads the splits in split order, whoever ran them: the same bits
@@ -979,7 +986,8 @@ def _decode_kernel(
             pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
             table_ptr = block_tables_ptr + seq * stride_bt
             # One loop over the tiles of every split of the program, so the K/V pipeline runs on
-            # across a split's end, where the split's state is stored and restarted: each split
+            # across a split's end, where the split's state is stored (or, ``SPLIT_WHOLE``, merged)
+            # and restarted: each split
             # computes the same bits as a program of its own would (``splits_per_program`` is a
             # launch shape, not a numerical choice). A split starts at its first visible key
             # (the window's start in the first split) and ends at its last: tiles are masked there.
@@ -1074,7 +1082,7 @@ def _decode_kernel(
                     WRITE_LSE,
                     EXP2,
                 )
-        if not SPLIT_WHOLE:  # a program that did every split merged them in the loop
+        if not SPLIT_WHOLE:  # (with it, the program merged its sequence's splits in the loop above)
             # every thread's stores precede the count (the barrier), and the count releases
             # them to the merging program, which acquires them with its own count
             tl.debug_barrier()
