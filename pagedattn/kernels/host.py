@@ -331,9 +331,7 @@ def plan_launch(
         block_n = decode_block_n(dtype, kv_fp8, interpreter)
         # the split loop walks a program's splits as whole tiles: every split size the tuning
         # constants can give, whatever this batch's histories (so no batch fails where another passes)
-        sizes = {(FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE, SPLIT_LONG} | (
-            {SPLIT_SHORT} if SHORT_UNDER else set()
-        )
+        sizes = {_split_size(kv_fp8), SPLIT_LONG} | ({SPLIT_SHORT} if SHORT_UNDER else set())
         for size in sorted(sizes):
             if size % block_n:
                 raise RuntimeError(f"paged_attention: decode splits of {size} keys are not whole tiles of {block_n}")
@@ -357,7 +355,7 @@ def plan_launch(
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
             BLOCK_N=block_n,
-            SPLIT_SIZE=(FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE,
+            SPLIT_SIZE=_split_size(kv_fp8),
             SPLIT_LONG=SPLIT_LONG,
             LONG_FROM=LONG_FROM,
             SPLIT_SHORT=SPLIT_SHORT,
@@ -484,6 +482,12 @@ def decode_split(seq_len: int, kv_fp8: bool = False) -> int:
         return SPLIT_SHORT
     if seq_len >= LONG_FROM:
         return SPLIT_LONG
+    return _split_size(kv_fp8)
+
+
+def _split_size(kv_fp8: bool) -> int:
+    """Keys per split of a history between the short and long tiers: ``SPLIT_SIZE``, or
+    ``FP8_SPLIT_SIZE`` over an fp8 cache when set."""
     return (FP8_SPLIT_SIZE or SPLIT_SIZE) if kv_fp8 else SPLIT_SIZE
 
 
