@@ -32,7 +32,10 @@ from pagedattn.cases.spec import CaseSpec  # noqa: E402
 from pagedattn.kernels import host  # noqa: E402
 from pagedattn.kernels import triton_paged_attention as tpa  # noqa: E402
 from pagedattn.oracle import check_attention  # noqa: E402
-from old_pagedattn.kernels import triton_paged_attention as old_tpa  # noqa: E402
+try:  # the previous kernel, where carried (rounds 1-6); round 7 runs without it
+    from old_pagedattn.kernels import triton_paged_attention as old_tpa  # noqa: E402
+except ImportError:
+    old_tpa = None
 
 dev = "cuda" if not DRY else "cpu"
 Hq, Hkv, D = (32, 8, 128) if not DRY else (4, 2, 32)
@@ -106,6 +109,16 @@ elif ROUND == "3":  # the loop past one wave: whole sequences a program where B 
         "wave8": {"DECODE_WAVE": 2112},
     }
     FP8_CONFIGS = {}
+elif ROUND == "7":  # whole sequences a program past one wave (B >= 48), merged in the loop; a register cap
+    WHOLE = {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 64}
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
+        "new": {},
+        "whole": WHOLE,
+        "whole_r168": {**WHOLE, "DECODE_MAXNREG": 168},  # three programs an SM, if it does not spill
+        "no_loop_r168": {"DECODE_SPLIT_LOOP": False, "DECODE_MAXNREG": 168},
+    }
+    FP8_CONFIGS = {}
 res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
 t0 = time.time()
 
@@ -175,6 +188,8 @@ if ROUND == "5":
     POINTS = [(B, L) for B in (16, 32) for L in (2048, 4096, 8192, 32768)] + [(8, 4096), (1, 2048), (64, 2048)]
 if ROUND == "6":
     POINTS = [(B, L) for B in (8, 16, 24) for L in (2048, 4096, 8192, 32768)]
+if ROUND == "7":
+    POINTS = [(B, L) for B in (64, 128, 96, 48) for L in (2048, 4096, 8192, 32768)]
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:
@@ -191,14 +206,15 @@ for B, L in POINTS:
         setcfg(**cfg)
         prep = mod.prepare(q, kk, vv, tables, seq_lens, loc, **kw)
         if mod is tpa:
-            row["spp"][name] = (prep.plan.decode.SPLIT_LOOP, prep.plan.decode.SPLITS_PER_PROGRAM)
+            d = prep.plan.decode
+            row["spp"][name] = (d.SPLIT_LOOP, d.SPLITS_PER_PROGRAM, d.SPLIT_WHOLE) if d else None
         out = torch.empty_like(q)
         keep.extend([prep, out])
         g = graph_replay(lambda: mod.run(prep, q, kk, vv, out=out), dev)
         setcfg()
         return g, out
 
-    graphs = {"old": graph("old", old_tpa, {}, k, v)}
+    graphs = {"old": graph("old", old_tpa, {}, k, v)} if old_tpa else {}
     for name, cfg in CONFIGS.items():
         graphs[name] = graph(name, tpa, cfg, k, v)
     kc, vc = contiguous_history(k, v, tables, L)
@@ -215,13 +231,15 @@ for B, L in POINTS:
         if out is not None and name not in ("old", "spp1", "e4m3_old", "e4m3_spp1"):
             base = graphs["e4m3_spp1" if name.startswith("e4m3") else "spp1"][1]
             row["same_bits"][name] = bool(torch.equal(out, base))
-    row["same_bits"]["old"] = bool(torch.equal(graphs["old"][1], graphs["spp1"][1]))
+    if old_tpa:
+        row["same_bits"]["old"] = bool(torch.equal(graphs["old"][1], graphs["spp1"][1]))
     for rep in range(2):  # alternated, twice: the best of each
         for name, (g, out) in graphs.items():
             row["us"].setdefault(name, []).append(1e3 * bench(g, dev))
     best = {n: min(t) for n, t in row["us"].items()}
     row["x_sdpa"] = {n: best["sdpa"] / t for n, t in best.items()}
-    row["x_old"] = {n: best["e4m3_old" if n.startswith("e4m3") else "old"] / t for n, t in best.items() if n != "sdpa"}
+    if old_tpa:
+        row["x_old"] = {n: best["e4m3_old" if n.startswith("e4m3") else "old"] / t for n, t in best.items() if n != "sdpa"}
     res["points"].append(row)
     log(f"B={B} L={L} " + " ".join(f"{n} {best[n]:.1f}us" for n in best))
     log("   of sdpa " + " ".join(f"{n} {x:.3f}" for n, x in row["x_sdpa"].items()))
