@@ -282,7 +282,11 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
     split groups."""
     monkeypatch.setattr(host, "DECODE_WAVE", 64)
     monkeypatch.setattr(host, "DECODE_SPP_MAX", 4)
-    shape = host.decode_launch_shape
+    monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 2.0)  # never past one wave (its own test)
+
+    def shape(n, splits, heads, **kw):  # n histories of `splits` 512-key splits each
+        return host.decode_launch_shape([(splits, 0, 512)] * n, heads, **kw)[:2]
+
     assert shape(1, 8, 8) == (True, 1)  # 64 programs: one wave
     assert shape(2, 8, 8) == (True, 2) and shape(3, 8, 8) == (True, 4)  # 3 * 8 * 2 programs
     assert shape(2, 9, 8) == (True, 3)  # the fewest splits a program that fit: 2 * 8 * 3
@@ -333,6 +337,61 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
         _plan([5000], [1])
 
 
+def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
+    """Past one wave of the split loop, a whole sequence a program where the last wave is at
+    least ``DECODE_WHOLE_FILL`` full, at two programs an SM (``DECODE_WAVE``) or, where the tiles
+    allow the cap, at three (``DECODE_WAVE_CAPPED``, ``DECODE_WHOLE_MAXNREG``): the fuller wave,
+    two on a tie; else one split a program. Programs of a launch much shorter than its longest
+    (a long history beside short ones) take one split each."""
+    monkeypatch.setattr(host, "DECODE_WAVE", 64)
+    monkeypatch.setattr(host, "DECODE_WAVE_CAPPED", 96)
+
+    def shape(n, splits=8, heads=8, cap_ok=True, keys=512):
+        return host.decode_launch_shape([(splits, 0, keys)] * n, heads, cap_ok=cap_ok)
+
+    assert shape(8) == (True, 8, False)  # 64 programs: one wave of the loop
+    assert shape(16) == (True, 8, False)  # 128: two full waves of 64, or 2 of 96 (0.67 full)
+    assert shape(12) == (True, 8, True)  # 96: one full wave at three an SM (0.75 at two)
+    assert shape(12, cap_ok=False) == (False, 1, False)  # ... which the tiles may not allow
+    assert shape(24) == (True, 8, False)  # 192: 3 waves of 64 or 2 of 96, both full: two an SM
+    assert shape(10) == (False, 1, False)  # 80: 0.63 and 0.83 full
+    assert shape(30, splits=40) == (True, 40, False)  # 240 of 256 (0.94), past DECODE_SPP_MAX splits
+    monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 0.8)
+    assert shape(10) == (True, 8, True)
+    monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 0.9)
+    monkeypatch.setattr(host, "DECODE_WAVE_CAPPED", 0)
+    assert shape(12) == (False, 1, False)
+    # balance: one history of 16 2048-key splits beside seven of 4 256-key ones (8 kv heads):
+    # 4 splits a program would fit one wave of 264, but its 8192-key programs would run while
+    # the others (1024 keys) idle; the same at whole sequences past one wave
+    monkeypatch.setattr(host, "DECODE_WAVE", 264)
+    mixed = [(16, 0, 2048)] + [(4, 0, 256)] * 7
+    assert host.decode_launch_shape(mixed, 8) == (False, 1, False)
+    assert host.decode_launch_shape([(16, 0, 2048)] * 8, 8)[:2] == (True, 4)  # the same launch, balanced
+    assert host.decode_launch_shape(mixed[:2], 8)[:2] == (True, 1)  # one split a program fits: always balanced
+    monkeypatch.setattr(host, "DECODE_WAVE_CAPPED", 396)
+    assert host.decode_launch_shape([(16, 0, 512)] * 48, 8, cap_ok=True) == (True, 16, True)  # one wave of 396
+    assert host.decode_launch_shape([(16, 0, 512)] * 24 + [(2, 0, 512)] * 24, 8, cap_ok=True) == (False, 1, False)
+    # a window: the splits before it have no work (``decode_work``), so long histories under
+    # one window are as balanced as short ones
+    assert host.decode_work(32768, sliding_window=4096) == (16, 14, 2048)
+    assert host.decode_work(5000, sliding_window=10**6) == (10, 0, 512)
+    assert host.decode_work(5000) == (10, 0, 512)
+    windowed = [host.decode_work(n, sliding_window=1000) for n in [12000] + [5000] * 7]  # 3 splits each
+    assert host._balanced(windowed, 24) and not host._balanced([host.decode_work(n) for n in [12000] + [5000] * 7], 24)
+    # the plan: whole sequences need no scratch beyond one split; the capped launch's registers
+    plan = _plan([5000] * 64, [1] * 64)  # 512 programs, 2 waves of 264 (0.97 full)
+    assert (plan.decode.SPLIT_WHOLE, plan.decode.maxnreg, plan.scratch_splits, plan.max_splits) == (True, None, 1, 10)
+    plan = _plan([5000] * 48, [1] * 48)  # 384 programs: one wave of 396
+    assert (plan.decode.SPLIT_WHOLE, plan.decode.maxnreg) == (True, host.DECODE_WHOLE_MAXNREG)
+    assert _plan([5000] * 48, [1] * 48, d=256, heads=8, kv=8).decode.maxnreg is None  # wider tiles: no cap ...
+    assert not _plan([5000] * 48, [1] * 48, d=256, heads=8, kv=8).decode.SPLIT_WHOLE  # ... and 0.73 full
+    assert _plan([5000] * 48, [1] * 48, heads=256, kv=8).decode.maxnreg is None  # a GQA group of 32
+    assert _plan([5000] * 48, [1] * 48, dtype=torch.float32).decode.maxnreg is None
+    plan = _plan([5000] * 40, [1] * 40)  # 320 programs: 0.61 / 0.81 full
+    assert (plan.decode.SPLIT_WHOLE, plan.decode.SPLIT_LOOP, plan.scratch_splits) == (False, False, 10)
+
+
 #: the decode launch's shapes (host switches): one split a program, uncapped and at a register cap
 #: (``DECODE_WAVE`` 0 caps an fp8 cache's), and the split loop at 1, 2, 3 and every split a program
 LAUNCH_SHAPES = {
@@ -341,6 +400,10 @@ LAUNCH_SHAPES = {
     **{f"loop-{n}": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=n) for n in (1, 2, 3, 7)},
     # every split in one program, stored and merged as in other launches instead of in its loop
     "loop-7-stored": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=7, DECODE_MERGE_IN_LOOP=False),
+    # merged in its loop at the register cap of whole sequences past one wave (DECODE_WHOLE_MAXNREG)
+    "loop-7-capped": dict(
+        DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=7, DECODE_MAXNREG=host.DECODE_WHOLE_MAXNREG
+    ),
 }
 #: on the interpreter, which has no registers to cap, and where each shape costs a second of CPU
 #: time a case: one split a program, and the loop at 1, 3 and every split a program
@@ -400,7 +463,8 @@ def test_launch_shape_changes_no_bit(kw, monkeypatch):
             assert (cfg.SPLIT_LOOP, prep.plan.max_splits) == (switches["DECODE_SPLIT_LOOP"], 7), name
             assert cfg.SPLITS_PER_PROGRAM == switches.get("DECODE_SPLITS_PER_PROGRAM", 1), name
             assert (cfg.maxnreg is not None) == ("capped" in name), name
-            assert cfg.SPLIT_WHOLE == (name == "loop-7"), name  # every split in one program: merged in its loop
+            # every split in one program: merged in its loop
+            assert cfg.SPLIT_WHOLE == (name in ("loop-7", "loop-7-capped")), name
             got[name] = tpa.run(prep, case.query, case.key_cache, case.value_cache)
             assert int(prep.done.abs().sum()) == 0, f"{name}: counters left at {prep.done.tolist()}"
     c1, c2 = check_attention_lse(*got["one-split"], case)
@@ -724,7 +788,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
     plan = host.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False,
                             getattr(torch, kv_dtype or dtype))
     # the strides of contiguous tensors of this shape (the block table's width is left unmarked)
-    pad, splits = plan.decode.HEAD_DIM_PAD, plan.max_splits
+    pad, splits = plan.decode.HEAD_DIM_PAD, plan.scratch_splits
     ints = {"stride_qt": heads * d, "stride_qh": d, "stride_kb": bs * kv * d, "stride_ks": kv * d, "stride_kh": d,
             "stride_vb": bs * kv * d, "stride_vs": kv * d, "stride_vh": d, "stride_ot": heads * d, "stride_oh": d,
             "stride_lt": heads, "stride_pa_seq": splits * heads * pad, "stride_pa_split": heads * pad,
@@ -753,6 +817,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
         merge = c.asm["ptx"].split("atom.global.gpu.acq_rel.exch")
         waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", c.asm["ptx"])]
         results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]), "stages": cfg.num_stages,
+                        "maxnreg": cfg.maxnreg,
                         "whole": bool(getattr(cfg, "SPLIT_WHOLE", False)),
                         "atomics": len(re.findall(r"\batom\.", c.asm["ptx"])),
                         "kv_fp8": flags["KV_FP8"],
@@ -826,6 +891,8 @@ HOPPER_CONFIGS = {
         ["float16", 32, 8, 128, 16, "float8_e5m2", False],  # the same with K's pairs: more conversions
         # the decode register cap of an fp8 cache in a launch past one wave
         ["bfloat16", 32, 8, 128, 16, "float8_e5m2", True, {"DECODE_WAVE": 0}],
+        # whole sequences a program past one wave at three programs an SM (DECODE_WHOLE_MAXNREG)
+        ["bfloat16", 32, 8, 128, 16, None, True, {"DECODE_WAVE": 5, "DECODE_WAVE_CAPPED": 8}],
     ],
 }
 
@@ -854,6 +921,8 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
             # table entries, TABLE_AHEAD); with the table loaded in the step that uses them,
             # triton waits for every copy at the top of each step (wait_group 0)
             assert r["deepest_wait"] >= 1, f"{r['cfg']}: the decode loop's K/V loads are not multi-buffered: {r}"
+        if r["cfg"][-2] == {"DECODE_WAVE": 5, "DECODE_WAVE_CAPPED": 8} and r["cfg"][-1] == "decode":
+            assert r["whole"] and r["maxnreg"] == host.DECODE_WHOLE_MAXNREG, f"{r['cfg']}: not the capped launch: {r}"
         if r["whole"]:  # merged in the program's loop: no count, no merge of stored splits
             assert r["atomics"] == 0 and not r["merge"]["found"], f"{r['cfg']}: a whole-sequence program counts: {r}"
         elif r["merge"] is not None:

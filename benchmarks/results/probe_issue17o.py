@@ -32,6 +32,7 @@ from pagedattn.cases.spec import CaseSpec  # noqa: E402
 from pagedattn.kernels import host  # noqa: E402
 from pagedattn.kernels import triton_paged_attention as tpa  # noqa: E402
 from pagedattn.oracle import check_attention  # noqa: E402
+
 try:  # the previous kernel, where carried (rounds 1-6); round 7 runs without it
     from old_pagedattn.kernels import triton_paged_attention as old_tpa  # noqa: E402
 except ImportError:
@@ -49,9 +50,12 @@ KEYS = (
     "DECODE_SPP_MAX",
     "DECODE_WAVE",
     "DECODE_MERGE_IN_LOOP",
+    "DECODE_WHOLE_FILL",
+    "DECODE_WAVE_CAPPED",
+    "DECODE_BALANCE",
 )
 ROUND = os.environ.get("PROBE_ROUND", "1")  # round 1 ran on d2a12af (every program walked its splits in the loop)
-DEFAULTS = {k: getattr(host, k) for k in KEYS}
+DEFAULTS = {k: getattr(host, k) for k in KEYS if hasattr(host, k)}
 CONFIGS = {
     "new": {},
     "spp1": {"DECODE_SPLITS_PER_PROGRAM": 1},
@@ -117,6 +121,16 @@ elif ROUND == "7":  # whole sequences a program past one wave (B >= 48), merged 
         "whole": WHOLE,
         "whole_r168": {**WHOLE, "DECODE_MAXNREG": 168},  # three programs an SM, if it does not spill
         "no_loop_r168": {"DECODE_SPLIT_LOOP": False, "DECODE_MAXNREG": 168},
+    }
+    FP8_CONFIGS = {}
+elif ROUND == "8":  # the rule with whole sequences past one wave and the balance guard, against the previous rule
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
+        "new": {},
+        "prev_rule": {"DECODE_BALANCE": 0.0, "DECODE_WHOLE_FILL": 2.0},  # one wave of the loop, any balance
+        "no_loop": {"DECODE_SPLIT_LOOP": False},
+        "whole": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 64},
+        "whole_r168": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 64, "DECODE_MAXNREG": 168},
     }
     FP8_CONFIGS = {}
 res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
@@ -190,16 +204,35 @@ if ROUND == "6":
     POINTS = [(B, L) for B in (8, 16, 24) for L in (2048, 4096, 8192, 32768)]
 if ROUND == "7":
     POINTS = [(B, L) for B in (64, 128, 96, 48) for L in (2048, 4096, 8192, 32768)]
+if ROUND == "8":
+    _g = torch.Generator().manual_seed(8)
+    MIXED = {  # heterogeneous batches (name -> histories): no SDPA beside them, TB/s of the keys read
+        "one32k+7x1k": [32768] + [1024] * 7,
+        "4x16k+20x2k": [16384] * 4 + [2048] * 20,
+        "32 of 1k-16k": torch.randint(1024, 16385, (32,), generator=_g).tolist(),
+        "64 of 512-8k": torch.randint(512, 8193, (64,), generator=_g).tolist(),
+        "128 of 1k-4k": torch.randint(1024, 4097, (128,), generator=_g).tolist(),
+    }
+    POINTS = [(B, L) for B in (40, 48, 56, 64, 80, 112) for L in (2048, 8192)] + list(MIXED)
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:
     POINTS = [(2, 64)]
+    if ROUND == "8":
+        MIXED["dry-mixed"] = [64, 20]
+        POINTS.append("dry-mixed")
 FP8_POINTS = {(32, 4096), (8, 8192), (64, 2048), (1, 4096)}
 ks, vs = 0.37, 1.9
-for B, L in POINTS:
+for point in POINTS:
+    lens = MIXED[point] if ROUND == "8" and isinstance(point, str) else None
+    B, L = (len(lens), max(lens)) if lens else point
     q, k, v, tables, seq_lens, loc = paged_batch(B, L, 1, Hq, Hkv, D, 16, torch.bfloat16, dev)
+    if lens:
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device=dev)
     qd = q.view(B, Hq, 1, D)
     row = {"B": B, "L": L, "us": {}, "spp": {}, "same_bits": {}}
+    if lens:
+        row.update(mixed=point, lens=lens)
     keep = []
 
     def graph(name, mod, cfg, kk, vv, **kw):
@@ -217,8 +250,10 @@ for B, L in POINTS:
     graphs = {"old": graph("old", old_tpa, {}, k, v)} if old_tpa else {}
     for name, cfg in CONFIGS.items():
         graphs[name] = graph(name, tpa, cfg, k, v)
-    kc, vc = contiguous_history(k, v, tables, L)
-    graphs["sdpa"] = (graph_replay(lambda: sdpa(qd, kc, vc), dev), None)
+    kc = vc = None
+    if not lens:
+        kc, vc = contiguous_history(k, v, tables, L)
+        graphs["sdpa"] = (graph_replay(lambda: sdpa(qd, kc, vc), dev), None)
     if ((B, L) in FP8_POINTS or DRY) and FP8_CONFIGS:
         k8, v8 = (k.float() / ks).to(torch.float8_e4m3fn), (v.float() / vs).to(torch.float8_e4m3fn)
         graphs["e4m3_old"] = graph("e4m3_old", old_tpa, {}, k8, v8, k_scale=ks, v_scale=vs)
@@ -237,9 +272,20 @@ for B, L in POINTS:
         for name, (g, out) in graphs.items():
             row["us"].setdefault(name, []).append(1e3 * bench(g, dev))
     best = {n: min(t) for n, t in row["us"].items()}
+    if lens:  # K and V bytes of the histories, over the time (TB/s)
+        nbytes = 2 * sum(lens) * Hkv * D * 2
+        row["tbs"] = {n: nbytes / (t * 1e-6) / 1e12 for n, t in best.items()}
+        res["points"].append(row)
+        log(f"{point} (B={B}) " + " ".join(f"{n} {best[n]:.1f}us {row['tbs'][n]:.2f}TB/s" for n in best))
+        log(f"   spp {row['spp']} same bits {row['same_bits']}")
+        dump()
+        del q, k, v, graphs, keep
+        continue
     row["x_sdpa"] = {n: best["sdpa"] / t for n, t in best.items()}
     if old_tpa:
-        row["x_old"] = {n: best["e4m3_old" if n.startswith("e4m3") else "old"] / t for n, t in best.items() if n != "sdpa"}
+        row["x_old"] = {
+            n: best["e4m3_old" if n.startswith("e4m3") else "old"] / t for n, t in best.items() if n != "sdpa"
+        }
     res["points"].append(row)
     log(f"B={B} L={L} " + " ".join(f"{n} {best[n]:.1f}us" for n in best))
     log("   of sdpa " + " ".join(f"{n} {x:.3f}" for n, x in row["x_sdpa"].items()))

@@ -279,7 +279,13 @@ class LaunchPlan:
     other_seqs: list[int]
     decode: LaunchConfig | None
     other: LaunchConfig | None
-    max_splits: int  # splits of the longest decode history (scratch size)
+    max_splits: int  # splits of the longest decode history
+
+    @property
+    def scratch_splits(self) -> int:
+        """Splits the decode scratch holds a sequence: none stored where every program merges
+        its whole sequence in its loop (one, so the kernel's arguments keep their shape)."""
+        return 1 if self.decode is not None and self.decode.SPLIT_WHOLE else self.max_splits
 
 
 def plan_launch(
@@ -292,9 +298,12 @@ def plan_launch(
     dtype: torch.dtype,
     interpreter: bool,
     kv_dtype: torch.dtype | None = None,
+    sliding_window: int | None = None,
 ) -> LaunchPlan:
     """The launches of one batch, from sizes alone (``kv_dtype``: the cache's dtype,
-    ``None`` for the query dtype; an fp8 cache may take its own decode tiles and splits)."""
+    ``None`` for the query dtype; an fp8 cache may take its own decode tiles and splits;
+    ``sliding_window``: the keys a decode token sees, which set how much work each of its
+    splits has, a launch shape only)."""
     kv_fp8 = kv_dtype in FP8_DTYPES
     group = num_heads // num_kv_heads
     group_pad = next_power_of_2(group)
@@ -317,17 +326,8 @@ def plan_launch(
         # that a single long sequence still fills the GPU, then merge by log-sum-exp
         # a long history takes longer splits: fewer partial states to write and merge, and
         # still enough programs to fill the GPU alone; the choice reads that history's length only
-        max_splits = max(-(-seq_lens[b] // decode_split(seq_lens[b], kv_fp8)) for b in decode_seqs)
-        # the scratch ([n_decode, max_splits, num_heads, HEAD_DIM_PAD] fp32) is addressed in
-        # int32; its size also bounds the decode grid's one axis
-        scratch = len(decode_seqs) * max_splits * num_heads * d_pad
-        if scratch > INT32_MAX:
-            raise ProblemError(
-                OWNER,
-                "seq_lens",
-                f"{len(decode_seqs)} decode sequences of up to {max_splits} splits need a scratch of "
-                f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
-            )
+        work = [decode_work(seq_lens[b], kv_fp8, sliding_window) for b in decode_seqs]
+        max_splits = max(n for n, _, _ in work)
         block_n = decode_block_n(dtype, kv_fp8, interpreter)
         # the split loop walks a program's splits as whole tiles: every split size the tuning
         # constants can give, whatever this batch's histories (so no batch fails where another passes)
@@ -335,15 +335,26 @@ def plan_launch(
         for size in sorted(sizes):
             if size % block_n:
                 raise RuntimeError(f"paged_attention: decode splits of {size} keys are not whole tiles of {block_n}")
-        split_loop, spp = decode_launch_shape(len(decode_seqs), max_splits, num_kv_heads, kv_fp8)
+        # the register caps below are sized for 16-bit queries and head_dim <= 128 (wider tiles
+        # would spill); the whole-sequence cap also for a GQA group padded to at most 16 rows
+        narrow = dtype != torch.float32 and d_pad <= 128
+        cap_ok = narrow and group_pad <= MIN_DOT and not kv_fp8
+        split_loop, spp, whole_capped = decode_launch_shape(work, num_kv_heads, kv_fp8, cap_ok)
         # an fp8 cache's decode at a register cap where the launch outgrows a wave (see FP8_DECODE_MAXNREG)
-        capped = (
-            kv_fp8
-            and dtype != torch.float32
-            and d_pad <= 128
-            and len(decode_seqs) * num_kv_heads * max_splits > DECODE_WAVE
-        )
+        capped = kv_fp8 and narrow and len(decode_seqs) * num_kv_heads * max_splits > DECODE_WAVE
         groups = -(-max_splits // spp)
+        whole = split_loop and groups == 1 and DECODE_MERGE_IN_LOOP
+        # the scratch ([n_decode, splits, num_heads, HEAD_DIM_PAD] fp32; one split where the
+        # programs merge in their loop and store none) is addressed in int32; its size also
+        # bounds the decode grid's one axis
+        scratch = len(decode_seqs) * (1 if whole else max_splits) * num_heads * d_pad
+        if scratch > INT32_MAX:
+            raise ProblemError(
+                OWNER,
+                "seq_lens",
+                f"{len(decode_seqs)} decode sequences of up to {max_splits} splits need a scratch of "
+                f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
+            )
         order, grid = decode_grid(len(decode_seqs), groups, num_kv_heads)
         decode = LaunchConfig(
             grid=grid,
@@ -351,7 +362,7 @@ def plan_launch(
             SPLIT_LOOP=split_loop,
             SPLITS_PER_PROGRAM=spp,
             SPLIT_GROUPS=groups,
-            SPLIT_WHOLE=split_loop and groups == 1 and DECODE_MERGE_IN_LOOP,
+            SPLIT_WHOLE=whole,
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
             BLOCK_N=block_n,
@@ -360,7 +371,7 @@ def plan_launch(
             LONG_FROM=LONG_FROM,
             SPLIT_SHORT=SPLIT_SHORT,
             SHORT_UNDER=SHORT_UNDER,
-            maxnreg=FP8_DECODE_MAXNREG if capped else DECODE_MAXNREG,
+            maxnreg=FP8_DECODE_MAXNREG if capped else (DECODE_WHOLE_MAXNREG if whole_capped else DECODE_MAXNREG),
             num_warps=(FP8_DECODE_WARPS or DECODE_WARPS) if kv_fp8 else DECODE_WARPS,
             num_stages=2
             if dtype == torch.float32 and d_pad > 128
@@ -405,30 +416,64 @@ def plan_launch(
     return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits)
 
 
-def decode_launch_shape(n_decode: int, max_splits: int, num_kv_heads: int, kv_fp8: bool = False) -> tuple[bool, int]:
+def decode_launch_shape(
+    work: list[tuple[int, int, int]], num_kv_heads: int, kv_fp8: bool = False, cap_ok: bool = False
+) -> tuple[bool, int, bool]:
     """The decode launch's shape: whether its programs walk their splits in one loop
-    (``SPLIT_LOOP``), and how many consecutive splits each takes. A launch shape only: each
-    split computes the same bits whoever runs it and however (``_decode_kernel``).
+    (``SPLIT_LOOP``), how many consecutive splits each takes, and whether the launch runs at
+    ``DECODE_WHOLE_MAXNREG`` registers. A launch shape only: each split computes the same bits
+    whoever runs it and however (``_decode_kernel``).
+
+    ``work``: for each decode sequence, ``decode_work``'s (splits, first split with visible
+    keys, keys a split). ``cap_ok``: the tiles are narrow enough for the register cap.
 
     The split loop holds a little more shared memory than a program of one split (on the
     H200 at bf16, D=128: two programs an SM instead of three), but keeps its K/V pipeline
-    running across a split's end. So: the fewest splits a program (up to ``DECODE_SPP_MAX``)
-    that fit the launch in ``DECODE_WAVE`` programs, one wave of the split loop; a launch that
-    fits at none takes one split a program without the loop. An fp8 cache (``kv_fp8``) takes
-    no loop (``FP8_DECODE_SPLIT_LOOP``): measured slower at every point. ``DECODE_SPLIT_LOOP``
-    (True or False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0, with the loop) force either (the
-    benchmark's switches)."""
+    running across a split's end. So, in order:
+
+    1. the fewest splits a program (up to ``DECODE_SPP_MAX``) that fit the launch in
+       ``DECODE_WAVE`` programs, one wave of the split loop, where more than one split a
+       program leaves the programs balanced (``_balanced``: a long history beside short ones
+       would be walked by few programs while the rest of the GPU idles);
+    2. else a whole sequence a program (merged in its loop), past one wave, where the last wave
+       is at least ``DECODE_WHOLE_FILL`` full at two programs an SM (``DECODE_WAVE``) or, with
+       ``cap_ok``, at three (``DECODE_WAVE_CAPPED`` at ``DECODE_WHOLE_MAXNREG`` registers; the
+       fuller wave, two on a tie), and the programs are balanced;
+    3. else one split a program without the loop.
+
+    An fp8 cache (``kv_fp8``) takes no loop (``FP8_DECODE_SPLIT_LOOP``): measured slower at
+    every point. ``DECODE_SPLIT_LOOP`` (True or False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0,
+    with the loop) force either (the benchmark's switches)."""
+    max_splits = max((n for n, _, _ in work), default=1)
     if DECODE_SPLIT_LOOP is False:
-        return False, 1
+        return False, 1, False
     if DECODE_SPLITS_PER_PROGRAM:
-        return True, max(1, min(DECODE_SPLITS_PER_PROGRAM, max_splits))
+        return True, max(1, min(DECODE_SPLITS_PER_PROGRAM, max_splits)), False
     if kv_fp8 and DECODE_SPLIT_LOOP is None and not FP8_DECODE_SPLIT_LOOP:
-        return False, 1
-    heads = n_decode * num_kv_heads
+        return False, 1, False
+    heads = len(work) * num_kv_heads
     for spp in range(1, max(1, min(DECODE_SPP_MAX, max_splits)) + 1):
-        if heads * -(-max_splits // spp) <= DECODE_WAVE:
-            return True, spp
-    return bool(DECODE_SPLIT_LOOP), 1
+        if heads * -(-max_splits // spp) <= DECODE_WAVE and (spp == 1 or _balanced(work, spp)):
+            return True, spp, False
+    if DECODE_WHOLE_FILL <= 1 and _balanced(work, max_splits):
+        waves = [(w, c) for w, c in ((DECODE_WAVE, False), (DECODE_WAVE_CAPPED, True)) if w > 0 and (cap_ok or not c)]
+        if waves:
+            fill, _, capped = max((heads / (-(-heads // w) * w), not c, c) for w, c in waves)
+            if fill >= DECODE_WHOLE_FILL:
+                return True, max_splits, capped
+    return bool(DECODE_SPLIT_LOOP), 1, False
+
+
+def _balanced(work: list[tuple[int, int, int]], spp: int) -> bool:
+    """Whether the decode programs of ``spp`` consecutive splits each (``work`` as in
+    ``decode_launch_shape``) are of about one length: their mean work, in keys, at least
+    ``DECODE_BALANCE`` of the longest's (a program's work counted in whole splits)."""
+    total = programs = longest = 0
+    for n, first, keys in work:
+        total += (n - first) * keys
+        programs += -(-n // spp) - first // spp
+        longest = max(longest, min(spp, n - first) * keys)
+    return programs > 0 and total >= DECODE_BALANCE * longest * programs
 
 
 def decode_grid(n_decode: int, n_groups: int, num_kv_heads: int) -> tuple[int, tuple[int, int, int]]:
@@ -470,6 +515,15 @@ def fp8_widening(kv_dtype: torch.dtype, dots_f16: bool, native: bool, even: bool
     if not (FP8_PAIRS and dots_f16 and native and even):
         return 1
     return (4 if FP8_PAIRS_K else 2) + int(kv_dtype == torch.float8_e5m2)
+
+
+def decode_work(seq_len: int, kv_fp8: bool = False, sliding_window: int | None = None) -> tuple[int, int, int]:
+    """A decode history's splits (``decode_split``), the first of them with keys the new token
+    sees (under ``sliding_window``: the kernel's programs skip the splits before it), and the
+    keys a split."""
+    size = decode_split(seq_len, kv_fp8)
+    first = max(0, seq_len - sliding_window) // size if sliding_window else 0
+    return -(-seq_len // size), first, size
 
 
 def decode_split(seq_len: int, kv_fp8: bool = False) -> int:
@@ -571,6 +625,21 @@ DECODE_SPLIT_LOOP: bool | None = None  # None: by the launch; True or False forc
 DECODE_SPLITS_PER_PROGRAM = 0  # 0: by the launch; > 0 fixes it (with the loop)
 DECODE_WAVE = 264  # programs of the split loop in one wave: 2 an SM on the H200's 132 SMs
 DECODE_SPP_MAX = 16
+#: Issue 17, eighth stop (H200, one process, from graphs; results/h200-probe-issue17o7.json): where
+#: ``B x kv heads`` passes one wave, a whole sequence a program, merged in its loop: B=64 at 2k /
+#: 4k / 8k / 32k keys 0.984 / 0.989 / 0.985 / 0.978 of SDPA against 0.904 / 0.935 / 0.939 / 0.974
+#: at one split a program; B=128 0.985 / 0.988 / 0.988 / 1.001 against 0.912 / 0.939 / 0.941 /
+#: 0.991; B=96 0.983-0.989 against 0.907-0.977 (last waves 97% full at two programs an SM). B=48
+#: (384 programs): 0.89-0.91 at two an SM (its last wave 45% full), 1.00-1.02 at three an SM under
+#: a 168-register cap (one wave of 396), against 0.93-1.02. Fuller waves than 0.73 and emptier
+#: than 0.97 were not measured there.
+DECODE_WHOLE_FILL = 0.9  # the least fill of the last wave for whole sequences past one wave (> 1: never)
+DECODE_WAVE_CAPPED = 396  # programs in one wave at DECODE_WHOLE_MAXNREG registers: 3 an SM (0: never)
+DECODE_WHOLE_MAXNREG = 168  # 168 x 128 threads x 3 <= 65536 registers an SM
+#: the split loop's programs take more than one split only where their mean work is at least
+#: this share of the longest's (``_balanced``): a batch of one long history and short ones
+#: would otherwise be walked by a few long programs (not measured; the rule's guard)
+DECODE_BALANCE = 0.75
 #: A launch of one program a sequence and kv head (``SPLIT_GROUPS`` 1): each merges its splits in
 #: its loop, in split order (``_combine``: the bits of the merge over stored splits), and stores no
 #: split, counts nothing and reads nothing back. False: they store and merge as other launches do.

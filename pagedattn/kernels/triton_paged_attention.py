@@ -1143,8 +1143,8 @@ class PreparedBatch:
     query_start_loc: torch.Tensor
     decode_ids: torch.Tensor | None
     other_ids: torch.Tensor | None
-    part_acc: torch.Tensor | None  # [n_decode, max_splits, num_heads, HEAD_DIM_PAD] fp32
-    part_ml: torch.Tensor | None  # [n_decode, max_splits, num_heads, 2] fp32
+    part_acc: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, HEAD_DIM_PAD] fp32
+    part_ml: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, 2] fp32
     done: torch.Tensor | None  # [n_decode, num_kv_heads] int32, zero between launches
     upcast_out: torch.Tensor | None  # [num_tokens, num_heads, head_dim] fp32 (interpreter, bf16 only)
     variants: Variants = Variants()
@@ -1196,6 +1196,7 @@ def prepare(
         query.dtype,
         interp,
         key_cache.dtype,
+        var.sliding_window,
     )
     dev = query.device
     n_dec = len(plan.decode_seqs)
@@ -1214,8 +1215,8 @@ def prepare(
         query_start_loc=query_start_loc,
         decode_ids=torch.tensor(plan.decode_seqs, dtype=torch.int32, device=dev) if n_dec else None,
         other_ids=torch.tensor(plan.other_seqs, dtype=torch.int32, device=dev) if plan.other_seqs else None,
-        part_acc=torch.empty(n_dec, plan.max_splits, Hq, d_pad, dtype=torch.float32, device=dev) if n_dec else None,
-        part_ml=torch.empty(n_dec, plan.max_splits, Hq, 2, dtype=torch.float32, device=dev) if n_dec else None,
+        part_acc=torch.empty(n_dec, plan.scratch_splits, Hq, d_pad, dtype=torch.float32, device=dev) if n_dec else None,
+        part_ml=torch.empty(n_dec, plan.scratch_splits, Hq, 2, dtype=torch.float32, device=dev) if n_dec else None,
         done=torch.zeros(n_dec, Hkv, dtype=torch.int32, device=dev) if n_dec else None,
         upcast_out=torch.empty(T, Hq, D, dtype=torch.float32, device=dev) if upcast else None,
         variants=var,
