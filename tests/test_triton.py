@@ -338,8 +338,8 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
 
 
 def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
-    """Past one wave of the split loop, a whole sequence a program where the last wave is at
-    least ``DECODE_WHOLE_FILL`` full, at two programs an SM (``DECODE_WAVE``) or, where the tiles
+    """Past one wave of the split loop, a whole sequence a program where its programs fill at
+    least ``DECODE_WHOLE_FILL`` of the waves' slots, at two programs an SM (``DECODE_WAVE``) or, where the tiles
     allow the cap, at three (``DECODE_WAVE_CAPPED``, ``DECODE_WHOLE_MAXNREG``): the fuller wave,
     two on a tie; else one split a program. Programs of a launch much shorter than its longest
     (a long history beside short ones) take one split each."""
@@ -354,11 +354,12 @@ def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
     assert shape(12) == (True, 8, True)  # 96: one full wave at three an SM (0.75 at two)
     assert shape(12, cap_ok=False) == (False, 1, False)  # ... which the tiles may not allow
     assert shape(24) == (True, 8, False)  # 192: 3 waves of 64 or 2 of 96, both full: two an SM
-    assert shape(10) == (False, 1, False)  # 80: 0.63 and 0.83 full
+    assert shape(10) == (True, 8, True)  # 80: 0.63 and 0.83 of the slots filled
+    assert shape(9) == (False, 1, False)  # 72: 0.56 and 0.75
     assert shape(30, splits=40) == (True, 40, False)  # 240 of 256 (0.94), past DECODE_SPP_MAX splits
+    monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 0.7)
+    assert shape(9) == (True, 8, True)
     monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 0.8)
-    assert shape(10) == (True, 8, True)
-    monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 0.9)
     monkeypatch.setattr(host, "DECODE_WAVE_CAPPED", 0)
     assert shape(12) == (False, 1, False)
     # balance: one history of 16 2048-key splits beside seven of 4 256-key ones (8 kv heads):
@@ -385,10 +386,10 @@ def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
     plan = _plan([5000] * 48, [1] * 48)  # 384 programs: one wave of 396
     assert (plan.decode.SPLIT_WHOLE, plan.decode.maxnreg) == (True, host.DECODE_WHOLE_MAXNREG)
     assert _plan([5000] * 48, [1] * 48, d=256, heads=8, kv=8).decode.maxnreg is None  # wider tiles: no cap ...
-    assert not _plan([5000] * 48, [1] * 48, d=256, heads=8, kv=8).decode.SPLIT_WHOLE  # ... and 0.73 full
+    assert not _plan([5000] * 48, [1] * 48, d=256, heads=8, kv=8).decode.SPLIT_WHOLE  # ... and 0.73 filled
     assert _plan([5000] * 48, [1] * 48, heads=256, kv=8).decode.maxnreg is None  # a GQA group of 32
     assert _plan([5000] * 48, [1] * 48, dtype=torch.float32).decode.maxnreg is None
-    plan = _plan([5000] * 40, [1] * 40)  # 320 programs: 0.61 / 0.81 full
+    plan = _plan([5000] * 36, [1] * 36)  # 288 programs: 0.55 / 0.73 of the slots
     assert (plan.decode.SPLIT_WHOLE, plan.decode.SPLIT_LOOP, plan.scratch_splits) == (False, False, 10)
 
 

@@ -133,6 +133,18 @@ elif ROUND == "8":  # the rule with whole sequences past one wave and the balanc
         "whole_r168": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 64, "DECODE_MAXNREG": 168},
     }
     FP8_CONFIGS = {}
+elif ROUND == "9":  # small batches: the split loop at three programs an SM (the 168-register cap), more groups
+    R = {"DECODE_SPLIT_LOOP": True, "DECODE_MAXNREG": 168}
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
+        "new": {},
+        "spp2_r168": {**R, "DECODE_SPLITS_PER_PROGRAM": 2},
+        "spp3_r168": {**R, "DECODE_SPLITS_PER_PROGRAM": 3},
+        "spp4_r168": {**R, "DECODE_SPLITS_PER_PROGRAM": 4},
+        "spp2": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 2},
+        "spp3": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 3},
+    }
+    FP8_CONFIGS = {}
 res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
 t0 = time.time()
 
@@ -214,6 +226,9 @@ if ROUND == "8":
         "128 of 1k-4k": torch.randint(1024, 4097, (128,), generator=_g).tolist(),
     }
     POINTS = [(B, L) for B in (40, 48, 56, 64, 80, 112) for L in (2048, 8192)] + list(MIXED)
+if ROUND == "9":
+    POINTS = [(8, L) for L in (4096, 8192, 32768)] + [(16, L) for L in (2048, 4096, 8192, 32768)]
+    POINTS += [(4, 8192), (4, 32768)] + [(B, 4096) for B in (40, 56, 80, 112)]
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:

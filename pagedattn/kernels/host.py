@@ -435,10 +435,11 @@ def decode_launch_shape(
        ``DECODE_WAVE`` programs, one wave of the split loop, where more than one split a
        program leaves the programs balanced (``_balanced``: a long history beside short ones
        would be walked by few programs while the rest of the GPU idles);
-    2. else a whole sequence a program (merged in its loop), past one wave, where the last wave
-       is at least ``DECODE_WHOLE_FILL`` full at two programs an SM (``DECODE_WAVE``) or, with
-       ``cap_ok``, at three (``DECODE_WAVE_CAPPED`` at ``DECODE_WHOLE_MAXNREG`` registers; the
-       fuller wave, two on a tie), and the programs are balanced;
+    2. else a whole sequence a program (merged in its loop), past one wave, where its programs
+       fill at least ``DECODE_WHOLE_FILL`` of the waves' slots (programs over whole waves' slots)
+       at two programs an SM (``DECODE_WAVE``) or, with ``cap_ok``, at three
+       (``DECODE_WAVE_CAPPED`` at ``DECODE_WHOLE_MAXNREG`` registers; the fuller, two on a tie),
+       and the programs are balanced;
     3. else one split a program without the loop.
 
     An fp8 cache (``kv_fp8``) takes no loop (``FP8_DECODE_SPLIT_LOOP``): measured slower at
@@ -625,15 +626,17 @@ DECODE_SPLIT_LOOP: bool | None = None  # None: by the launch; True or False forc
 DECODE_SPLITS_PER_PROGRAM = 0  # 0: by the launch; > 0 fixes it (with the loop)
 DECODE_WAVE = 264  # programs of the split loop in one wave: 2 an SM on the H200's 132 SMs
 DECODE_SPP_MAX = 16
-#: Issue 17, eighth stop (H200, one process, from graphs; results/h200-probe-issue17o7.json): where
-#: ``B x kv heads`` passes one wave, a whole sequence a program, merged in its loop: B=64 at 2k /
-#: 4k / 8k / 32k keys 0.984 / 0.989 / 0.985 / 0.978 of SDPA against 0.904 / 0.935 / 0.939 / 0.974
-#: at one split a program; B=128 0.985 / 0.988 / 0.988 / 1.001 against 0.912 / 0.939 / 0.941 /
-#: 0.991; B=96 0.983-0.989 against 0.907-0.977 (last waves 97% full at two programs an SM). B=48
-#: (384 programs): 0.89-0.91 at two an SM (its last wave 45% full), 1.00-1.02 at three an SM under
-#: a 168-register cap (one wave of 396), against 0.93-1.02. Fuller waves than 0.73 and emptier
-#: than 0.97 were not measured there.
-DECODE_WHOLE_FILL = 0.9  # the least fill of the last wave for whole sequences past one wave (> 1: never)
+#: Issue 17, eighth stop (H200, one process, from graphs; results/h200-probe-issue17o7.json, -17o8):
+#: where ``B x kv heads`` passes one wave, a whole sequence a program, merged in its loop: B=64 at
+#: 2k / 4k / 8k / 32k keys 0.984 / 0.989 / 0.985 / 0.978 of SDPA against 0.904 / 0.935 / 0.939 /
+#: 0.974 at one split a program; B=128 0.985 / 0.988 / 0.988 / 1.001 against 0.912 / 0.939 /
+#: 0.941 / 0.991; B=96 0.983-0.989 against 0.907-0.977 (0.97 of the slots filled at two an SM).
+#: B=48 (384 programs): 0.89-0.91 at two an SM (0.73 filled), 1.00-1.02 at three an SM under a
+#: 168-register cap (one wave of 396, 0.97), against 0.93-0.97. At 2k / 8k keys, whole against one
+#: split a program: B=56 (0.85 at two) 1.002 / 1.009 against 0.919 / 0.967; B=112 (0.85 at two)
+#: 0.958 / 0.949 against 0.939 / 0.977; B=80 (0.81 at three) 0.983 / 0.974 against 0.930 / 0.966;
+#: B=40 (0.81 at three) 1.031 / 1.020 against 0.980 / 1.032; at 0.61-0.73 filled, 0.82-0.91.
+DECODE_WHOLE_FILL = 0.8  # the least share of the slots whole sequences past one wave fill (> 1: never)
 DECODE_WAVE_CAPPED = 396  # programs in one wave at DECODE_WHOLE_MAXNREG registers: 3 an SM (0: never)
 DECODE_WHOLE_MAXNREG = 168  # 168 x 128 threads x 3 <= 65536 registers an SM
 #: the split loop's programs take more than one split only where their mean work is at least
