@@ -53,6 +53,7 @@ KEYS = (
     "DECODE_WHOLE_FILL",
     "DECODE_WAVE_CAPPED",
     "DECODE_BALANCE",
+    "DECODE_MERGE_AHEAD",
 )
 ROUND = os.environ.get("PROBE_ROUND", "1")  # round 1 ran on d2a12af (every program walked its splits in the loop)
 DEFAULTS = {k: getattr(host, k) for k in KEYS if hasattr(host, k)}
@@ -145,6 +146,14 @@ elif ROUND == "9":  # small batches: the split loop at three programs an SM (the
         "spp3": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 3},
     }
     FP8_CONFIGS = {}
+elif ROUND == "10":  # the merge of stored splits with its loads one or two splits ahead
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
+        "new": {},
+        "ahead1": {"DECODE_MERGE_AHEAD": 1},
+        "ahead2": {"DECODE_MERGE_AHEAD": 2},
+    }
+    FP8_CONFIGS = {"new": {}, "ahead2": {"DECODE_MERGE_AHEAD": 2}, "spp1": CONFIGS["spp1"]}
 res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
 t0 = time.time()
 
@@ -229,6 +238,9 @@ if ROUND == "8":
 if ROUND == "9":
     POINTS = [(8, L) for L in (4096, 8192, 32768)] + [(16, L) for L in (2048, 4096, 8192, 32768)]
     POINTS += [(4, 8192), (4, 32768)] + [(B, 4096) for B in (40, 56, 80, 112)]
+if ROUND == "10":
+    POINTS = [(1, L) for L in (2048, 8192, 32768)] + [(8, L) for L in (2048, 4096, 8192, 32768)]
+    POINTS += [(16, 4096), (16, 8192), (4, 8192), (112, 4096), (32, 4096)]
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:
