@@ -401,9 +401,6 @@ LAUNCH_SHAPES = {
     **{f"loop-{n}": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=n) for n in (1, 2, 3, 7)},
     # every split in one program, stored and merged as in other launches instead of in its loop
     "loop-7-stored": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=7, DECODE_MERGE_IN_LOOP=False),
-    # the merge of stored splits with its loads one and two splits ahead of its combines
-    "one-split-ahead2": dict(DECODE_SPLIT_LOOP=False, DECODE_MERGE_AHEAD=2),
-    "loop-2-ahead1": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=2, DECODE_MERGE_AHEAD=1),
     # merged in its loop at the register cap of whole sequences past one wave (DECODE_WHOLE_MAXNREG)
     "loop-7-capped": dict(
         DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=7, DECODE_MAXNREG=host.DECODE_WHOLE_MAXNREG
@@ -411,7 +408,7 @@ LAUNCH_SHAPES = {
 }
 #: on the interpreter, which has no registers to cap, and where each shape costs a second of CPU
 #: time a case: one split a program, and the loop at 1, 3 and every split a program
-INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-7", "loop-7-stored", "one-split-ahead2", "loop-2-ahead1")
+INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-7", "loop-7-stored")
 
 
 @runs_kernel
@@ -811,7 +808,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
              "TABLE_AHEAD": True, "OFF_I32": m.OFFSETS_I32}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
-            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP", "SPLIT_WHOLE", "MERGE_AHEAD")
+            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP", "SPLIT_WHOLE")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}
@@ -895,8 +892,6 @@ HOPPER_CONFIGS = {
         ["float16", 32, 8, 128, 16, "float8_e5m2", False],  # the same with K's pairs: more conversions
         # the decode register cap of an fp8 cache in a launch past one wave
         ["bfloat16", 32, 8, 128, 16, "float8_e5m2", True, {"DECODE_WAVE": 0}],
-        # the merge's loads two splits ahead of its combines
-        ["bfloat16", 32, 8, 128, 16, None, False, {"DECODE_MERGE_AHEAD": 2, "DECODE_SPLIT_LOOP": False}],
         # whole sequences a program past one wave at three programs an SM (DECODE_WHOLE_MAXNREG)
         ["bfloat16", 32, 8, 128, 16, None, True, {"DECODE_WAVE": 5, "DECODE_WAVE_CAPPED": 8}],
     ],

@@ -146,7 +146,7 @@ elif ROUND == "9":  # small batches: the split loop at three programs an SM (the
         "spp3": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 3},
     }
     FP8_CONFIGS = {}
-elif ROUND == "10":  # the merge of stored splits with its loads one or two splits ahead
+elif ROUND == "10":  # the merge of stored splits with its loads one or two splits ahead (fd76d5b; reverted)
     CONFIGS = {
         "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
         "new": {},
@@ -283,7 +283,8 @@ for point in POINTS:
         graphs["sdpa"] = (graph_replay(lambda: sdpa(qd, kc, vc), dev), None)
     if ((B, L) in FP8_POINTS or DRY) and FP8_CONFIGS:
         k8, v8 = (k.float() / ks).to(torch.float8_e4m3fn), (v.float() / vs).to(torch.float8_e4m3fn)
-        graphs["e4m3_old"] = graph("e4m3_old", old_tpa, {}, k8, v8, k_scale=ks, v_scale=vs)
+        if old_tpa:
+            graphs["e4m3_old"] = graph("e4m3_old", old_tpa, {}, k8, v8, k_scale=ks, v_scale=vs)
         for name, cfg in FP8_CONFIGS.items():
             graphs[f"e4m3_{name}"] = graph(f"e4m3_{name}", tpa, cfg, k8, v8, k_scale=ks, v_scale=vs)
     for name, (g, out) in graphs.items():

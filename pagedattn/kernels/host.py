@@ -244,7 +244,6 @@ class LaunchConfig:
     SPLITS_PER_PROGRAM: int = 1  # ... consecutive splits a program takes (a launch shape: the same bits) ...
     SPLIT_GROUPS: int = 0  # ... and the programs of a sequence and kv head, ceil(max_splits / SPLITS_PER_PROGRAM)
     SPLIT_WHOLE: bool = False  # decode: a program walks every split of its sequence and merges them in its loop
-    MERGE_AHEAD: int = 0  # decode: the merge of stored splits loads each 0, 1 or 2 splits ahead of its combine
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
@@ -364,7 +363,6 @@ def plan_launch(
             SPLITS_PER_PROGRAM=spp,
             SPLIT_GROUPS=groups,
             SPLIT_WHOLE=whole,
-            MERGE_AHEAD=DECODE_MERGE_AHEAD,
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
             BLOCK_N=block_n,
@@ -651,9 +649,6 @@ DECODE_BALANCE = 0.75
 #: H200 (results/h200-probe-issue17o5.json, one process, from graphs): B=32 at 2k / 4k / 8k / 32k
 #: keys 0.990 / 0.986 / 0.982 / 0.982 of SDPA, against 0.911 / 0.926 / 0.915 / 0.957 storing them.
 DECODE_MERGE_IN_LOOP = True
-#: The merge of stored splits loads each split's state this many splits (0, 1 or 2) ahead of its
-#: combine: the same arithmetic in the same order (the same bits), its loads' latency overlapped.
-DECODE_MERGE_AHEAD = 0
 DECODE_MAXNREG: int | None = None  # a register cap on decode (the compiler's choice without)
 #: ... and over an fp8 cache (half-precision queries, head_dim <= 128) in a launch of more than
 #: DECODE_WAVE programs: sm_90, triton 3.6, e4m3, D=128, the decode kernel took 136 registers once

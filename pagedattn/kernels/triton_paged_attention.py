@@ -759,19 +759,6 @@ def _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2: tl.constexpr):
 
 
 @triton.jit
-def _load_split(pa, pml, s, n_splits, row_mask, stride_pa_split, stride_pml_split):
-    """Split ``s``'s stored state for the merge (``pa``: [ROWS, HEAD_DIM_PAD], ``pml``: [ROWS]
-    fp32 pointers at split 0), where ``s < n_splits`` (else nothing is read): ``m, l_sum, acc``
-    ([ROWS], [ROWS], [ROWS, HEAD_DIM_PAD] fp32). The loads are .cg: through L2, where the other
-    programs stored them."""
-    rows = row_mask & ((row_mask.to(tl.int32) * 0 + s) < n_splits)  # the interpreter masks by tensors only
-    m = tl.load(pml + s * stride_pml_split, mask=rows, other=0.0, cache_modifier=".cg")
-    l_sum = tl.load(pml + s * stride_pml_split + 1, mask=rows, other=1.0, cache_modifier=".cg")
-    acc = tl.load(pa + s * stride_pa_split, mask=rows[:, None], other=0.0, cache_modifier=".cg")
-    return m, l_sum, acc
-
-
-@triton.jit
 def _finish(
     m,
     l_sum,
@@ -881,7 +868,6 @@ def _decode_kernel(
     GRID_ORDER: tl.constexpr,
     SPLIT_LOOP: tl.constexpr,
     SPLIT_WHOLE: tl.constexpr,
-    MERGE_AHEAD: tl.constexpr,
 ):
     """``splits_per_program`` consecutive splits of one decode sequence's history for one kv
     head's query group (the grid's ``n_groups`` programs of a sequence and kv head cover the
@@ -1110,36 +1096,14 @@ def _decode_kernel(
                 # a pipelined load becomes cp.async.ca, which reads through L1
                 # (test_kernel_compiles_for_hopper_without_a_gpu checks the machine code).
                 s0 = first_split
-                m, l_sum, acc = _load_split(pa, pml, s0, n_splits, row_mask, stride_pa_split, stride_pml_split)
-                if MERGE_AHEAD == 0:
-                    for s in tl.range(first_split + 1, n_splits, num_stages=1):
-                        m_s, l_s, acc_s = _load_split(pa, pml, s, n_splits, row_mask, stride_pa_split, stride_pml_split)
-                        m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
-                else:
-                    # the same merge, each split's loads issued MERGE_AHEAD (1 or 2) splits ahead of
-                    # its combine (by hand: the pipeliner would make them cp.async.ca, see above),
-                    # so their latency overlaps the combines before it; the same arithmetic, in
-                    # the same order: the same bits
-                    a_m, a_l, a_acc = _load_split(
-                        pa, pml, s0 + 1, n_splits, row_mask, stride_pa_split, stride_pml_split
-                    )
-                    b_m, b_l, b_acc = a_m, a_l, a_acc
-                    if MERGE_AHEAD > 1:
-                        b_m, b_l, b_acc = _load_split(
-                            pa, pml, s0 + 2, n_splits, row_mask, stride_pa_split, stride_pml_split
-                        )
-                    for s in tl.range(first_split + 1, n_splits, num_stages=1):
-                        m_s, l_s, acc_s = a_m, a_l, a_acc
-                        if MERGE_AHEAD > 1:
-                            a_m, a_l, a_acc = b_m, b_l, b_acc
-                            b_m, b_l, b_acc = _load_split(
-                                pa, pml, s + 2, n_splits, row_mask, stride_pa_split, stride_pml_split
-                            )
-                        else:
-                            a_m, a_l, a_acc = _load_split(
-                                pa, pml, s + 1, n_splits, row_mask, stride_pa_split, stride_pml_split
-                            )
-                        m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
+                m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+                l_sum = tl.load(pml + s0 * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
+                acc = tl.load(pa + s0 * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
+                for s in tl.range(first_split + 1, n_splits, num_stages=1):
+                    m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+                    l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
+                    acc_s = tl.load(pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
+                    m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
                 _finish(
                     m,
                     l_sum,
@@ -1415,7 +1379,6 @@ def run(
             GRID_ORDER=cfg.GRID_ORDER,
             SPLIT_LOOP=cfg.SPLIT_LOOP,
             SPLIT_WHOLE=cfg.SPLIT_WHOLE,
-            MERGE_AHEAD=cfg.MERGE_AHEAD,
             **flags,
             **cfg.launch_options,
         )
