@@ -54,6 +54,7 @@ KEYS = (
     "DECODE_WAVE_CAPPED",
     "DECODE_BALANCE",
     "DECODE_MERGE_AHEAD",
+    "DECODE_STAGES",
 )
 ROUND = os.environ.get("PROBE_ROUND", "1")  # round 1 ran on d2a12af (every program walked its splits in the loop)
 DEFAULTS = {k: getattr(host, k) for k in KEYS if hasattr(host, k)}
@@ -154,6 +155,14 @@ elif ROUND == "10":  # the merge of stored splits with its loads one or two spli
         "ahead2": {"DECODE_MERGE_AHEAD": 2},
     }
     FP8_CONFIGS = {"new": {}, "ahead2": {"DECODE_MERGE_AHEAD": 2}, "spp1": CONFIGS["spp1"]}
+elif ROUND == "11":  # the decode pipeline's depth (K/V tiles in flight a program)
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
+        "new": {},
+        "st4": {"DECODE_STAGES": 4},
+        "st2": {"DECODE_STAGES": 2},
+    }
+    FP8_CONFIGS = {}
 res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
 t0 = time.time()
 
@@ -241,6 +250,9 @@ if ROUND == "9":
 if ROUND == "10":
     POINTS = [(1, L) for L in (2048, 8192, 32768)] + [(8, L) for L in (2048, 4096, 8192, 32768)]
     POINTS += [(16, 4096), (16, 8192), (4, 8192), (112, 4096), (32, 4096)]
+if ROUND == "11":
+    POINTS = [(8, L) for L in (2048, 4096, 8192, 32768)] + [(16, 4096), (16, 8192), (32, 4096), (32, 32768)]
+    POINTS += [(64, 4096), (128, 8192), (1, 2048), (1, 8192), (1, 32768)]
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:
