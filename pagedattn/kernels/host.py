@@ -4,6 +4,7 @@ on any machine; nothing here imports triton."""
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Any
 
@@ -326,7 +327,9 @@ def plan_launch(
         # that a single long sequence still fills the GPU, then merge by log-sum-exp
         # a long history takes longer splits: fewer partial states to write and merge, and
         # still enough programs to fill the GPU alone; the choice reads that history's length only
-        work = [decode_work(seq_lens[b], kv_fp8, sliding_window) for b in decode_seqs]
+        lens = [seq_lens[b] for b in decode_seqs]
+        per_len = {n: decode_work(n, kv_fp8, sliding_window) for n in set(lens)}  # batches repeat lengths
+        work = [per_len[n] for n in lens]
         max_splits = max(n for n, _, _ in work)
         block_n = decode_block_n(dtype, kv_fp8, interpreter)
         # the split loop walks a program's splits as whole tiles: every split size the tuning
@@ -453,10 +456,11 @@ def decode_launch_shape(
     if kv_fp8 and DECODE_SPLIT_LOOP is None and not FP8_DECODE_SPLIT_LOOP:
         return False, 1, False
     heads = len(work) * num_kv_heads
+    kinds = collections.Counter(work)  # the balance is counted over distinct works
     for spp in range(1, max(1, min(DECODE_SPP_MAX, max_splits)) + 1):
-        if heads * -(-max_splits // spp) <= DECODE_WAVE and (spp == 1 or _balanced(work, spp)):
+        if heads * -(-max_splits // spp) <= DECODE_WAVE and (spp == 1 or _balanced(kinds, spp)):
             return True, spp, False
-    if DECODE_WHOLE_FILL <= 1 and _balanced(work, max_splits):
+    if DECODE_WHOLE_FILL <= 1 and _balanced(kinds, max_splits):
         waves = [(w, c) for w, c in ((DECODE_WAVE, False), (DECODE_WAVE_CAPPED, True)) if w > 0 and (cap_ok or not c)]
         if waves:
             fill, _, capped = max((heads / (-(-heads // w) * w), not c, c) for w, c in waves)
@@ -465,14 +469,16 @@ def decode_launch_shape(
     return bool(DECODE_SPLIT_LOOP), 1, False
 
 
-def _balanced(work: list[tuple[int, int, int]], spp: int) -> bool:
+def _balanced(work: collections.Counter[tuple[int, int, int]] | list[tuple[int, int, int]], spp: int) -> bool:
     """Whether the decode programs of ``spp`` consecutive splits each (``work`` as in
-    ``decode_launch_shape``) are of about one length: their mean work, in keys, at least
-    ``DECODE_BALANCE`` of the longest's (a program's work counted in whole splits)."""
+    ``decode_launch_shape``, or counted: a batch holds few distinct works) are of about one
+    length: their mean work, in keys, at least ``DECODE_BALANCE`` of the longest's (a program's
+    work counted in whole splits)."""
     total = programs = longest = 0
-    for n, first, keys in work:
-        total += (n - first) * keys
-        programs += -(-n // spp) - first // spp
+    kinds = work if isinstance(work, collections.Counter) else collections.Counter(work)
+    for (n, first, keys), c in kinds.items():
+        total += c * (n - first) * keys
+        programs += c * (-(-n // spp) - first // spp)
         longest = max(longest, min(spp, n - first) * keys)
     return programs > 0 and total >= DECODE_BALANCE * longest * programs
 
