@@ -124,15 +124,20 @@ def _plan(seq_lens, query_lens, heads=32, kv=8, d=128, bs=16, dtype=torch.bfloat
     return host.plan_launch(seq_lens, query_lens, heads, kv, d, bs, dtype, interpreter, kv_dtype)
 
 
-def test_launch_limits_fail_before_any_launch():
+def test_launch_limits_fail_before_any_launch(monkeypatch):
     """What one launch cannot hold is a ProblemError naming the field, from sizes alone: a
     query needing more than 65535 query tiles (fp32, a GQA group of 16: one token a tile),
     a decode scratch past int32 offsets; a strided query past int32 offsets."""
     with pytest.raises(ValueError, match=r"query_start_loc.*65535"):
         _plan([70000], [70000], heads=16, kv=1, dtype=torch.float32)
     assert _plan([65535], [65535], heads=16, kv=1, dtype=torch.float32).other.grid[1] == 65535
-    with pytest.raises(ValueError, match=r"seq_lens.*2\*\*31"):
-        _plan([2**24] * 70, [1] * 70)
+    with monkeypatch.context() as m:  # one split a program: the scratch holds every split
+        m.setattr(host, "DECODE_WHOLE_FILL", 2.0)
+        with pytest.raises(ValueError, match=r"seq_lens.*2\*\*31"):
+            _plan([2**24] * 66, [1] * 66)
+    # whole sequences a program (528 programs, 2 waves of 264) store no split: one a sequence
+    plan = _plan([2**24] * 66, [1] * 66)
+    assert (plan.decode.SPLIT_WHOLE, plan.scratch_splits, plan.max_splits) == (True, 1, 2**24 // host.SPLIT_LONG)
     wide = torch.empty(4, 8, 128, device="meta").as_strided((4, 8, 128), (2**30, 128, 1))
     assert host.last_offset(wide) == 3 * 2**30 + 7 * 128 + 127 > host.INT32_MAX
 
@@ -188,12 +193,13 @@ def test_tile_sizes(heads, kv, d, group_pad_decode, group_pad_other, d_pad):
 
 def test_plan_is_batch_invariant():
     """A sequence's launch, tiles and splits depend on that sequence alone. The launch's shape
-    follows the batch: the grid, the decode's split loop, the splits a program takes and an
-    fp8 cache's register cap, none of which changes a bit (``test_launch_shape_changes_no_bit``).
+    follows the batch: the grid, the decode's split loop, the splits a program takes, whether a
+    program merges its whole sequence, and the register caps, none of which changes a bit
+    (``test_launch_shape_changes_no_bit``).
     The batch here passes a wave of the split loop, so its shape differs from the sequence's alone."""
     alone_d, alone_p = _plan([3000], [1]), _plan([300], [30])
     batch = _plan([3000, 300, 17, 9000] + [3000] * 40, [1, 30, 17, 1] + [1] * 40)
-    shape = ("grid", "SPLIT_GROUPS", "SPLITS_PER_PROGRAM", "SPLIT_LOOP", "maxnreg")
+    shape = ("grid", "SPLIT_GROUPS", "SPLITS_PER_PROGRAM", "SPLIT_LOOP", "SPLIT_WHOLE", "maxnreg")
     assert alone_d.decode.SPLIT_LOOP and not batch.decode.SPLIT_LOOP
     assert alone_d.decode == dataclasses.replace(batch.decode, **{k: getattr(alone_d.decode, k) for k in shape})
     fp8 = functools.partial(_plan, query_lens=[1] * 41, kv_dtype=torch.float8_e4m3fn)
@@ -360,6 +366,16 @@ def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
     monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 0.7)
     assert shape(9) == (True, 8, True)
     monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 0.8)
+    with monkeypatch.context() as m:  # the least fill is taken: 16 programs in 2 waves of 10, 0.8
+        m.setattr(host, "DECODE_WAVE", 10)
+        m.setattr(host, "DECODE_WAVE_CAPPED", 0)
+        assert shape(2, heads=8) == (True, 8, False)
+    with monkeypatch.context() as m:  # storing and merging splits instead: never whole past one wave
+        m.setattr(host, "DECODE_MERGE_IN_LOOP", False)
+        assert shape(16) == shape(12) == (False, 1, False)
+        m.setattr(host, "DECODE_WAVE", 264)
+        plan = _plan([5000] * 48, [1] * 48)
+        assert (plan.decode.SPLIT_LOOP, plan.decode.SPLIT_WHOLE, plan.decode.maxnreg) == (False, False, None)
     monkeypatch.setattr(host, "DECODE_WAVE_CAPPED", 0)
     assert shape(12) == (False, 1, False)
     # balance: one history of 16 2048-key splits beside seven of 4 256-key ones (8 kv heads):
@@ -369,7 +385,8 @@ def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
     mixed = [(16, 0, 2048)] + [(4, 0, 256)] * 7
     assert host.decode_launch_shape(mixed, 8) == (False, 1, False)
     assert host.decode_launch_shape([(16, 0, 2048)] * 8, 8)[:2] == (True, 4)  # the same launch, balanced
-    assert host.decode_launch_shape(mixed[:2], 8)[:2] == (True, 1)  # one split a program fits: always balanced
+    assert host.decode_launch_shape(mixed[:2], 8)[:2] == (True, 1)  # one split a program fits: always taken
+    assert host.decode_launch_shape([(16, 0, 2048), (16, 0, 256)], 8) == (True, 1, False)  # ... even unbalanced (0.56)
     monkeypatch.setattr(host, "DECODE_WAVE_CAPPED", 396)
     assert host.decode_launch_shape([(16, 0, 512)] * 48, 8, cap_ok=True) == (True, 16, True)  # one wave of 396
     assert host.decode_launch_shape([(16, 0, 512)] * 24 + [(2, 0, 512)] * 24, 8, cap_ok=True) == (False, 1, False)
@@ -378,6 +395,14 @@ def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
     assert host.decode_work(32768, sliding_window=4096) == (16, 14, 2048)
     assert host.decode_work(5000, sliding_window=10**6) == (10, 0, 512)
     assert host.decode_work(5000) == (10, 0, 512)
+    assert host.decode_work(1100, sliding_window=77) == (5, 3, 256)  # keys 1023 on: split 3 (768-1023)
+    assert host.decode_work(1100, sliding_window=1) == (5, 4, 256)  # key 1099 alone
+    assert host.decode_work(1100, sliding_window=1100) == (5, 0, 256)
+    # the splits before the window make no programs: three visible a history, two a program
+    # (splits 20-21, of which 21 visible, and 22-23): mean 1.5 splits of the longest 2, 0.75
+    assert host._balanced([(24, 21, 512)] * 8, 2)
+    # only the visible splits are work: 16 + 7 x 1 splits over 8 programs of up to 16
+    assert not host._balanced([(16, 0, 512)] + [(16, 15, 512)] * 7, 16)
     windowed = [host.decode_work(n, sliding_window=1000) for n in [12000] + [5000] * 7]  # 3 splits each
     assert host._balanced(windowed, 24) and not host._balanced([host.decode_work(n) for n in [12000] + [5000] * 7], 24)
     # the plan: whole sequences need no scratch beyond one split; the capped launch's registers
@@ -391,6 +416,19 @@ def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
     assert _plan([5000] * 48, [1] * 48, dtype=torch.float32).decode.maxnreg is None
     plan = _plan([5000] * 36, [1] * 36)  # 288 programs: 0.55 / 0.73 of the slots
     assert (plan.decode.SPLIT_WHOLE, plan.decode.SPLIT_LOOP, plan.scratch_splits) == (False, False, 10)
+
+
+def test_prepare_plans_with_the_window(monkeypatch):
+    """``prepare`` hands the sliding window to the plan: the decode launch's shape counts only
+    the splits the new token sees (``host.decode_work``)."""
+    seen = []
+    real = tpa.plan_launch
+    monkeypatch.setattr(tpa, "plan_launch", lambda *a: seen.append(a[9]) or real(*a))
+    case = CaseSpec("t", ((140, 1), (33, 4)), num_heads=4, num_kv_heads=2, head_dim=32, block_size=8).build()
+    case = case.to(DEVICE)
+    tpa.prepare(*_args(case), scale=case.scale, sliding_window=45)
+    tpa.prepare(*_args(case), scale=case.scale)
+    assert seen == [45, None]
 
 
 #: the decode launch's shapes (host switches): one split a program, uncapped and at a register cap
@@ -466,6 +504,7 @@ def test_launch_shape_changes_no_bit(kw, monkeypatch):
             assert (cfg.maxnreg is not None) == ("capped" in name), name
             # every split in one program: merged in its loop
             assert cfg.SPLIT_WHOLE == (name in ("loop-7", "loop-7-capped")), name
+            assert prep.part_acc.shape[1] == prep.part_ml.shape[1] == (1 if cfg.SPLIT_WHOLE else 7), name
             got[name] = tpa.run(prep, case.query, case.key_cache, case.value_cache)
             assert int(prep.done.abs().sum()) == 0, f"{name}: counters left at {prep.done.tolist()}"
     c1, c2 = check_attention_lse(*got["one-split"], case)

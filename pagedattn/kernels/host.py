@@ -271,8 +271,9 @@ class LaunchPlan:
     and its split of the history depend on that sequence alone, never on the batch, so
     a sequence computes the same bits alone or in any batch. The launch's shape follows
     the batch: its grid, and for decode the split loop, the splits a program takes, whether a
-    program merges its whole sequence in its loop (``SPLIT_WHOLE``) and an fp8 cache's register
-    cap (``decode_launch_shape``); none of them changes a bit
+    program merges its whole sequence in its loop (``SPLIT_WHOLE``), the scratch's size and the
+    register caps (an fp8 cache's, whole sequences at three programs an SM;
+    ``decode_launch_shape``); none of them changes a bit
     (``test_launch_shape_changes_no_bit``).
     """
 
@@ -339,7 +340,10 @@ def plan_launch(
             if size % block_n:
                 raise RuntimeError(f"paged_attention: decode splits of {size} keys are not whole tiles of {block_n}")
         # the register caps below are sized for 16-bit queries and head_dim <= 128 (wider tiles
-        # would spill); the whole-sequence cap also for a GQA group padded to at most 16 rows
+        # would spill); the whole-sequence cap also for a GQA group padded to at most 16 rows,
+        # and not over an fp8 cache (which takes no split loop). Under it, sm_90 (ptxas -v), bf16
+        # D=128 spills 16 / 8 bytes (triton 3.6) and 4 / 4 (triton 3.9) with every variant on
+        # (window, soft-cap, ALiBi, sinks, lse), none without (the H200 figures: without)
         narrow = dtype != torch.float32 and d_pad <= 128
         cap_ok = narrow and group_pad <= MIN_DOT and not kv_fp8
         split_loop, spp, whole_capped = decode_launch_shape(work, num_kv_heads, kv_fp8, cap_ok)
@@ -430,19 +434,21 @@ def decode_launch_shape(
     ``work``: for each decode sequence, ``decode_work``'s (splits, first split with visible
     keys, keys a split). ``cap_ok``: the tiles are narrow enough for the register cap.
 
-    The split loop holds a little more shared memory than a program of one split (on the
-    H200 at bf16, D=128: two programs an SM instead of three), but keeps its K/V pipeline
-    running across a split's end. So, in order:
+    The split loop holds more registers than a program of one split (sm_90, triton 3.6, bf16,
+    D=128: 192-210 against fewer than 168, and storing splits in the loop also more shared
+    memory: two programs an SM instead of three), but keeps its K/V pipeline running across a
+    split's end. So, in order:
 
     1. the fewest splits a program (up to ``DECODE_SPP_MAX``) that fit the launch in
        ``DECODE_WAVE`` programs, one wave of the split loop, where more than one split a
        program leaves the programs balanced (``_balanced``: a long history beside short ones
        would be walked by few programs while the rest of the GPU idles);
-    2. else a whole sequence a program (merged in its loop), past one wave, where its programs
-       fill at least ``DECODE_WHOLE_FILL`` of the waves' slots (programs over whole waves' slots)
-       at two programs an SM (``DECODE_WAVE``) or, with ``cap_ok``, at three
+    2. else a whole sequence a program, merged in its loop (``DECODE_MERGE_IN_LOOP``), where
+       its programs fill at least ``DECODE_WHOLE_FILL`` of the waves' slots (programs over whole
+       waves' slots) at two programs an SM (``DECODE_WAVE``) or, with ``cap_ok``, at three
        (``DECODE_WAVE_CAPPED`` at ``DECODE_WHOLE_MAXNREG`` registers; the fuller, two on a tie),
-       and the programs are balanced;
+       and the programs are balanced: launches past one wave, and launches one wave holds only
+       at more than ``DECODE_SPP_MAX`` splits a program (histories of over 16 splits);
     3. else one split a program without the loop.
 
     An fp8 cache (``kv_fp8``) takes no loop (``FP8_DECODE_SPLIT_LOOP``): measured slower at
@@ -460,7 +466,7 @@ def decode_launch_shape(
     for spp in range(1, max(1, min(DECODE_SPP_MAX, max_splits)) + 1):
         if heads * -(-max_splits // spp) <= DECODE_WAVE and (spp == 1 or _balanced(kinds, spp)):
             return True, spp, False
-    if DECODE_WHOLE_FILL <= 1 and _balanced(kinds, max_splits):
+    if DECODE_WHOLE_FILL <= 1 and DECODE_MERGE_IN_LOOP and _balanced(kinds, max_splits):
         waves = [(w, c) for w, c in ((DECODE_WAVE, False), (DECODE_WAVE_CAPPED, True)) if w > 0 and (cap_ok or not c)]
         if waves:
             fill, _, capped = max((heads / (-(-heads // w) * w), not c, c) for w, c in waves)
@@ -472,8 +478,9 @@ def decode_launch_shape(
 def _balanced(work: collections.Counter[tuple[int, int, int]] | list[tuple[int, int, int]], spp: int) -> bool:
     """Whether the decode programs of ``spp`` consecutive splits each (``work`` as in
     ``decode_launch_shape``, or counted: a batch holds few distinct works) are of about one
-    length: their mean work, in keys, at least ``DECODE_BALANCE`` of the longest's (a program's
-    work counted in whole splits)."""
+    length: their mean work, in keys, at least ``DECODE_BALANCE`` of the longest's. A program's
+    work is counted in whole splits of its history's split size, visible keys or not: under a
+    window narrower than a split, histories of different split tiers read as unbalanced."""
     total = programs = longest = 0
     kinds = work if isinstance(work, collections.Counter) else collections.Counter(work)
     for (n, first, keys), c in kinds.items():

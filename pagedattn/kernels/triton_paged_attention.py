@@ -824,7 +824,7 @@ def _decode_kernel(
     n_kv_heads,
     n_groups,
     splits_per_program,
-    # strides (elements); partials are [n_decode, max_splits, num_heads, HEAD_DIM_PAD] and [..., 2]
+    # strides (elements); partials are [n_decode, plan.scratch_splits, num_heads, HEAD_DIM_PAD] and [..., 2]
     stride_qt,
     stride_qh,
     stride_kb,
