@@ -93,8 +93,11 @@ for B, L in POINTS:
     if fi:
         row["ours_over_fi"] = fi / best["ours"]  # > 1: ours faster
     res["points"].append(row)
-    log(f"B={B} L={L} " + " ".join(f"{n} {t:.1f}us ({row['x_sdpa'][n]:.3f})" for n, t in best.items())
-        + f" ours/fi {row.get('ours_over_fi', float('nan')):.3f} diff {row.get('max_abs_diff')} {row.get('fi_error', '')}{row.get('fi_graph_error', '')}")
+    log(
+        f"B={B} L={L} "
+        + " ".join(f"{n} {t:.1f}us ({row['x_sdpa'][n]:.3f})" for n, t in best.items())
+        + f" ours/fi {row.get('ours_over_fi', float('nan')):.3f} diff {row.get('max_abs_diff')} {row.get('fi_error', '')}{row.get('fi_graph_error', '')}"
+    )
     dump()
     del q, k, v, kc, vc, graphs, prep, out
     torch.cuda.empty_cache()
