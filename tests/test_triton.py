@@ -847,7 +847,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
              "TABLE_AHEAD": True, "OFF_I32": m.OFFSETS_I32}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
-            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP", "SPLIT_WHOLE")
+            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP", "SPLIT_WHOLE", "GROUP_FOLD")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}

@@ -55,6 +55,7 @@ KEYS = (
     "DECODE_BALANCE",
     "DECODE_MERGE_AHEAD",
     "DECODE_STAGES",
+    "DECODE_GROUP_FOLD",
 )
 ROUND = os.environ.get("PROBE_ROUND", "1")  # round 1 ran on d2a12af (every program walked its splits in the loop)
 DEFAULTS = {k: getattr(host, k) for k in KEYS if hasattr(host, k)}
@@ -163,6 +164,13 @@ elif ROUND == "11":  # the decode pipeline's depth (K/V tiles in flight a progra
         "st2": {"DECODE_STAGES": 2},
     }
     FP8_CONFIGS = {}
+elif ROUND == "12":  # probe only: a program folds its splits in its loop and stores one state (bits by shape)
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},
+        "new": {},
+        "gfold": {"DECODE_GROUP_FOLD": True},
+    }
+    FP8_CONFIGS = {}
 res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
 t0 = time.time()
 
@@ -253,6 +261,9 @@ if ROUND == "10":
 if ROUND == "11":
     POINTS = [(8, L) for L in (2048, 4096, 8192, 32768)] + [(16, 4096), (16, 8192), (32, 4096), (32, 32768)]
     POINTS += [(64, 4096), (128, 8192), (1, 2048), (1, 8192), (1, 32768)]
+if ROUND == "12":
+    POINTS = [(8, L) for L in (2048, 4096, 8192, 32768)] + [(16, L) for L in (2048, 4096, 8192, 32768)]
+    POINTS += [(4, 8192), (4, 32768), (1, 8192), (24, 4096)]
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:

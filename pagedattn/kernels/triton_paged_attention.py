@@ -868,6 +868,7 @@ def _decode_kernel(
     GRID_ORDER: tl.constexpr,
     SPLIT_LOOP: tl.constexpr,
     SPLIT_WHOLE: tl.constexpr,
+    GROUP_FOLD: tl.constexpr,
 ):
     """``splits_per_program`` consecutive splits of one decode sequence's history for one kv
     head's query group (the grid's ``n_groups`` programs of a sequence and kv head cover the
@@ -1000,7 +1001,7 @@ def _decode_kernel(
             n_tiles += tl.maximum(rest_hi - rest_lo + BLOCK_N - 1, 0) // BLOCK_N
             j_next = j0 + tl.arange(0, BLOCK_N)
             blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < end, other=0)
-            if SPLIT_WHOLE:  # the merged state so far, from the merge's identity (``_combine``)
+            if SPLIT_WHOLE or GROUP_FOLD:  # the merged state so far, from the merge's identity (``_combine``)
                 m_all = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
                 l_all = tl.zeros([GROUP_PAD], dtype=tl.float32)
                 acc_all = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
@@ -1054,7 +1055,7 @@ def _decode_kernel(
                     EXP2,
                 )
                 if wrap:  # the split's last tile: its state to the scratch (or merged here), a fresh one next
-                    if SPLIT_WHOLE:
+                    if SPLIT_WHOLE or GROUP_FOLD:
                         m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m, l_sum, acc, EXP2)
                     else:
                         tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
@@ -1066,6 +1067,10 @@ def _decode_kernel(
                 split = next_split
                 j0 = next_j0
                 end = next_end
+            if GROUP_FOLD:  # probe only: the program's splits folded, stored as one state at its group
+                tl.store(pa + grp * stride_pa_split, acc_all, mask=row_mask[:, None])
+                tl.store(pml + grp * stride_pml_split, m_all, mask=row_mask)
+                tl.store(pml + grp * stride_pml_split + 1, l_all, mask=row_mask)
             if SPLIT_WHOLE:  # the program merged every split of its sequence, in split order: done
                 _finish(
                     m_all,
@@ -1096,10 +1101,14 @@ def _decode_kernel(
                 # a pipelined load becomes cp.async.ca, which reads through L1
                 # (test_kernel_compiles_for_hopper_without_a_gpu checks the machine code).
                 s0 = first_split
+                s_end = n_splits
+                if GROUP_FOLD:  # probe only: one state a program's group
+                    s0 = first_split // splits_per_program
+                    s_end = (n_splits + splits_per_program - 1) // splits_per_program
                 m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
                 l_sum = tl.load(pml + s0 * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
                 acc = tl.load(pa + s0 * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
-                for s in tl.range(first_split + 1, n_splits, num_stages=1):
+                for s in tl.range(s0 + 1, s_end, num_stages=1):
                     m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
                     l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
                     acc_s = tl.load(pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
@@ -1379,6 +1388,7 @@ def run(
             GRID_ORDER=cfg.GRID_ORDER,
             SPLIT_LOOP=cfg.SPLIT_LOOP,
             SPLIT_WHOLE=cfg.SPLIT_WHOLE,
+            GROUP_FOLD=cfg.GROUP_FOLD,
             **flags,
             **cfg.launch_options,
         )
