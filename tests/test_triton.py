@@ -78,6 +78,31 @@ def test_decode_splits_before_the_window_are_neither_computed_nor_merged():
 
 
 @runs_kernel
+@pytest.mark.parametrize("spp, slots", [(4, 2), (2, 8), (8, 2)], ids=["parts", "splits", "whole-parts"])
+def test_a_program_of_whole_parts_stores_one_state_a_part(spp, slots, monkeypatch):
+    """The merge folds a history's splits in parts (``DECODE_FOLD_PARTS``): a split-loop program
+    whose splits are whole parts folds them in its loop and stores one state a part, else one a
+    split. 8 splits of 32 keys in 2 parts of 4: four splits a program store parts 0 and 1 (slots
+    2-7 untouched, NaN), two a program every split, and eight a program (its merge stored, not
+    in its loop) the two parts."""
+    for name, value in (("SPLIT_SIZE", 32), ("DECODE_BLOCK_N", 16), ("SHORT_UNDER", 0), ("DECODE_FOLD_PARTS", 2)):
+        monkeypatch.setattr(host, name, value)
+    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", True)
+    monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", spp)
+    monkeypatch.setattr(host, "DECODE_MERGE_IN_LOOP", False)
+    case = CaseSpec("t", ((256, 1),), num_heads=4, num_kv_heads=2, head_dim=32, block_size=8).build().to(DEVICE)
+    prep = tpa.prepare(*_args(case), scale=case.scale)
+    assert prep.plan.max_splits == 8 and prep.plan.decode.SPLITS_PER_PROGRAM == spp
+    prep.part_acc.fill_(float("nan"))
+    prep.part_ml.fill_(float("nan"))
+    out = tpa.run(prep, case.query, case.key_cache, case.value_cache)
+    check = check_attention(out, case)
+    assert check.passed and not check.warning, str(check)
+    written = ~prep.part_ml[0, :, :, 0].isnan().all(dim=-1)  # [splits]: a state stored in the slot
+    assert written.tolist() == [True] * slots + [False] * (8 - slots)
+
+
+@runs_kernel
 def test_lse_is_float32_natural_log_of_the_denominator():
     case = CaseSpec("t", ((40, 7), (30, 1)), num_heads=4, alibi_slopes=True).build().to(DEVICE)
     out, lse = tpa.paged_attention(*_args(case), scale=case.scale, alibi_slopes=case.alibi_slopes, return_lse=True)
@@ -453,13 +478,21 @@ INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-7", "loop-7-stored"
 @pytest.mark.parametrize(
     "kw",
     [
-        dict(sinks=True),
-        dict(sliding_window=45, dtype=torch.float32),
+        dict(sinks=True, fold_parts=2),
+        dict(sliding_window=45, dtype=torch.float32, fold_parts=2),
         dict(alibi_slopes=True, logits_soft_cap=20.0, dtype=torch.bfloat16),
         dict(sliding_window=100, sinks=True, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, k_scale=0.5),
-        dict(negative_scores=True),
+        dict(negative_scores=True, fold_parts=2),
+        dict(fold_parts=0),
     ],
-    ids=["sinks", "window-fp32", "alibi-softcap-bf16", "fp8-window-sinks", "negative-scores"],
+    ids=[
+        "sinks-parts2",
+        "window-fp32-parts2",
+        "alibi-softcap-bf16",
+        "fp8-window-sinks",
+        "negative-scores-parts2",
+        "parts0",
+    ],
 )
 def test_launch_shape_changes_no_bit(kw, monkeypatch):
     """Every decode launch shape (``LAUNCH_SHAPES``) computes the same bits (out and lse) and
@@ -474,6 +507,10 @@ def test_launch_shape_changes_no_bit(kw, monkeypatch):
     monkeypatch.setattr(host, "SHORT_UNDER", 0)
     kw = dict(kw)
     negative = kw.pop("negative_scores", False)
+    # the merge's parts (DECODE_FOLD_PARTS): 2 gives parts of 2 and 3 splits here (histories of 5
+    # and 7 splits), so a program of 2 or 3 splits folds whole parts for one history and stores
+    # splits for the other; 4 (the default) parts of one split; 0 one fold of every split
+    monkeypatch.setattr(host, "DECODE_FOLD_PARTS", kw.pop("fold_parts", host.DECODE_FOLD_PARTS))
     spec = CaseSpec(
         "t",
         ((140, 1), (70, 1), (9, 1), (33, 4), (200, 1), (400, 1)),
@@ -847,7 +884,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
              "TABLE_AHEAD": True, "OFF_I32": m.OFFSETS_I32}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
-            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP", "SPLIT_WHOLE", "GROUP_FOLD")
+            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP", "SPLIT_WHOLE", "FOLD_PARTS")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}

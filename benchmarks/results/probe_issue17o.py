@@ -55,7 +55,8 @@ KEYS = (
     "DECODE_BALANCE",
     "DECODE_MERGE_AHEAD",
     "DECODE_STAGES",
-    "DECODE_GROUP_FOLD",
+    "DECODE_GROUP_FOLD",  # round 12's experiment (e1d1a9f-era GROUP_FOLD), gone since
+    "DECODE_FOLD_PARTS",
 )
 ROUND = os.environ.get("PROBE_ROUND", "1")  # round 1 ran on d2a12af (every program walked its splits in the loop)
 DEFAULTS = {k: getattr(host, k) for k in KEYS if hasattr(host, k)}
@@ -171,6 +172,14 @@ elif ROUND == "12":  # probe only: a program folds its splits in its loop and st
         "gfold": {"DECODE_GROUP_FOLD": True},
     }
     FP8_CONFIGS = {}
+elif ROUND == "13":  # the merge in parts (DECODE_FOLD_PARTS 4): programs of whole parts fold in their loop
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
+        "new": {},
+        "no_loop": {"DECODE_SPLIT_LOOP": False},
+        "parts0": {"DECODE_FOLD_PARTS": 0},  # the merge of the seventh stop (other bits)
+    }
+    FP8_CONFIGS = {"new": {}, "parts0": {"DECODE_FOLD_PARTS": 0}, "spp1": CONFIGS["spp1"]}
 res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
 t0 = time.time()
 
@@ -264,6 +273,14 @@ if ROUND == "11":
 if ROUND == "12":
     POINTS = [(8, L) for L in (2048, 4096, 8192, 32768)] + [(16, L) for L in (2048, 4096, 8192, 32768)]
     POINTS += [(4, 8192), (4, 32768), (1, 8192), (24, 4096)]
+if ROUND == "13":
+    _g = torch.Generator().manual_seed(8)
+    MIXED = {
+        "one32k+7x1k": [32768] + [1024] * 7,
+        "32 of 1k-16k": torch.randint(1024, 16385, (32,), generator=_g).tolist(),
+    }
+    POINTS = [(8, L) for L in (2048, 4096, 8192, 32768)] + [(16, 4096), (16, 8192), (4, 8192), (4, 32768)]
+    POINTS += [(1, 2048), (1, 8192), (1, 32768), (32, 4096), (48, 4096), (64, 8192), (128, 8192)] + list(MIXED)
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if DRY:
@@ -274,7 +291,7 @@ if DRY:
 FP8_POINTS = {(32, 4096), (8, 8192), (64, 2048), (1, 4096)}
 ks, vs = 0.37, 1.9
 for point in POINTS:
-    lens = MIXED[point] if ROUND == "8" and isinstance(point, str) else None
+    lens = MIXED[point] if isinstance(point, str) else None
     B, L = (len(lens), max(lens)) if lens else point
     q, k, v, tables, seq_lens, loc = paged_batch(B, L, 1, Hq, Hkv, D, 16, torch.bfloat16, dev)
     if lens:

@@ -245,7 +245,7 @@ class LaunchConfig:
     SPLITS_PER_PROGRAM: int = 1  # ... consecutive splits a program takes (a launch shape: the same bits) ...
     SPLIT_GROUPS: int = 0  # ... and the programs of a sequence and kv head, ceil(max_splits / SPLITS_PER_PROGRAM)
     SPLIT_WHOLE: bool = False  # decode: a program walks every split of its sequence and merges them in its loop
-    GROUP_FOLD: bool = False  # decode, probe only: a program folds its splits and stores one state
+    FOLD_PARTS: int = 0  # decode: the merge folds each history's splits in this many parts, then the parts
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
@@ -371,7 +371,7 @@ def plan_launch(
             SPLITS_PER_PROGRAM=spp,
             SPLIT_GROUPS=groups,
             SPLIT_WHOLE=whole,
-            GROUP_FOLD=split_loop and not whole and DECODE_GROUP_FOLD,
+            FOLD_PARTS=DECODE_FOLD_PARTS,
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
             BLOCK_N=block_n,
@@ -664,7 +664,13 @@ DECODE_BALANCE = 0.75
 #: H200 (results/h200-probe-issue17o5.json, one process, from graphs): B=32 at 2k / 4k / 8k / 32k
 #: keys 0.990 / 0.986 / 0.982 / 0.982 of SDPA, against 0.911 / 0.926 / 0.915 / 0.957 storing them.
 DECODE_MERGE_IN_LOOP = True
-DECODE_GROUP_FOLD = False  # probe only (the bits follow the launch shape)
+#: The merge's order: a history's splits in DECODE_FOLD_PARTS parts of max(1, splits // it) consecutive
+#: splits, each folded from the merge's identity, then the parts in order (0: the splits in one fold).
+#: A history's own rule, so the bits stay batch-invariant; a split-loop program whose splits are
+#: whole parts folds them in its loop and stores one state a part. Issue 17, eighth stop (H200,
+#: results/h200-probe-issue17o12.json, folding a program's splits): B=8 at 2k / 4k / 8k / 32k keys
+#: 0.964 / 0.958 / 0.919 / 0.958 of SDPA storing every split, 0.971 / 0.971 / 0.980 / 0.976 folded.
+DECODE_FOLD_PARTS = 4
 DECODE_MAXNREG: int | None = None  # a register cap on decode (the compiler's choice without)
 #: ... and over an fp8 cache (half-precision queries, head_dim <= 128) in a launch of more than
 #: DECODE_WAVE programs: sm_90, triton 3.6, e4m3, D=128, the decode kernel took 136 registers once

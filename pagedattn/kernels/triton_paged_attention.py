@@ -868,7 +868,7 @@ def _decode_kernel(
     GRID_ORDER: tl.constexpr,
     SPLIT_LOOP: tl.constexpr,
     SPLIT_WHOLE: tl.constexpr,
-    GROUP_FOLD: tl.constexpr,
+    FOLD_PARTS: tl.constexpr,
 ):
     """``splits_per_program`` consecutive splits of one decode sequence's history for one kv
     head's query group (the grid's ``n_groups`` programs of a sequence and kv head cover the
@@ -909,6 +909,18 @@ def _decode_kernel(
         split_size = tl.where(seq_len < SHORT_UNDER, SPLIT_SHORT, split_size)
     first_split = first // split_size
     n_splits = (seq_len + split_size - 1) // split_size
+    # The merge's order (the same in any batch and launch shape): each part of ``fold``
+    # consecutive splits folded from the merge's identity, then the parts, in order
+    # (``FOLD_PARTS`` parts a history, from its length alone; 0: the splits in one fold). A
+    # program whose splits are whole parts (``splits_per_program`` a multiple of ``fold``; the
+    # split loop's programs start at multiples of it) folds them in its loop and stores one
+    # state a part: fewer stores, a shorter merge.
+    fold = n_splits * 0 + 1
+    if FOLD_PARTS > 0:
+        fold = tl.maximum(n_splits // FOLD_PARTS, 1)
+    loop_parts = splits_per_program % fold == 0
+    if not SPLIT_LOOP:
+        loop_parts = fold < 0  # one split a program stores splits
     # this program's splits: sa .. sb-1 (the grid is sized for the longest history of the launch)
     sa = tl.maximum(grp * splits_per_program, first_split)
     sb = tl.minimum(grp * splits_per_program + splits_per_program, n_splits)
@@ -1001,10 +1013,14 @@ def _decode_kernel(
             n_tiles += tl.maximum(rest_hi - rest_lo + BLOCK_N - 1, 0) // BLOCK_N
             j_next = j0 + tl.arange(0, BLOCK_N)
             blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < end, other=0)
-            if SPLIT_WHOLE or GROUP_FOLD:  # the merged state so far, from the merge's identity (``_combine``)
+            if SPLIT_WHOLE:  # the merged state so far, from the merge's identity (``_combine``)
                 m_all = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
                 l_all = tl.zeros([GROUP_PAD], dtype=tl.float32)
                 acc_all = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+            if FOLD_PARTS > 0:  # the current part's state, from the identity
+                m_p = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+                l_p = tl.zeros([GROUP_PAD], dtype=tl.float32)
+                acc_p = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
             for _ in range(0, n_tiles):
                 j = j0 + tl.arange(0, BLOCK_N)
                 # the next tile: on in this split, or the next split's first
@@ -1055,8 +1071,32 @@ def _decode_kernel(
                     EXP2,
                 )
                 if wrap:  # the split's last tile: its state to the scratch (or merged here), a fresh one next
-                    if SPLIT_WHOLE or GROUP_FOLD:
-                        m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m, l_sum, acc, EXP2)
+                    part_end = ((split + 1) % fold == 0) | (split + 1 == n_splits)
+                    if SPLIT_WHOLE:
+                        if FOLD_PARTS > 0:  # into the part; a finished part into the whole
+                            m_p, l_p, acc_p = _combine(m_p, l_p, acc_p, m, l_sum, acc, EXP2)
+                            if part_end:
+                                m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m_p, l_p, acc_p, EXP2)
+                                m_p = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+                                l_p = tl.zeros([GROUP_PAD], dtype=tl.float32)
+                                acc_p = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                        else:
+                            m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m, l_sum, acc, EXP2)
+                    elif FOLD_PARTS > 0:
+                        if loop_parts:  # into the part; a finished part stored in its slot
+                            m_p, l_p, acc_p = _combine(m_p, l_p, acc_p, m, l_sum, acc, EXP2)
+                            if part_end:
+                                part = split // fold
+                                tl.store(pa + part * stride_pa_split, acc_p, mask=row_mask[:, None])
+                                tl.store(pml + part * stride_pml_split, m_p, mask=row_mask)
+                                tl.store(pml + part * stride_pml_split + 1, l_p, mask=row_mask)
+                                m_p = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+                                l_p = tl.zeros([GROUP_PAD], dtype=tl.float32)
+                                acc_p = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                        else:
+                            tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
+                            tl.store(pml + split * stride_pml_split, m, mask=row_mask)
+                            tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
                     else:
                         tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
                         tl.store(pml + split * stride_pml_split, m, mask=row_mask)
@@ -1067,10 +1107,6 @@ def _decode_kernel(
                 split = next_split
                 j0 = next_j0
                 end = next_end
-            if GROUP_FOLD:  # probe only: the program's splits folded, stored as one state at its group
-                tl.store(pa + grp * stride_pa_split, acc_all, mask=row_mask[:, None])
-                tl.store(pml + grp * stride_pml_split, m_all, mask=row_mask)
-                tl.store(pml + grp * stride_pml_split + 1, l_all, mask=row_mask)
             if SPLIT_WHOLE:  # the program merged every split of its sequence, in split order: done
                 _finish(
                     m_all,
@@ -1101,18 +1137,50 @@ def _decode_kernel(
                 # a pipelined load becomes cp.async.ca, which reads through L1
                 # (test_kernel_compiles_for_hopper_without_a_gpu checks the machine code).
                 s0 = first_split
-                s_end = n_splits
-                if GROUP_FOLD:  # probe only: one state a program's group
-                    s0 = first_split // splits_per_program
-                    s_end = (n_splits + splits_per_program - 1) // splits_per_program
-                m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
-                l_sum = tl.load(pml + s0 * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
-                acc = tl.load(pa + s0 * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
-                for s in tl.range(s0 + 1, s_end, num_stages=1):
-                    m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
-                    l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
-                    acc_s = tl.load(pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
-                    m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
+                if FOLD_PARTS > 0:  # the parts in order, each folded from the identity
+                    m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+                    l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
+                    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                    if loop_parts:  # stored as parts
+                        for c in tl.range(first_split // fold, (n_splits + fold - 1) // fold, num_stages=1):
+                            m_s = tl.load(pml + c * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+                            l_s = tl.load(
+                                pml + c * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg"
+                            )
+                            acc_s = tl.load(
+                                pa + c * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg"
+                            )
+                            m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
+                    else:  # stored as splits: each part folded here
+                        for c in tl.range(first_split // fold, (n_splits + fold - 1) // fold, num_stages=1):
+                            m_c = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+                            l_c = tl.zeros([GROUP_PAD], dtype=tl.float32)
+                            acc_c = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                            lo_s = tl.maximum(c * fold, first_split)
+                            hi_s = tl.minimum(c * fold + fold, n_splits)
+                            for s in tl.range(lo_s, hi_s, num_stages=1):
+                                m_s = tl.load(
+                                    pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg"
+                                )
+                                l_s = tl.load(
+                                    pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg"
+                                )
+                                acc_s = tl.load(
+                                    pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg"
+                                )
+                                m_c, l_c, acc_c = _combine(m_c, l_c, acc_c, m_s, l_s, acc_s, EXP2)
+                            m, l_sum, acc = _combine(m, l_sum, acc, m_c, l_c, acc_c, EXP2)
+                else:
+                    m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+                    l_sum = tl.load(pml + s0 * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
+                    acc = tl.load(pa + s0 * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
+                    for s in tl.range(first_split + 1, n_splits, num_stages=1):
+                        m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+                        l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
+                        acc_s = tl.load(
+                            pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg"
+                        )
+                        m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
                 _finish(
                     m,
                     l_sum,
@@ -1388,7 +1456,7 @@ def run(
             GRID_ORDER=cfg.GRID_ORDER,
             SPLIT_LOOP=cfg.SPLIT_LOOP,
             SPLIT_WHOLE=cfg.SPLIT_WHOLE,
-            GROUP_FOLD=cfg.GROUP_FOLD,
+            FOLD_PARTS=cfg.FOLD_PARTS,
             **flags,
             **cfg.launch_options,
         )
