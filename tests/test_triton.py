@@ -80,26 +80,37 @@ def test_decode_splits_before_the_window_are_neither_computed_nor_merged():
 @runs_kernel
 @pytest.mark.parametrize("spp, slots", [(4, 2), (2, 8), (8, 2)], ids=["parts", "splits", "whole-parts"])
 def test_a_program_of_whole_parts_stores_one_state_a_part(spp, slots, monkeypatch):
-    """The merge folds a history's splits in parts (``DECODE_FOLD_PARTS``): a split-loop program
-    whose splits are whole parts folds them in its loop and stores one state a part, else one a
-    split. 8 splits of 32 keys in 2 parts of 4: four splits a program store parts 0 and 1 (slots
-    2-7 untouched, NaN), two a program every split, and eight a program (its merge stored, not
-    in its loop) the two parts."""
+    """The merge folds a history's splits in parts (``DECODE_FOLD_PARTS``): where a split-loop
+    program's splits are whole parts (``LOOP_PARTS``) it folds them in its loop and stores one
+    state a part, else one a split; the same bits either way, and as one split a program's. 8
+    splits of 32 keys in 2 parts of 4, under a window from split 3 (part 0's last) and a sink:
+    four splits a program store parts 0 and 1 (slots 2-7 untouched, NaN), two a program splits
+    3-7, eight a program (its merge stored, not in its loop) the two parts."""
     for name, value in (("SPLIT_SIZE", 32), ("DECODE_BLOCK_N", 16), ("SHORT_UNDER", 0), ("DECODE_FOLD_PARTS", 2)):
         monkeypatch.setattr(host, name, value)
+    monkeypatch.setattr(host, "DECODE_MERGE_IN_LOOP", False)
+    spec = CaseSpec(
+        "t", ((256, 1),), num_heads=4, num_kv_heads=2, head_dim=32, block_size=8, sliding_window=150, sinks=True
+    )
+    case = spec.build().to(DEVICE)
+    kw = dict(scale=case.scale, sliding_window=150, sinks=case.sinks, return_lse=True)
+    with monkeypatch.context() as m:
+        m.setattr(host, "DECODE_SPLIT_LOOP", False)
+        ref = tpa.paged_attention(*_args(case), **kw)
     monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", True)
     monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", spp)
-    monkeypatch.setattr(host, "DECODE_MERGE_IN_LOOP", False)
-    case = CaseSpec("t", ((256, 1),), num_heads=4, num_kv_heads=2, head_dim=32, block_size=8).build().to(DEVICE)
-    prep = tpa.prepare(*_args(case), scale=case.scale)
+    prep = tpa.prepare(*_args(case), **kw)
     assert prep.plan.max_splits == 8 and prep.plan.decode.SPLITS_PER_PROGRAM == spp
+    assert prep.plan.decode.LOOP_PARTS == (slots == 2)
     prep.part_acc.fill_(float("nan"))
     prep.part_ml.fill_(float("nan"))
-    out = tpa.run(prep, case.query, case.key_cache, case.value_cache)
-    check = check_attention(out, case)
-    assert check.passed and not check.warning, str(check)
+    out, lse = tpa.run(prep, case.query, case.key_cache, case.value_cache)
+    c1, c2 = check_attention_lse(out, lse, case)
+    assert c1.passed and c2.passed and not (c1.warning or c2.warning), f"{c1}\n{c2}"
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1]), "other bits than one split a program"
     written = ~prep.part_ml[0, :, :, 0].isnan().all(dim=-1)  # [splits]: a state stored in the slot
-    assert written.tolist() == [True] * slots + [False] * (8 - slots)
+    expect = [True] * 2 + [False] * 6 if slots == 2 else [False] * 3 + [True] * 5
+    assert written.tolist() == expect
 
 
 @runs_kernel
@@ -884,7 +895,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
              "TABLE_AHEAD": True, "OFF_I32": m.OFFSETS_I32}
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
             "IEEE_FP32", "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "EXP2", "MASK_SPLIT",
-            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP", "SPLIT_WHOLE", "FOLD_PARTS")
+            "HEAVY_FIRST", "GRID_ORDER", "SPLIT_LOOP", "SPLIT_WHOLE", "FOLD_PARTS", "LOOP_PARTS")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
     for name, kernel, cfg in (("prefill", m._prefill_kernel, plan.other), ("decode", m._decode_kernel, plan.decode)):
         consts = {k: getattr(cfg, k) for k in keys if k in kernel.arg_names}

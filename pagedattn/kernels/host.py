@@ -246,6 +246,7 @@ class LaunchConfig:
     SPLIT_GROUPS: int = 0  # ... and the programs of a sequence and kv head, ceil(max_splits / SPLITS_PER_PROGRAM)
     SPLIT_WHOLE: bool = False  # decode: a program walks every split of its sequence and merges them in its loop
     FOLD_PARTS: int = 0  # decode: the merge folds each history's splits in this many parts, then the parts
+    LOOP_PARTS: bool = False  # decode: split-loop programs fold their parts in their loop (whole parts each)
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
@@ -352,6 +353,11 @@ def plan_launch(
         capped = kv_fp8 and narrow and len(decode_seqs) * num_kv_heads * max_splits > DECODE_WAVE
         groups = -(-max_splits // spp)
         whole = split_loop and groups == 1 and DECODE_MERGE_IN_LOOP
+        # programs that fold whole parts in their loop: where every history's parts divide the
+        # programs' splits (else every program stores its splits, and the merge folds the parts);
+        # a launch-wide choice, so programs holding no part state keep their registers
+        folds = {decode_fold(n) for n, _, _ in per_len.values()}
+        loop_parts = split_loop and not whole and max(folds) > 1 and all(spp % f == 0 for f in folds)
         # the scratch ([n_decode, splits, num_heads, HEAD_DIM_PAD] fp32; one split where the
         # programs merge in their loop and store none) is addressed in int32; its size also
         # bounds the decode grid's one axis
@@ -372,6 +378,7 @@ def plan_launch(
             SPLIT_GROUPS=groups,
             SPLIT_WHOLE=whole,
             FOLD_PARTS=DECODE_FOLD_PARTS,
+            LOOP_PARTS=loop_parts,
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
             BLOCK_N=block_n,
@@ -540,6 +547,12 @@ def decode_work(seq_len: int, kv_fp8: bool = False, sliding_window: int | None =
     size = decode_split(seq_len, kv_fp8)
     first = max(0, seq_len - sliding_window) // size if sliding_window else 0
     return -(-seq_len // size), first, size
+
+
+def decode_fold(n_splits: int) -> int:
+    """Splits a part of the decode merge, for a history of ``n_splits`` splits (the kernel's
+    rule): ``max(1, n_splits // DECODE_FOLD_PARTS)``, 1 with ``DECODE_FOLD_PARTS`` 0."""
+    return max(1, n_splits // DECODE_FOLD_PARTS) if DECODE_FOLD_PARTS > 0 else 1
 
 
 def decode_split(seq_len: int, kv_fp8: bool = False) -> int:

@@ -869,6 +869,7 @@ def _decode_kernel(
     SPLIT_LOOP: tl.constexpr,
     SPLIT_WHOLE: tl.constexpr,
     FOLD_PARTS: tl.constexpr,
+    LOOP_PARTS: tl.constexpr,
 ):
     """``splits_per_program`` consecutive splits of one decode sequence's history for one kv
     head's query group (the grid's ``n_groups`` programs of a sequence and kv head cover the
@@ -911,16 +912,13 @@ def _decode_kernel(
     n_splits = (seq_len + split_size - 1) // split_size
     # The merge's order (the same in any batch and launch shape): each part of ``fold``
     # consecutive splits folded from the merge's identity, then the parts, in order
-    # (``FOLD_PARTS`` parts a history, from its length alone; 0: the splits in one fold). A
-    # program whose splits are whole parts (``splits_per_program`` a multiple of ``fold``; the
-    # split loop's programs start at multiples of it) folds them in its loop and stores one
-    # state a part: fewer stores, a shorter merge.
+    # (``FOLD_PARTS`` parts a history, from its length alone, ``host.decode_fold``; 0: the
+    # splits in one fold). With ``LOOP_PARTS`` (the host's choice: every program's splits are
+    # whole parts, the split loop's programs starting at multiples of ``fold``) a program folds
+    # its parts in its loop and stores one state a part: fewer stores, a shorter merge.
     fold = n_splits * 0 + 1
     if FOLD_PARTS > 0:
         fold = tl.maximum(n_splits // FOLD_PARTS, 1)
-    loop_parts = splits_per_program % fold == 0
-    if not SPLIT_LOOP:
-        loop_parts = fold < 0  # one split a program stores splits
     # this program's splits: sa .. sb-1 (the grid is sized for the longest history of the launch)
     sa = tl.maximum(grp * splits_per_program, first_split)
     sb = tl.minimum(grp * splits_per_program + splits_per_program, n_splits)
@@ -1017,7 +1015,9 @@ def _decode_kernel(
                 m_all = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
                 l_all = tl.zeros([GROUP_PAD], dtype=tl.float32)
                 acc_all = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
-            if FOLD_PARTS > 0:  # the current part's state, from the identity
+            if FOLD_PARTS > 0 and (SPLIT_WHOLE or LOOP_PARTS):  # the current part (index, last split), its state
+                part = sa // fold
+                part_last = tl.minimum(part * fold + fold, n_splits) - 1  # counted on: no division in the loop
                 m_p = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
                 l_p = tl.zeros([GROUP_PAD], dtype=tl.float32)
                 acc_p = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
@@ -1071,28 +1071,31 @@ def _decode_kernel(
                     EXP2,
                 )
                 if wrap:  # the split's last tile: its state to the scratch (or merged here), a fresh one next
-                    part_end = ((split + 1) % fold == 0) | (split + 1 == n_splits)
+                    # (parts of one split are the splits: folding one from the identity gives its
+                    # state, so they take the plain path)
                     if SPLIT_WHOLE:
-                        if FOLD_PARTS > 0:  # into the part; a finished part into the whole
+                        if FOLD_PARTS > 0 and fold > 1:  # into the part; a finished part into the whole
                             m_p, l_p, acc_p = _combine(m_p, l_p, acc_p, m, l_sum, acc, EXP2)
-                            if part_end:
+                            if split == part_last:
                                 m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m_p, l_p, acc_p, EXP2)
                                 m_p = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
                                 l_p = tl.zeros([GROUP_PAD], dtype=tl.float32)
                                 acc_p = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                                part_last = tl.minimum(part_last + fold, n_splits - 1)
                         else:
                             m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m, l_sum, acc, EXP2)
-                    elif FOLD_PARTS > 0:
-                        if loop_parts:  # into the part; a finished part stored in its slot
+                    elif LOOP_PARTS:
+                        if fold > 1:  # into the part; a finished part stored in its slot
                             m_p, l_p, acc_p = _combine(m_p, l_p, acc_p, m, l_sum, acc, EXP2)
-                            if part_end:
-                                part = split // fold
+                            if split == part_last:
                                 tl.store(pa + part * stride_pa_split, acc_p, mask=row_mask[:, None])
                                 tl.store(pml + part * stride_pml_split, m_p, mask=row_mask)
                                 tl.store(pml + part * stride_pml_split + 1, l_p, mask=row_mask)
                                 m_p = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
                                 l_p = tl.zeros([GROUP_PAD], dtype=tl.float32)
                                 acc_p = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                                part += 1
+                                part_last = tl.minimum(part_last + fold, n_splits - 1)
                         else:
                             tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
                             tl.store(pml + split * stride_pml_split, m, mask=row_mask)
@@ -1141,7 +1144,10 @@ def _decode_kernel(
                     m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
                     l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
                     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
-                    if loop_parts:  # stored as parts
+                    one_level = fold == 1  # parts of one split: the splits
+                    if LOOP_PARTS:
+                        one_level = fold > 0
+                    if one_level:  # stored as parts
                         for c in tl.range(first_split // fold, (n_splits + fold - 1) // fold, num_stages=1):
                             m_s = tl.load(pml + c * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
                             l_s = tl.load(
@@ -1151,25 +1157,26 @@ def _decode_kernel(
                                 pa + c * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg"
                             )
                             m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
-                    else:  # stored as splits: each part folded here
-                        for c in tl.range(first_split // fold, (n_splits + fold - 1) // fold, num_stages=1):
-                            m_c = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-                            l_c = tl.zeros([GROUP_PAD], dtype=tl.float32)
-                            acc_c = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
-                            lo_s = tl.maximum(c * fold, first_split)
-                            hi_s = tl.minimum(c * fold + fold, n_splits)
-                            for s in tl.range(lo_s, hi_s, num_stages=1):
-                                m_s = tl.load(
-                                    pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg"
-                                )
-                                l_s = tl.load(
-                                    pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg"
-                                )
-                                acc_s = tl.load(
-                                    pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg"
-                                )
-                                m_c, l_c, acc_c = _combine(m_c, l_c, acc_c, m_s, l_s, acc_s, EXP2)
-                            m, l_sum, acc = _combine(m, l_sum, acc, m_c, l_c, acc_c, EXP2)
+                    else:  # stored as splits: each part folded here, then into the whole at its end
+                        m_c = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+                        l_c = tl.zeros([GROUP_PAD], dtype=tl.float32)
+                        acc_c = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                        last = tl.minimum((first_split // fold) * fold + fold, n_splits) - 1
+                        for s in tl.range(first_split, n_splits, num_stages=1):
+                            m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+                            l_s = tl.load(
+                                pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg"
+                            )
+                            acc_s = tl.load(
+                                pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg"
+                            )
+                            m_c, l_c, acc_c = _combine(m_c, l_c, acc_c, m_s, l_s, acc_s, EXP2)
+                            if s == last:
+                                m, l_sum, acc = _combine(m, l_sum, acc, m_c, l_c, acc_c, EXP2)
+                                m_c = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+                                l_c = tl.zeros([GROUP_PAD], dtype=tl.float32)
+                                acc_c = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                                last = tl.minimum(last + fold, n_splits - 1)
                 else:
                     m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
                     l_sum = tl.load(pml + s0 * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
@@ -1457,6 +1464,7 @@ def run(
             SPLIT_LOOP=cfg.SPLIT_LOOP,
             SPLIT_WHOLE=cfg.SPLIT_WHOLE,
             FOLD_PARTS=cfg.FOLD_PARTS,
+            LOOP_PARTS=cfg.LOOP_PARTS,
             **flags,
             **cfg.launch_options,
         )
