@@ -672,7 +672,7 @@ DECODE_WHOLE_MAXNREG = 168  # 168 x 128 threads x 3 <= 65536 registers an SM
 #: would otherwise be walked by a few long programs (not measured; the rule's guard)
 DECODE_BALANCE = 0.75
 #: A launch of one program a sequence and kv head (``SPLIT_GROUPS`` 1): each merges its splits in
-#: its loop, in split order (``_combine``: the bits of the merge over stored splits), and stores no
+#: its loop, in the merge's order (``_combine``: the bits of the merge over stored splits), and stores no
 #: split, counts nothing and reads nothing back. False: they store and merge as other launches do.
 #: H200 (results/h200-probe-issue17o5.json, one process, from graphs): B=32 at 2k / 4k / 8k / 32k
 #: keys 0.990 / 0.986 / 0.982 / 0.982 of SDPA, against 0.911 / 0.926 / 0.915 / 0.957 storing them.

@@ -11,9 +11,11 @@ Sequences with one new token go to ``_decode_kernel``, which also splits the
 history into pieces of ``SPLIT_SIZE`` keys (``SPLIT_LONG`` for long histories)
 across programs (so one long sequence fills the GPU) and writes each piece's
 running max, denominator and weighted-V sum; the piece that finishes last
-combines them by log-sum-exp, in a fixed order, in the same launch. A program may
-walk several pieces in one loop (``SPLIT_LOOP``), and one that walks all of its
-sequence's merges them in that loop and writes nothing else (``SPLIT_WHOLE``). The other
+combines them by log-sum-exp, in a fixed order (the history's pieces in four parts, each
+folded, then the parts: ``FOLD_PARTS``), in the same launch. A program may walk several
+pieces in one loop (``SPLIT_LOOP``), folding whole parts there and writing one state a part
+(``LOOP_PARTS``), and one that walks all of its sequence's merges them in that loop and
+writes nothing else (``SPLIT_WHOLE``). The other
 sequences go to ``_prefill_kernel``. ``host.plan_launch`` decides, from each
 sequence's own sizes only, so results never depend on the rest of the batch.
 An fp8 cache is widened tile by tile after its load, to fp16 for bf16 queries
@@ -877,14 +879,17 @@ def _decode_kernel(
     number in one loop over their tiles. The program whose count completes the sequence's
     splits merges them all (one launch: no second kernel to wait for). With ``SPLIT_WHOLE``
     each program walks every split of its sequence and merges them in its loop instead, in
-    split order with the same arithmetic (``_combine``), and stores, counts and reads nothing.
+    the merge's order with the same arithmetic (``_combine``), and stores, counts and reads
+    nothing.
 
-    Otherwise each split writes its running max, denominator and weighted-V sum; then its program
-    counts the splits it did in ``done_ptr`` [n_decode, num_kv_heads] int32 (zero between
-    launches: the merging program resets it, so a captured CUDA graph can replay the
-    launch). The merge reads the splits in split order, whoever ran them: the same bits
-    in any batch, any launch shape and any schedule. The sink joins there, once, not in
-    every split."""
+    Otherwise each split writes its running max, denominator and weighted-V sum (or, with
+    ``LOOP_PARTS``, each part of ``fold`` splits its folded state); then its program counts the
+    splits it did in ``done_ptr`` [n_decode, num_kv_heads] int32 (zero between launches: the
+    merging program resets it, so a captured CUDA graph can replay the launch). The merge's
+    order is the history's own: its splits in parts of ``fold`` (``FOLD_PARTS`` parts), each
+    folded from the identity in split order, then the parts in order; whoever ran them: the
+    same bits in any batch, any launch shape and any schedule. The sink joins there, once,
+    not in every split."""
     if GRID_ORDER == 1:
         # one axis, kv heads fastest: the programs of one split of one sequence start
         # together and read the same pages (a page row holds every kv head) at once
@@ -1110,7 +1115,7 @@ def _decode_kernel(
                 split = next_split
                 j0 = next_j0
                 end = next_end
-            if SPLIT_WHOLE:  # the program merged every split of its sequence, in split order: done
+            if SPLIT_WHOLE:  # the program merged every split of its sequence, in the merge's order: done
                 _finish(
                     m_all,
                     l_all,
@@ -1133,9 +1138,9 @@ def _decode_kernel(
             done = done_ptr + i * n_kv_heads + kv_head
             if tl.atomic_add(done, sb - sa, sem="acq_rel") == n_splits - first_split - (sb - sa):
                 tl.atomic_xchg(done, 0)  # ready for the next launch (or graph replay)
-                # a running merge in split order (the same bits in any batch and any schedule),
-                # from the first split with visible keys: its max is finite for every real row,
-                # so no exp(-inf - -inf) below. The loads are .cg (L2, where the other programs'
+                # a running merge in the merge's order (the same bits in any batch and any
+                # schedule), from the first split with visible keys (``_combine`` guards a
+                # row whose maxima are all -inf). The loads are .cg (L2, where the other programs'
                 # stores are; an SM's L1 may hold a stale line), and the loop is not pipelined:
                 # a pipelined load becomes cp.async.ca, which reads through L1
                 # (test_kernel_compiles_for_hopper_without_a_gpu checks the machine code).
