@@ -114,6 +114,39 @@ def test_a_program_of_whole_parts_stores_one_state_a_part(spp, slots, monkeypatc
 
 
 @runs_kernel
+@pytest.mark.parametrize("fold", [1, 2, 3])
+def test_programs_of_whole_parts_at_every_fold_compute_one_split_a_programs_bits(fold, monkeypatch):
+    """The host and the kernel each compute a history's part size (``host.decode_fold``, the
+    kernel's ``fold``): where they disagree, ``LOOP_PARTS`` programs would straddle the kernel's
+    parts and drop splits. Histories of 4k to 4k+3 splits (k = ``fold``, ``DECODE_FOLD_PARTS``
+    4), and single ones of 9 and 11 splits, at k and 2k splits a program: ``LOOP_PARTS``, the
+    bits of one split a program, the oracle's verdict."""
+    for name, value in (("SPLIT_SIZE", 16), ("DECODE_BLOCK_N", 16), ("SHORT_UNDER", 0), ("LONG_FROM", 10**6)):
+        monkeypatch.setattr(host, name, value)
+    monkeypatch.setattr(host, "DECODE_MERGE_IN_LOOP", False)
+    batches = [[16 * (4 * fold + r) - 3 for r in range(4)]] + ([[16 * 9 - 5], [16 * 11]] if fold == 2 else [])
+    for lens in batches:
+        folds = {host.decode_fold(-(-n // 16)) for n in lens}
+        assert folds == {fold} or (fold == 2 and len(lens) == 1), (lens, folds)
+        case = CaseSpec("t", tuple((n, 1) for n in lens), num_heads=4, num_kv_heads=2, head_dim=32, dtype=torch.float16)
+        case = case.build()
+        case = case.to(DEVICE)
+        with monkeypatch.context() as m:
+            m.setattr(host, "DECODE_SPLIT_LOOP", False)
+            ref = tpa.paged_attention(*_args(case), scale=case.scale)
+        for spp in (fold, 2 * fold):
+            with monkeypatch.context() as m:
+                m.setattr(host, "DECODE_SPLIT_LOOP", True)
+                m.setattr(host, "DECODE_SPLITS_PER_PROGRAM", spp)
+                prep = tpa.prepare(*_args(case), scale=case.scale)
+                assert prep.plan.decode.LOOP_PARTS == (max(folds) > 1), (lens, spp)
+                out = tpa.run(prep, case.query, case.key_cache, case.value_cache)
+            assert torch.equal(out, ref), f"{lens} at {spp} splits a program: other bits than one split a program"
+        check = check_attention(ref, case)
+        assert check.passed and not check.warning, str(check)
+
+
+@runs_kernel
 def test_lse_is_float32_natural_log_of_the_denominator():
     case = CaseSpec("t", ((40, 7), (30, 1)), num_heads=4, alibi_slopes=True).build().to(DEVICE)
     out, lse = tpa.paged_attention(*_args(case), scale=case.scale, alibi_slopes=case.alibi_slopes, return_lse=True)
@@ -472,7 +505,7 @@ def test_prepare_plans_with_the_window(monkeypatch):
 LAUNCH_SHAPES = {
     "one-split": dict(DECODE_SPLIT_LOOP=False),
     "one-split-capped": dict(DECODE_SPLIT_LOOP=False, DECODE_MAXNREG=128, DECODE_WAVE=0),
-    **{f"loop-{n}": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=n) for n in (1, 2, 3, 7)},
+    **{f"loop-{n}": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=n) for n in (1, 2, 3, 6, 7)},
     # every split in one program, stored and merged as in other launches instead of in its loop
     "loop-7-stored": dict(DECODE_SPLIT_LOOP=True, DECODE_SPLITS_PER_PROGRAM=7, DECODE_MERGE_IN_LOOP=False),
     # merged in its loop at the register cap of whole sequences past one wave (DECODE_WHOLE_MAXNREG)
@@ -481,8 +514,9 @@ LAUNCH_SHAPES = {
     ),
 }
 #: on the interpreter, which has no registers to cap, and where each shape costs a second of CPU
-#: time a case: one split a program, and the loop at 1, 3 and every split a program
-INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-7", "loop-7-stored")
+#: time a case: one split a program, and the loop at 1, 3, 6 (whole parts of 1, 2 and 3 splits
+#: with DECODE_FOLD_PARTS 2: ``LOOP_PARTS``) and every split a program
+INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-6", "loop-7", "loop-7-stored")
 
 
 @runs_kernel
@@ -509,7 +543,7 @@ def test_launch_shape_changes_no_bit(kw, monkeypatch):
     """Every decode launch shape (``LAUNCH_SHAPES``) computes the same bits (out and lse) and
     leaves the split counters at zero: the split loop stores each split's state at its end and
     starts the next afresh, as a program of its own would (or, walking every split of its
-    sequence, merges them in split order in the loop, as the merging program would), and a
+    sequence, merges them in the merge's order in the loop, as the merging program would), and a
     register cap changes no arithmetic. Histories of one to seven 32-key splits (64-key splits from 150 keys), a window
     that starts mid-split, a continuation beside them; fp16, fp32, bf16 queries, an fp8 cache."""
     for name, value in (("SPLIT_SIZE", 32), ("SPLIT_LONG", 64), ("LONG_FROM", 150), ("DECODE_BLOCK_N", 16)):
@@ -518,9 +552,10 @@ def test_launch_shape_changes_no_bit(kw, monkeypatch):
     monkeypatch.setattr(host, "SHORT_UNDER", 0)
     kw = dict(kw)
     negative = kw.pop("negative_scores", False)
-    # the merge's parts (DECODE_FOLD_PARTS): 2 gives parts of 2 and 3 splits here (histories of 5
-    # and 7 splits), so a program of 2 or 3 splits folds whole parts for one history and stores
-    # splits for the other; 4 (the default) parts of one split; 0 one fold of every split
+    # the merge's parts (DECODE_FOLD_PARTS): 2 gives parts of 1, 2 and 3 splits here (histories
+    # of 1-3, 4-5 and 7 splits); 6 splits a program folds whole parts of each (LOOP_PARTS), 2 or 3
+    # do not for every history, so every program stores its splits; 4 (the default) parts of
+    # one split; 0 one fold of every split
     monkeypatch.setattr(host, "DECODE_FOLD_PARTS", kw.pop("fold_parts", host.DECODE_FOLD_PARTS))
     spec = CaseSpec(
         "t",
@@ -552,6 +587,7 @@ def test_launch_shape_changes_no_bit(kw, monkeypatch):
             assert (cfg.maxnreg is not None) == ("capped" in name), name
             # every split in one program: merged in its loop
             assert cfg.SPLIT_WHOLE == (name in ("loop-7", "loop-7-capped")), name
+            assert cfg.LOOP_PARTS == (name == "loop-6" and host.DECODE_FOLD_PARTS == 2), name
             assert prep.part_acc.shape[1] == prep.part_ml.shape[1] == (1 if cfg.SPLIT_WHOLE else 7), name
             got[name] = tpa.run(prep, case.query, case.key_cache, case.value_cache)
             assert int(prep.done.abs().sum()) == 0, f"{name}: counters left at {prep.done.tolist()}"
@@ -905,7 +941,7 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
         merge = c.asm["ptx"].split("atom.global.gpu.acq_rel.exch")
         waits = [int(w) for w in re.findall(r"cp\.async\.wait_group\s+(\d+)", c.asm["ptx"])]
         results.append({"cfg": cfg_name + [name], "cubin": len(c.asm["cubin"]), "stages": cfg.num_stages,
-                        "maxnreg": cfg.maxnreg,
+                        "maxnreg": cfg.maxnreg, "loop_parts": bool(getattr(cfg, "LOOP_PARTS", False)),
                         "whole": bool(getattr(cfg, "SPLIT_WHOLE", False)),
                         "atomics": len(re.findall(r"\batom\.", c.asm["ptx"])),
                         "kv_fp8": flags["KV_FP8"],
@@ -956,6 +992,8 @@ HOPPER_CONFIGS = {
         # every split of a sequence in one program, merged in its loop (no scratch, no count)
         ["float32", 8, 2, 256, 16, "float8_e4m3fn", True, {"DECODE_SPLITS_PER_PROGRAM": 8}],
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True],
+        # programs of whole parts of the merge (700 keys in 11 splits of 64: parts of 2, 2 a program)
+        ["bfloat16", 32, 8, 128, 16, None, False, {"SPLIT_SHORT": 64, "DECODE_SPLITS_PER_PROGRAM": 2}],
         # the int64 cache offsets; decode programs of one split (no split loop)
         ["float16", 6, 2, 48, 13, None, False, {"OFFSETS_I32": False, "DECODE_SPLIT_LOOP": False}],
         ["bfloat16", 8, 1, 80, 1, None, False],
@@ -1009,6 +1047,8 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
             # table entries, TABLE_AHEAD); with the table loaded in the step that uses them,
             # triton waits for every copy at the top of each step (wait_group 0)
             assert r["deepest_wait"] >= 1, f"{r['cfg']}: the decode loop's K/V loads are not multi-buffered: {r}"
+        if r["cfg"][-2] == {"SPLIT_SHORT": 64, "DECODE_SPLITS_PER_PROGRAM": 2} and r["cfg"][-1] == "decode":
+            assert r["loop_parts"] and not r["whole"], f"{r['cfg']}: not a launch of whole parts: {r}"
         if r["cfg"][-2] == {"DECODE_WAVE": 5, "DECODE_WAVE_CAPPED": 8} and r["cfg"][-1] == "decode":
             assert r["whole"] and r["maxnreg"] == host.DECODE_WHOLE_MAXNREG, f"{r['cfg']}: not the capped launch: {r}"
         if r["whole"]:  # merged in the program's loop: no count, no merge of stored splits

@@ -273,10 +273,10 @@ class LaunchPlan:
     and its split of the history depend on that sequence alone, never on the batch, so
     a sequence computes the same bits alone or in any batch. The launch's shape follows
     the batch: its grid, and for decode the split loop, the splits a program takes, whether a
-    program merges its whole sequence in its loop (``SPLIT_WHOLE``), the scratch's size and the
-    register caps (an fp8 cache's, whole sequences at three programs an SM;
-    ``decode_launch_shape``); none of them changes a bit
-    (``test_launch_shape_changes_no_bit``).
+    program merges its whole sequence in its loop (``SPLIT_WHOLE``), whether programs fold the
+    merge's parts in their loop (``LOOP_PARTS``), the scratch's size and the register caps (an
+    fp8 cache's, whole sequences at three programs an SM; ``decode_launch_shape``); none of
+    them changes a bit (``test_launch_shape_changes_no_bit``).
     """
 
     decode_seqs: list[int]
@@ -344,8 +344,10 @@ def plan_launch(
         # the register caps below are sized for 16-bit queries and head_dim <= 128 (wider tiles
         # would spill); the whole-sequence cap also for a GQA group padded to at most 16 rows,
         # and not over an fp8 cache (which takes no split loop). Under it, sm_90 (ptxas -v), bf16
-        # D=128 spills 16 / 8 bytes (triton 3.6) and 4 / 4 (triton 3.9) with every variant on
-        # (window, soft-cap, ALiBi, sinks, lse), none without (the H200 figures: without)
+        # D=128 spills 36 / 28 bytes of stores / loads (triton 3.6; 36 / 28 on 3.9) without the
+        # variants and 64 / 56 (12 / 12) with every one on (window, soft-cap, ALiBi, sinks, lse),
+        # the merge's part state live through the loop; the H200 figures (without variants) are
+        # those of the cap before the parts, which spilled nothing, within 0.2 points
         narrow = dtype != torch.float32 and d_pad <= 128
         cap_ok = narrow and group_pad <= MIN_DOT and not kv_fp8
         split_loop, spp, whole_capped = decode_launch_shape(work, num_kv_heads, kv_fp8, cap_ok)
@@ -443,10 +445,10 @@ def decode_launch_shape(
     ``work``: for each decode sequence, ``decode_work``'s (splits, first split with visible
     keys, keys a split). ``cap_ok``: the tiles are narrow enough for the register cap.
 
-    The split loop holds more registers than a program of one split (sm_90, triton 3.6, bf16,
-    D=128: 192-210 against fewer than 168, and storing splits in the loop also more shared
-    memory: two programs an SM instead of three), but keeps its K/V pipeline running across a
-    split's end. So, in order:
+    The split loop may hold more registers than a program of one split (sm_90, triton 3.6, bf16,
+    D=128: 192 folding parts in its loop, 192-253 walking whole sequences, against 128 storing
+    splits), and storing splits in it more shared memory: two programs an SM where one split a
+    program runs three. But it keeps its K/V pipeline running across a split's end. So, in order:
 
     1. the fewest splits a program (up to ``DECODE_SPP_MAX``) that fit the launch in
        ``DECODE_WAVE`` programs, one wave of the split loop, where more than one split a
@@ -677,8 +679,10 @@ DECODE_BALANCE = 0.75
 #: H200 (results/h200-probe-issue17o5.json, one process, from graphs): B=32 at 2k / 4k / 8k / 32k
 #: keys 0.990 / 0.986 / 0.982 / 0.982 of SDPA, against 0.911 / 0.926 / 0.915 / 0.957 storing them.
 DECODE_MERGE_IN_LOOP = True
-#: The merge's order: a history's splits in DECODE_FOLD_PARTS parts of max(1, splits // it) consecutive
-#: splits, each folded from the merge's identity, then the parts in order (0: the splits in one fold).
+#: The merge's order: a history's splits in parts of max(1, splits // DECODE_FOLD_PARTS) consecutive
+#: splits (so DECODE_FOLD_PARTS to twice as many parts, the last one shorter; parts of one split
+#: under DECODE_FOLD_PARTS * 2 splits), each folded from the merge's identity, then the parts in
+#: order (0: the splits in one fold).
 #: A history's own rule, so the bits stay batch-invariant; a split-loop program whose splits are
 #: whole parts folds them in its loop and stores one state a part. Issue 17, eighth stop (H200,
 #: results/h200-probe-issue17o12.json, folding a program's splits): B=8 at 2k / 4k / 8k / 32k keys

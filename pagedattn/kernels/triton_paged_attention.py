@@ -11,8 +11,8 @@ Sequences with one new token go to ``_decode_kernel``, which also splits the
 history into pieces of ``SPLIT_SIZE`` keys (``SPLIT_LONG`` for long histories)
 across programs (so one long sequence fills the GPU) and writes each piece's
 running max, denominator and weighted-V sum; the piece that finishes last
-combines them by log-sum-exp, in a fixed order (the history's pieces in four parts, each
-folded, then the parts: ``FOLD_PARTS``), in the same launch. A program may walk several
+combines them by log-sum-exp, in a fixed order (the history's pieces in parts of
+``max(1, pieces // FOLD_PARTS)``, each folded, then the parts), in the same launch. A program may walk several
 pieces in one loop (``SPLIT_LOOP``), folding whole parts there and writing one state a part
 (``LOOP_PARTS``), and one that walks all of its sequence's merges them in that loop and
 writes nothing else (``SPLIT_WHOLE``). The other
@@ -886,7 +886,7 @@ def _decode_kernel(
     ``LOOP_PARTS``, each part of ``fold`` splits its folded state); then its program counts the
     splits it did in ``done_ptr`` [n_decode, num_kv_heads] int32 (zero between launches: the
     merging program resets it, so a captured CUDA graph can replay the launch). The merge's
-    order is the history's own: its splits in parts of ``fold`` (``FOLD_PARTS`` parts), each
+    order is the history's own: its splits in parts of ``fold`` (``n_splits // FOLD_PARTS``), each
     folded from the identity in split order, then the parts in order; whoever ran them: the
     same bits in any batch, any launch shape and any schedule. The sink joins there, once,
     not in every split."""
@@ -916,8 +916,8 @@ def _decode_kernel(
     first_split = first // split_size
     n_splits = (seq_len + split_size - 1) // split_size
     # The merge's order (the same in any batch and launch shape): each part of ``fold``
-    # consecutive splits folded from the merge's identity, then the parts, in order
-    # (``FOLD_PARTS`` parts a history, from its length alone, ``host.decode_fold``; 0: the
+    # consecutive splits folded from the merge's identity, then the parts, in order (``fold`` from
+    # the history's length alone, the host's ``decode_fold``: keep the two alike; 0: the
     # splits in one fold). With ``LOOP_PARTS`` (the host's choice: every program's splits are
     # whole parts, the split loop's programs starting at multiples of ``fold``) a program folds
     # its parts in its loop and stores one state a part: fewer stores, a shorter merge.
