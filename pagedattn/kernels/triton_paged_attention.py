@@ -761,6 +761,14 @@ def _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2: tl.constexpr):
 
 
 @triton.jit
+def _identity(ROWS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """The merge's identity (``_combine``): ``m = -inf, l_sum = 0, acc = 0`` ([ROWS], [ROWS],
+    [ROWS, HEAD_DIM_PAD] fp32), also the running softmax's start."""
+    m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
+    return m, tl.zeros([ROWS], dtype=tl.float32), tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
+
+
+@triton.jit
 def _finish(
     m,
     l_sum,
@@ -944,9 +952,7 @@ def _decode_kernel(
         q, qk_scale = _query_rows(q, scale, F16_DOTS)
         pos = tl.full([GROUP_PAD], 0, dtype=tl.int32) + (seq_len - 1)  # the new token sees everything
         slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([GROUP_PAD], tl.float32)
-        m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-        l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
-        acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+        m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_PAD)
         if not SPLIT_LOOP:  # one split a program (the host sets splits_per_program 1)
             lo = tl.maximum(sa * split_size, first)
             hi = tl.minimum(seq_len, sa * split_size + split_size)
@@ -1017,15 +1023,11 @@ def _decode_kernel(
             j_next = j0 + tl.arange(0, BLOCK_N)
             blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < end, other=0)
             if SPLIT_WHOLE:  # the merged state so far, from the merge's identity (``_combine``)
-                m_all = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-                l_all = tl.zeros([GROUP_PAD], dtype=tl.float32)
-                acc_all = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                m_all, l_all, acc_all = _identity(GROUP_PAD, HEAD_DIM_PAD)
             if FOLD_PARTS > 0 and (SPLIT_WHOLE or LOOP_PARTS):  # the current part (index, last split), its state
                 part = sa // fold
                 part_last = tl.minimum(part * fold + fold, n_splits) - 1  # counted on: no division in the loop
-                m_p = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-                l_p = tl.zeros([GROUP_PAD], dtype=tl.float32)
-                acc_p = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                m_p, l_p, acc_p = _identity(GROUP_PAD, HEAD_DIM_PAD)
             for _ in range(0, n_tiles):
                 j = j0 + tl.arange(0, BLOCK_N)
                 # the next tile: on in this split, or the next split's first
@@ -1083,9 +1085,7 @@ def _decode_kernel(
                             m_p, l_p, acc_p = _combine(m_p, l_p, acc_p, m, l_sum, acc, EXP2)
                             if split == part_last:
                                 m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m_p, l_p, acc_p, EXP2)
-                                m_p = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-                                l_p = tl.zeros([GROUP_PAD], dtype=tl.float32)
-                                acc_p = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                                m_p, l_p, acc_p = _identity(GROUP_PAD, HEAD_DIM_PAD)
                                 part_last = tl.minimum(part_last + fold, n_splits - 1)
                         else:
                             m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m, l_sum, acc, EXP2)
@@ -1096,9 +1096,7 @@ def _decode_kernel(
                                 tl.store(pa + part * stride_pa_split, acc_p, mask=row_mask[:, None])
                                 tl.store(pml + part * stride_pml_split, m_p, mask=row_mask)
                                 tl.store(pml + part * stride_pml_split + 1, l_p, mask=row_mask)
-                                m_p = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-                                l_p = tl.zeros([GROUP_PAD], dtype=tl.float32)
-                                acc_p = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                                m_p, l_p, acc_p = _identity(GROUP_PAD, HEAD_DIM_PAD)
                                 part += 1
                                 part_last = tl.minimum(part_last + fold, n_splits - 1)
                         else:
@@ -1109,9 +1107,7 @@ def _decode_kernel(
                         tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
                         tl.store(pml + split * stride_pml_split, m, mask=row_mask)
                         tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
-                    m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-                    l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
-                    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                    m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_PAD)
                 split = next_split
                 j0 = next_j0
                 end = next_end
@@ -1146,9 +1142,7 @@ def _decode_kernel(
                 # (test_kernel_compiles_for_hopper_without_a_gpu checks the machine code).
                 s0 = first_split
                 if FOLD_PARTS > 0:  # the parts in order, each folded from the identity
-                    m = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-                    l_sum = tl.zeros([GROUP_PAD], dtype=tl.float32)
-                    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                    m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_PAD)
                     one_level = fold == 1  # parts of one split: the splits
                     if LOOP_PARTS:
                         one_level = fold > 0
@@ -1163,9 +1157,7 @@ def _decode_kernel(
                             )
                             m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
                     else:  # stored as splits: each part folded here, then into the whole at its end
-                        m_c = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-                        l_c = tl.zeros([GROUP_PAD], dtype=tl.float32)
-                        acc_c = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                        m_c, l_c, acc_c = _identity(GROUP_PAD, HEAD_DIM_PAD)
                         last = tl.minimum((first_split // fold) * fold + fold, n_splits) - 1
                         for s in tl.range(first_split, n_splits, num_stages=1):
                             m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
@@ -1178,9 +1170,7 @@ def _decode_kernel(
                             m_c, l_c, acc_c = _combine(m_c, l_c, acc_c, m_s, l_s, acc_s, EXP2)
                             if s == last:
                                 m, l_sum, acc = _combine(m, l_sum, acc, m_c, l_c, acc_c, EXP2)
-                                m_c = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
-                                l_c = tl.zeros([GROUP_PAD], dtype=tl.float32)
-                                acc_c = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], dtype=tl.float32)
+                                m_c, l_c, acc_c = _identity(GROUP_PAD, HEAD_DIM_PAD)
                                 last = tl.minimum(last + fold, n_splits - 1)
                 else:
                     m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
