@@ -769,6 +769,25 @@ def _identity(ROWS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
 
 
 @triton.jit
+def _store_state(pa, pml, slot, m, l_sum, acc, row_mask, stride_pa_split, stride_pml_split):
+    """A split's or part's state (``m, l_sum, acc``: [ROWS], [ROWS], [ROWS, HEAD_DIM_PAD] fp32) to
+    the scratch's ``slot`` (``pa``: [ROWS, HEAD_DIM_PAD], ``pml``: [ROWS] pointers at slot 0)."""
+    tl.store(pa + slot * stride_pa_split, acc, mask=row_mask[:, None])
+    tl.store(pml + slot * stride_pml_split, m, mask=row_mask)
+    tl.store(pml + slot * stride_pml_split + 1, l_sum, mask=row_mask)
+
+
+@triton.jit
+def _load_state(pa, pml, slot, row_mask, stride_pa_split, stride_pml_split):
+    """The state ``_store_state`` wrote to ``slot``, for the merge: loaded .cg (through L2, where
+    other programs stored it; an SM's L1 may hold a stale line)."""
+    m = tl.load(pml + slot * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
+    l_sum = tl.load(pml + slot * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
+    acc = tl.load(pa + slot * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
+    return m, l_sum, acc
+
+
+@triton.jit
 def _finish(
     m,
     l_sum,
@@ -999,9 +1018,7 @@ def _decode_kernel(
             # branch they stayed live through this loop (sm_90, triton 3.6: 146 registers, not 118)
             pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
             pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
-            tl.store(pa + sa * stride_pa_split, acc, mask=row_mask[:, None])
-            tl.store(pml + sa * stride_pml_split, m, mask=row_mask)
-            tl.store(pml + sa * stride_pml_split + 1, l_sum, mask=row_mask)
+            _store_state(pa, pml, sa, m, l_sum, acc, row_mask, stride_pa_split, stride_pml_split)
         else:
             s_scale = _folded_scale(qk_scale, EXP2, USE_SOFTCAP, USE_ALIBI)
             pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
@@ -1093,20 +1110,16 @@ def _decode_kernel(
                         if fold > 1:  # into the part; a finished part stored in its slot
                             m_p, l_p, acc_p = _combine(m_p, l_p, acc_p, m, l_sum, acc, EXP2)
                             if split == part_last:
-                                tl.store(pa + part * stride_pa_split, acc_p, mask=row_mask[:, None])
-                                tl.store(pml + part * stride_pml_split, m_p, mask=row_mask)
-                                tl.store(pml + part * stride_pml_split + 1, l_p, mask=row_mask)
+                                _store_state(
+                                    pa, pml, part, m_p, l_p, acc_p, row_mask, stride_pa_split, stride_pml_split
+                                )
                                 m_p, l_p, acc_p = _identity(GROUP_PAD, HEAD_DIM_PAD)
                                 part += 1
                                 part_last = tl.minimum(part_last + fold, n_splits - 1)
                         else:
-                            tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
-                            tl.store(pml + split * stride_pml_split, m, mask=row_mask)
-                            tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
+                            _store_state(pa, pml, split, m, l_sum, acc, row_mask, stride_pa_split, stride_pml_split)
                     else:
-                        tl.store(pa + split * stride_pa_split, acc, mask=row_mask[:, None])
-                        tl.store(pml + split * stride_pml_split, m, mask=row_mask)
-                        tl.store(pml + split * stride_pml_split + 1, l_sum, mask=row_mask)
+                        _store_state(pa, pml, split, m, l_sum, acc, row_mask, stride_pa_split, stride_pml_split)
                     m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_PAD)
                 split = next_split
                 j0 = next_j0
@@ -1140,7 +1153,6 @@ def _decode_kernel(
                 # stores are; an SM's L1 may hold a stale line), and the loop is not pipelined:
                 # a pipelined load becomes cp.async.ca, which reads through L1
                 # (test_kernel_compiles_for_hopper_without_a_gpu checks the machine code).
-                s0 = first_split
                 if FOLD_PARTS > 0:  # the parts in order, each folded from the identity
                     m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_PAD)
                     one_level = fold == 1  # parts of one split: the splits
@@ -1148,40 +1160,22 @@ def _decode_kernel(
                         one_level = fold > 0
                     if one_level:  # stored as parts
                         for c in tl.range(first_split // fold, (n_splits + fold - 1) // fold, num_stages=1):
-                            m_s = tl.load(pml + c * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
-                            l_s = tl.load(
-                                pml + c * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg"
-                            )
-                            acc_s = tl.load(
-                                pa + c * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg"
-                            )
+                            m_s, l_s, acc_s = _load_state(pa, pml, c, row_mask, stride_pa_split, stride_pml_split)
                             m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
                     else:  # stored as splits: each part folded here, then into the whole at its end
                         m_c, l_c, acc_c = _identity(GROUP_PAD, HEAD_DIM_PAD)
                         last = tl.minimum((first_split // fold) * fold + fold, n_splits) - 1
                         for s in tl.range(first_split, n_splits, num_stages=1):
-                            m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
-                            l_s = tl.load(
-                                pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg"
-                            )
-                            acc_s = tl.load(
-                                pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg"
-                            )
+                            m_s, l_s, acc_s = _load_state(pa, pml, s, row_mask, stride_pa_split, stride_pml_split)
                             m_c, l_c, acc_c = _combine(m_c, l_c, acc_c, m_s, l_s, acc_s, EXP2)
                             if s == last:
                                 m, l_sum, acc = _combine(m, l_sum, acc, m_c, l_c, acc_c, EXP2)
                                 m_c, l_c, acc_c = _identity(GROUP_PAD, HEAD_DIM_PAD)
                                 last = tl.minimum(last + fold, n_splits - 1)
-                else:
-                    m = tl.load(pml + s0 * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
-                    l_sum = tl.load(pml + s0 * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
-                    acc = tl.load(pa + s0 * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg")
+                else:  # the splits in one fold, from the first one's state
+                    m, l_sum, acc = _load_state(pa, pml, first_split, row_mask, stride_pa_split, stride_pml_split)
                     for s in tl.range(first_split + 1, n_splits, num_stages=1):
-                        m_s = tl.load(pml + s * stride_pml_split, mask=row_mask, other=0.0, cache_modifier=".cg")
-                        l_s = tl.load(pml + s * stride_pml_split + 1, mask=row_mask, other=1.0, cache_modifier=".cg")
-                        acc_s = tl.load(
-                            pa + s * stride_pa_split, mask=row_mask[:, None], other=0.0, cache_modifier=".cg"
-                        )
+                        m_s, l_s, acc_s = _load_state(pa, pml, s, row_mask, stride_pa_split, stride_pml_split)
                         m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s, EXP2)
                 _finish(
                     m,
