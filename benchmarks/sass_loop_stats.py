@@ -46,12 +46,15 @@ def disassemble(cubin: str) -> str:
 
 
 def registers(ptx: str) -> str:
-    """``ptxas -v``'s register count for ``ptx`` on sm_90a, from whichever bundled ptxas reads
-    its PTX version (the newer one reads newer PTX)."""
+    """``ptxas -v``'s register count (and spills, where any) for ``ptx`` on sm_90a, from
+    whichever bundled ptxas reads its PTX version (the newer one reads newer PTX)."""
     for ptxas in ("ptxas", "ptxas-blackwell"):
         log = subprocess.run([_bin(ptxas), "-v", "-arch=sm_90a", ptx, "-o", os.devnull], capture_output=True, text=True)
         if re.search(r"Used \d+ registers", log.stderr):
-            return " ".join(re.findall(r"Used \d+ registers", log.stderr)) + f" ({ptxas})"
+            spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log.stderr)
+            spilt = ", ".join(f"spills {a} / {b} B" for a, b in spills if (a, b) != ("0", "0"))
+            used = " ".join(re.findall(r"Used \d+ registers", log.stderr))
+            return f"{used} ({ptxas})" + (f", {spilt}" if spilt else "")
     return "registers: no bundled ptxas could read the PTX"
 
 

@@ -381,8 +381,8 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
     assert shape(1, 8, 8) == (False, 1)
     monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", None)
     monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", 0)
-    # an fp8 cache takes no split loop (FP8_DECODE_SPLIT_LOOP), and the register cap only in a
-    # launch of more than DECODE_WAVE programs at one split each
+    # an fp8 cache takes its own rule (its own test), and the register cap only in a launch of
+    # more than DECODE_WAVE programs at one split each
     assert shape(1, 8, 8, kv_fp8=True) == (False, 1)
     fp8 = functools.partial(
         host.plan_launch,
@@ -410,6 +410,71 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
     monkeypatch.setattr(host, "SPLIT_SIZE", 40)
     with pytest.raises(RuntimeError, match="splits of 40 keys are not whole tiles of 64"):
         _plan([5000], [1])
+
+
+def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
+    """An fp8 cache: the split loop at ``FP8_DECODE_SPP`` splits a program where at least
+    ``FP8_LOOP_MIN_PROGRAMS`` programs (a kv head each) have keys to read and they are balanced,
+    else one split a program without the loop, whatever fits a wave; ``FP8_DECODE_SPLIT_LOOP``
+    gives it the bf16 cache's rule, ``DECODE_SPLIT_LOOP`` forces either."""
+    monkeypatch.setattr(host, "FP8_DECODE_SPP", 2)
+    monkeypatch.setattr(host, "FP8_LOOP_MIN_PROGRAMS", 512)
+
+    def shape(work, heads=8):
+        return host.decode_launch_shape(work, heads, kv_fp8=True)
+
+    assert shape([(8, 0, 512)] * 16) == (True, 2, False)  # 16 * 4 * 8 = 512 programs of two splits
+    assert shape([(8, 0, 512)] * 15) == (False, 1, False)  # 480: too few at two a program
+    assert shape([(8, 0, 512)] * 8) == (False, 1, False)  # 256: the bf16 rule's one wave is not taken
+    assert shape([(2, 0, 512)] * 64) == (True, 2, False)  # a history of two splits: one program
+    assert shape([(1, 0, 512)] * 600) == (False, 1, False)  # single splits: nothing to walk
+    assert shape([(9, 0, 512)] * 13) == (True, 2, False)  # 13 * 5 * 8 = 520 (the last program one split)
+    # the programs before a window read nothing and are not counted: splits 6 and 7 of 8 visible
+    assert host.decode_work(4096, sliding_window=1000) == (8, 6, 512)
+    assert shape([host.decode_work(4096, sliding_window=1000)] * 63) == (False, 1, False)  # 63 * 1 * 8
+    assert shape([host.decode_work(4096, sliding_window=1000)] * 64) == (True, 2, False)  # 512
+    # balance: 32 programs of two splits beside 64 of one, a kv head (mean work 0.67 of the
+    # longest's, under DECODE_BALANCE); 64 beside 16: 0.9
+    assert shape([(8, 0, 512)] * 8 + [(1, 0, 512)] * 64) == (False, 1, False)
+    assert shape([(8, 0, 512)] * 16 + [(1, 0, 512)] * 16) == (True, 2, False)
+    monkeypatch.setattr(host, "FP8_DECODE_SPP", 1)
+    assert shape([(8, 0, 512)] * 64) == (False, 1, False)
+    monkeypatch.setattr(host, "FP8_DECODE_SPP", 3)
+    assert shape([(8, 0, 512)] * 22) == (True, 3, False)  # 22 * 3 * 8 = 528
+    monkeypatch.setattr(host, "FP8_DECODE_SPLIT_LOOP", True)  # the bf16 cache's rule: one wave of 264
+    assert shape([(8, 0, 512)] * 32) == (True, 8, False)  # 256 programs of whole sequences
+    monkeypatch.setattr(host, "FP8_DECODE_SPLIT_LOOP", False)
+    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", False)
+    assert shape([(8, 0, 512)] * 64) == (False, 1, False)
+    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", None)
+    # the plan: 32 histories of 4096 keys under 8 kv heads take the loop, at the fp8 register
+    # cap (a launch past one wave), and fold the merge's parts (2 splits each) in it
+    monkeypatch.setattr(host, "FP8_DECODE_SPP", 2)
+    fp8 = functools.partial(
+        host.plan_launch,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=16,
+        dtype=torch.bfloat16,
+        interpreter=False,
+        kv_dtype=torch.float8_e4m3fn,
+    )
+    d = fp8([4096] * 32, [1] * 32).decode
+    assert (d.SPLIT_LOOP, d.SPLITS_PER_PROGRAM, d.SPLIT_GROUPS, d.SPLIT_WHOLE, d.LOOP_PARTS) == (
+        True,
+        2,
+        4,
+        False,
+        True,
+    )
+    assert d.maxnreg == host.FP8_DECODE_MAXNREG
+    d = fp8([1024] * 64, [1] * 64).decode  # 4 splits of 256, parts of one: stored, merged by parts
+    assert (d.SPLIT_LOOP, d.SPLITS_PER_PROGRAM, d.LOOP_PARTS) == (True, 2, False)
+    d = fp8([4096] * 32, [1] * 32, sliding_window=1000).decode  # 32 * 1 * 8 programs read keys
+    assert not d.SPLIT_LOOP and d.SPLITS_PER_PROGRAM == 1
+    d = fp8([4096], [1]).decode  # B=1: 8 splits a kv head stay 64 programs
+    assert not d.SPLIT_LOOP and d.maxnreg is None
 
 
 def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
@@ -526,7 +591,14 @@ INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-6", "loop-7", "loop
         dict(sinks=True, fold_parts=2),
         dict(sliding_window=45, dtype=torch.float32, fold_parts=2),
         dict(alibi_slopes=True, logits_soft_cap=20.0, dtype=torch.bfloat16),
-        dict(sliding_window=100, sinks=True, dtype=torch.bfloat16, kv_dtype=torch.float8_e4m3fn, k_scale=0.5),
+        dict(
+            sliding_window=100,
+            sinks=True,
+            dtype=torch.bfloat16,
+            kv_dtype=torch.float8_e4m3fn,
+            k_scale=0.5,
+            fold_parts=2,
+        ),
         dict(negative_scores=True, fold_parts=2),
         dict(fold_parts=0),
     ],
@@ -534,7 +606,7 @@ INTERPRETER_SHAPES = ("one-split", "loop-1", "loop-3", "loop-6", "loop-7", "loop
         "sinks-parts2",
         "window-fp32-parts2",
         "alibi-softcap-bf16",
-        "fp8-window-sinks",
+        "fp8-window-sinks-parts2",
         "negative-scores-parts2",
         "parts0",
     ],
@@ -961,6 +1033,9 @@ print(json.dumps(results))
 HOPPER_SHARED_MEMORY = 232448
 
 
+#: an fp8 cache's split loop in the compile test's small batch (its own rule asks for
+#: FP8_LOOP_MIN_PROGRAMS programs; the register cap for a launch past DECODE_WAVE programs)
+FP8_LOOP = {"FP8_LOOP_MIN_PROGRAMS": 0, "DECODE_WAVE": 0, "SPLIT_SHORT": 64}
 #: the first round's softmax, 2-stage prefill and sequences-first decode grid
 FIRST_ROUND = {
     "EXP2_SOFTMAX": False,
@@ -991,7 +1066,9 @@ HOPPER_CONFIGS = {
     "representative": [
         # every split of a sequence in one program, merged in its loop (no scratch, no count)
         ["float32", 8, 2, 256, 16, "float8_e4m3fn", True, {"DECODE_SPLITS_PER_PROGRAM": 8}],
-        ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True],
+        # an fp8 cache's split loop (two splits a program, folding the merge's parts of two in it: 700
+        # keys in 11 splits of 64) at its register cap, every variant on
+        ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True, FP8_LOOP],
         # programs of whole parts of the merge (700 keys in 11 splits of 64: parts of 2, 2 a program)
         ["bfloat16", 32, 8, 128, 16, None, False, {"SPLIT_SHORT": 64, "DECODE_SPLITS_PER_PROGRAM": 2}],
         # the int64 cache offsets; decode programs of one split (no split loop)
@@ -1015,8 +1092,9 @@ HOPPER_CONFIGS = {
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", False, {"FP8_PAIRS": False}],
         ["float16", 32, 8, 128, 16, "float8_e5m2", False, {"FP8_PAIRS_K": False}],
         ["float16", 32, 8, 128, 16, "float8_e5m2", False],  # the same with K's pairs: more conversions
-        # the decode register cap of an fp8 cache in a launch past one wave
+        # the decode register cap of an fp8 cache in a launch past one wave (one split a program)
         ["bfloat16", 32, 8, 128, 16, "float8_e5m2", True, {"DECODE_WAVE": 0}],
+        ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True],
         # whole sequences a program past one wave at three programs an SM (DECODE_WHOLE_MAXNREG)
         ["bfloat16", 32, 8, 128, 16, None, True, {"DECODE_WAVE": 5, "DECODE_WAVE_CAPPED": 8}],
     ],
@@ -1049,6 +1127,10 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
             assert r["deepest_wait"] >= 1, f"{r['cfg']}: the decode loop's K/V loads are not multi-buffered: {r}"
         if r["cfg"][-2] == {"SPLIT_SHORT": 64, "DECODE_SPLITS_PER_PROGRAM": 2} and r["cfg"][-1] == "decode":
             assert r["loop_parts"] and not r["whole"], f"{r['cfg']}: not a launch of whole parts: {r}"
+        if r["cfg"][-2] == FP8_LOOP and r["cfg"][-1] == "decode":
+            assert r["loop_parts"] and not r["whole"] and r["maxnreg"] == host.FP8_DECODE_MAXNREG, (
+                f"{r['cfg']}: not the fp8 cache's capped loop of whole parts: {r}"
+            )
         if r["cfg"][-2] == {"DECODE_WAVE": 5, "DECODE_WAVE_CAPPED": 8} and r["cfg"][-1] == "decode":
             assert r["whole"] and r["maxnreg"] == host.DECODE_WHOLE_MAXNREG, f"{r['cfg']}: not the capped launch: {r}"
         if r["whole"]:  # merged in the program's loop: no count, no merge of stored splits

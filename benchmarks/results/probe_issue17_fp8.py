@@ -19,7 +19,10 @@ the decode grid (Hq=32, Hkv=8, D=128, page 16, permuted tables, bf16 queries):
 
 Needs the wheels of h200_call_17fi.sh (FlashInfer rows are skipped with the reason otherwise).
 
-    PYTHONPATH=/tmp/fi:. python benchmarks/results/probe_issue17_fp8.py OUT_JSON
+    PYTHONPATH=/tmp/fi:. [PROBE_ROUND=2] python benchmarks/results/probe_issue17_fp8.py OUT_JSON
+
+Round 1 (the default) ran on d732e31 (``h200-probe-issue17-fp8.json``); round 2 times the rule
+that came of it against the loop forced at 1 to 4 splits a program (``-fp8r2.json``).
 """
 
 import json
@@ -62,11 +65,58 @@ CONFIGS = {
     "st4": {"FP8_DECODE_STAGES": 4},
     "st4_loop_nocap": {"FP8_DECODE_STAGES": 4, "FP8_DECODE_SPLIT_LOOP": True, "FP8_DECODE_MAXNREG": None},
     "n128w8": {"FP8_DECODE_BLOCK_N": 128, "FP8_DECODE_WARPS": 8, "FP8_DECODE_MAXNREG": None},
-    "n128w8_loop": {"FP8_DECODE_BLOCK_N": 128, "FP8_DECODE_WARPS": 8, "FP8_DECODE_MAXNREG": None, "FP8_DECODE_SPLIT_LOOP": True},
+    "n128w8_loop": {
+        "FP8_DECODE_BLOCK_N": 128,
+        "FP8_DECODE_WARPS": 8,
+        "FP8_DECODE_MAXNREG": None,
+        "FP8_DECODE_SPLIT_LOOP": True,
+    },
 }
-SAME_SPLITS = {"loop", "loop_r168", "loop_nocap", "loop_spp2", "st4", "st4_loop_nocap"}  # tiles of 128 keys sum in another order
+SAME_SPLITS = {
+    "loop",
+    "loop_r168",
+    "loop_nocap",
+    "loop_spp2",
+    "st4",
+    "st4_loop_nocap",
+}  # tiles of 128 keys sum in another order
 POINTS = [(32, 4096), (8, 8192), (64, 2048), (128, 4096), (1, 4096)] if not DRY else [(2, 600)]
-res = {"machine": machine(dev), "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
+FI_RUNS = ("fi_tc", "fi", "fi8_tc", "fi8_tc_noscale", "fi8")
+ROUND = int(os.environ.get("PROBE_ROUND", "1"))
+if ROUND == 2:
+    # round 2, the rule (FP8_DECODE_SPP, FP8_LOOP_MIN_PROGRAMS) at its defaults (``e4m3``) against
+    # one split a program (``spp1``, the eighth stop's default) and the loop forced at 2, 3 and 4
+    # splits a program, around the threshold of 512 programs
+    CONFIGS = {
+        "spp1": {"FP8_DECODE_SPP": 1},
+        "spp2": {"FP8_LOOP_MIN_PROGRAMS": 0},
+        "spp3": {"FP8_DECODE_SPP": 3, "FP8_LOOP_MIN_PROGRAMS": 0},
+        "spp4": {"FP8_DECODE_SPP": 4, "FP8_LOOP_MIN_PROGRAMS": 0},
+        "spp2_nocap": {"FP8_LOOP_MIN_PROGRAMS": 0, "FP8_DECODE_MAXNREG": None},
+    }
+    SWITCHES += ("FP8_DECODE_SPP", "FP8_LOOP_MIN_PROGRAMS")
+    DEFAULTS = {k: getattr(host, k) for k in SWITCHES}
+    SAME_SPLITS = set(CONFIGS)
+    POINTS = (
+        [
+            (32, 4096),
+            (8, 8192),
+            (16, 4096),
+            (8, 4096),
+            (16, 2048),
+            (8, 2048),
+            (4, 32768),
+            (32, 32768),
+            (64, 2048),
+            (128, 4096),
+            (1, 4096),
+            (1, 32768),
+        ]
+        if not DRY
+        else [(2, 600)]
+    )
+    FI_RUNS = ("fi_tc", "fi8_tc")
+res = {"machine": machine(dev), "round": ROUND, "defaults": DEFAULTS, "configs": CONFIGS, "points": [], "verdicts": {}}
 t0 = time.time()
 try:
     import flashinfer
@@ -175,6 +225,8 @@ for B, L in POINTS:
             ("fi8_tc_noscale", True, k8, v8, False),
             ("fi8", False, k8, v8, True),
         ):
+            if name not in FI_RUNS:
+                continue
             try:
                 w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD", use_tensor_cores=tc)
                 w.plan(indptr, indices, last, Hq, Hkv, D, bs, q_data_type=torch.bfloat16, kv_data_type=kk.dtype)

@@ -343,7 +343,7 @@ def plan_launch(
                 raise RuntimeError(f"paged_attention: decode splits of {size} keys are not whole tiles of {block_n}")
         # the register caps below are sized for 16-bit queries and head_dim <= 128 (wider tiles
         # would spill); the whole-sequence cap also for a GQA group padded to at most 16 rows,
-        # and not over an fp8 cache (which takes no split loop). Under it, sm_90 (ptxas -v), bf16
+        # and not over an fp8 cache (its own cap: FP8_DECODE_MAXNREG). Under it, sm_90 (ptxas -v), bf16
         # D=128 spills 36 / 28 bytes of stores / loads (triton 3.6; 36 / 28 on 3.9) without the
         # variants and 64 / 56 (12 / 12) with every one on (window, soft-cap, ALiBi, sinks, lse),
         # the merge's part state live through the loop; the H200 figures (without variants) are
@@ -462,18 +462,25 @@ def decode_launch_shape(
        at more than ``DECODE_SPP_MAX`` splits a program (histories of over 16 splits);
     3. else one split a program without the loop.
 
-    An fp8 cache (``kv_fp8``) takes no loop (``FP8_DECODE_SPLIT_LOOP``): measured slower at
-    every point. ``DECODE_SPLIT_LOOP`` (True or False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0,
-    with the loop) force either (the benchmark's switches)."""
+    An fp8 cache (``kv_fp8``) has its own rule (unless ``FP8_DECODE_SPLIT_LOOP``): the loop at
+    ``FP8_DECODE_SPP`` splits a program where the programs with keys to read are still at least
+    ``FP8_LOOP_MIN_PROGRAMS`` and balanced, else one split a program without it (the loop
+    fitted in one wave or over whole sequences was measured slower there: its programs hold
+    more registers, where an fp8 program's speed is its occupancy). ``DECODE_SPLIT_LOOP`` (True
+    or False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0, with the loop) force either (the
+    benchmark's switches)."""
     max_splits = max((n for n, _, _ in work), default=1)
     if DECODE_SPLIT_LOOP is False:
         return False, 1, False
     if DECODE_SPLITS_PER_PROGRAM:
         return True, max(1, min(DECODE_SPLITS_PER_PROGRAM, max_splits)), False
-    if kv_fp8 and DECODE_SPLIT_LOOP is None and not FP8_DECODE_SPLIT_LOOP:
-        return False, 1, False
     heads = len(work) * num_kv_heads
     kinds = collections.Counter(work)  # the balance is counted over distinct works
+    if kv_fp8 and DECODE_SPLIT_LOOP is None and not FP8_DECODE_SPLIT_LOOP:
+        spp = min(FP8_DECODE_SPP, max_splits)
+        if spp > 1 and _programs(kinds, spp) * num_kv_heads >= FP8_LOOP_MIN_PROGRAMS and _balanced(kinds, spp):
+            return True, spp, False
+        return False, 1, False
     for spp in range(1, max(1, min(DECODE_SPP_MAX, max_splits)) + 1):
         if heads * -(-max_splits // spp) <= DECODE_WAVE and (spp == 1 or _balanced(kinds, spp)):
             return True, spp, False
@@ -486,18 +493,23 @@ def decode_launch_shape(
     return bool(DECODE_SPLIT_LOOP), 1, False
 
 
+def _programs(kinds: collections.Counter[tuple[int, int, int]], spp: int) -> int:
+    """Decode programs of ``spp`` consecutive splits each with keys to read, a kv head
+    (``kinds``: ``decode_launch_shape``'s works, counted): those wholly before a window have
+    none and end at once."""
+    return sum(c * (-(-n // spp) - first // spp) for (n, first, _), c in kinds.items())
+
+
 def _balanced(work: collections.Counter[tuple[int, int, int]] | list[tuple[int, int, int]], spp: int) -> bool:
     """Whether the decode programs of ``spp`` consecutive splits each (``work`` as in
     ``decode_launch_shape``, or counted: a batch holds few distinct works) are of about one
     length: their mean work, in keys, at least ``DECODE_BALANCE`` of the longest's. A program's
     work is counted in whole splits of its history's split size, visible keys or not: under a
     window narrower than a split, histories of different split tiers read as unbalanced."""
-    total = programs = longest = 0
     kinds = work if isinstance(work, collections.Counter) else collections.Counter(work)
-    for (n, first, keys), c in kinds.items():
-        total += c * (n - first) * keys
-        programs += c * (-(-n // spp) - first // spp)
-        longest = max(longest, min(spp, n - first) * keys)
+    total = sum(c * (n - first) * keys for (n, first, keys), c in kinds.items())
+    longest = max((min(spp, n - first) * keys for n, first, keys in kinds), default=0)
+    programs = _programs(kinds, spp)
     return programs > 0 and total >= DECODE_BALANCE * longest * programs
 
 
@@ -695,6 +707,17 @@ DECODE_MAXNREG: int | None = None  # a register cap on decode (the compiler's ch
 #: with no spill (ptxas -v). H200 (results/h200-probe-issue17o2.json): 1.135 / 1.098 of SDPA at
 #: B=8 L=8k / B=32 L=4k with the cap, 1.040 / 1.052 without; at B=1 L=4k 0.75 with, 0.81 without.
 FP8_DECODE_MAXNREG: int | None = 128
-#: the split loop over an fp8 cache: H200, e4m3 (h200-probe-issue17o2.json): 0.71 of SDPA at B=1
-#: L=4k against 0.75 without, 0.92 / 0.90 at B=8 L=8k / B=32 L=4k against 1.14 / 1.10
+#: the split loop over an fp8 cache by the bf16 cache's rule (True; False: ``FP8_DECODE_SPP``'s):
+#: H200, e4m3 (h200-probe-issue17o2.json): 0.71 of SDPA at B=1 L=4k against 0.75 without, 0.92 /
+#: 0.90 at B=8 L=8k / B=32 L=4k against 1.14 / 1.10; ninth stop (h200-probe-issue17-fp8.json, whole
+#: sequences a program at B=32 L=4k): 0.946 of the bf16 cache's speed at 128 registers, 1.083
+#: uncapped, against 1.103 without the loop
 FP8_DECODE_SPLIT_LOOP = False
+#: An fp8 cache's decode programs walk FP8_DECODE_SPP consecutive splits in the split loop where
+#: at least FP8_LOOP_MIN_PROGRAMS programs (a kv head each) have keys to read: the loop keeps the
+#: K/V pipeline running across a split's end, while enough programs remain to fill the GPU at four
+#: an SM. Issue 17, ninth stop (H200, one process, from graphs; h200-probe-issue17-fp8.json), e4m3
+#: over the bf16 cache's speed, 2 splits a program / one: B=32 L=4k 1.215 / 1.103, B=128 L=4k 1.219
+#: / 1.121, B=64 L=2k 1.158 / 1.029, B=8 L=8k 1.145 / 1.130; B=1 L=4k (32 programs) 0.599 / 0.944.
+FP8_DECODE_SPP = 2
+FP8_LOOP_MIN_PROGRAMS = 512
