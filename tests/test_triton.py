@@ -413,43 +413,49 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
 
 
 def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
-    """An fp8 cache: the split loop at ``FP8_DECODE_SPP`` splits a program where at least
-    ``FP8_LOOP_MIN_PROGRAMS`` programs (a kv head each) have keys to read and they are balanced,
-    else one split a program without the loop, whatever fits a wave; ``FP8_DECODE_SPLIT_LOOP``
-    gives it the bf16 cache's rule, ``DECODE_SPLIT_LOOP`` forces either."""
-    monkeypatch.setattr(host, "FP8_DECODE_SPP", 2)
+    """An fp8 cache: the split loop at the most splits a program, from ``FP8_DECODE_SPP`` halving
+    down to 2, at which at least ``FP8_LOOP_MIN_PROGRAMS`` programs (a kv head each) have keys to
+    read, balanced, short of a whole history; else one split a program without the loop, whatever
+    fits a wave. ``FP8_DECODE_SPLIT_LOOP`` gives it the bf16 cache's rule, ``DECODE_SPLIT_LOOP``
+    forces either."""
+    monkeypatch.setattr(host, "FP8_DECODE_SPP", 4)
     monkeypatch.setattr(host, "FP8_LOOP_MIN_PROGRAMS", 512)
 
     def shape(work, heads=8):
         return host.decode_launch_shape(work, heads, kv_fp8=True)
 
-    assert shape([(8, 0, 512)] * 16) == (True, 2, False)  # 16 * 4 * 8 = 512 programs of two splits
-    assert shape([(8, 0, 512)] * 15) == (False, 1, False)  # 480: too few at two a program
-    assert shape([(8, 0, 512)] * 8) == (False, 1, False)  # 256: the bf16 rule's one wave is not taken
-    assert shape([(2, 0, 512)] * 64) == (True, 2, False)  # a history of two splits: one program
-    assert shape([(1, 0, 512)] * 600) == (False, 1, False)  # single splits: nothing to walk
+    assert shape([(8, 0, 512)] * 32) == (True, 4, False)  # 32 * 2 * 8 = 512 programs of four splits
+    assert shape([(8, 0, 512)] * 16) == (True, 2, False)  # 256 at four; 512 at two
+    assert shape([(8, 0, 512)] * 15) == (False, 1, False)  # 480 at two: too few
     assert shape([(9, 0, 512)] * 13) == (True, 2, False)  # 13 * 5 * 8 = 520 (the last program one split)
-    # the programs before a window read nothing and are not counted: splits 6 and 7 of 8 visible
+    assert shape([(4, 0, 512)] * 64) == (True, 2, False)  # four a program would be whole histories
+    assert shape([(2, 0, 512)] * 64) == (False, 1, False)  # ... and two here
+    assert shape([(1, 0, 512)] * 600) == (False, 1, False)  # single splits: nothing to walk
+    # the programs before a window read nothing and are not counted: splits 6 and 7 of 8 visible,
+    # one program a history at four or two
     assert host.decode_work(4096, sliding_window=1000) == (8, 6, 512)
     assert shape([host.decode_work(4096, sliding_window=1000)] * 63) == (False, 1, False)  # 63 * 1 * 8
-    assert shape([host.decode_work(4096, sliding_window=1000)] * 64) == (True, 2, False)  # 512
+    assert shape([host.decode_work(4096, sliding_window=1000)] * 64) == (True, 4, False)  # 512
     # balance: 32 programs of two splits beside 64 of one, a kv head (mean work 0.67 of the
-    # longest's, under DECODE_BALANCE); 64 beside 16: 0.9
+    # longest's, under DECODE_BALANCE), and at four 16 beside 64 (0.4); 64 beside 16 at two: 0.9
     assert shape([(8, 0, 512)] * 8 + [(1, 0, 512)] * 64) == (False, 1, False)
     assert shape([(8, 0, 512)] * 16 + [(1, 0, 512)] * 16) == (True, 2, False)
+    # 80 programs of four splits beside 60 of one: 0.68, unbalanced; 160 of two beside them, 0.86
+    assert shape([(8, 0, 512)] * 40 + [(1, 0, 512)] * 60) == (True, 2, False)
     monkeypatch.setattr(host, "FP8_DECODE_SPP", 1)
     assert shape([(8, 0, 512)] * 64) == (False, 1, False)
-    monkeypatch.setattr(host, "FP8_DECODE_SPP", 3)
-    assert shape([(8, 0, 512)] * 22) == (True, 3, False)  # 22 * 3 * 8 = 528
+    monkeypatch.setattr(host, "FP8_DECODE_SPP", 2)
+    assert shape([(8, 0, 512)] * 64) == (True, 2, False)
     monkeypatch.setattr(host, "FP8_DECODE_SPLIT_LOOP", True)  # the bf16 cache's rule: one wave of 264
     assert shape([(8, 0, 512)] * 32) == (True, 8, False)  # 256 programs of whole sequences
     monkeypatch.setattr(host, "FP8_DECODE_SPLIT_LOOP", False)
     monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", False)
     assert shape([(8, 0, 512)] * 64) == (False, 1, False)
     monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", None)
-    # the plan: 32 histories of 4096 keys under 8 kv heads take the loop, at the fp8 register
-    # cap (a launch past one wave), and fold the merge's parts (2 splits each) in it
-    monkeypatch.setattr(host, "FP8_DECODE_SPP", 2)
+    monkeypatch.setattr(host, "FP8_DECODE_SPP", 4)
+    # the plan: 32 histories of 4096 keys under 8 kv heads take the loop at four splits a
+    # program, at the fp8 register cap (a launch past one wave), and fold the merge's parts (2
+    # splits each) in it
     fp8 = functools.partial(
         host.plan_launch,
         num_heads=32,
@@ -461,17 +467,12 @@ def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
         kv_dtype=torch.float8_e4m3fn,
     )
     d = fp8([4096] * 32, [1] * 32).decode
-    assert (d.SPLIT_LOOP, d.SPLITS_PER_PROGRAM, d.SPLIT_GROUPS, d.SPLIT_WHOLE, d.LOOP_PARTS) == (
-        True,
-        2,
-        4,
-        False,
-        True,
-    )
+    assert (d.SPLIT_LOOP, d.SPLITS_PER_PROGRAM, d.SPLIT_GROUPS) == (True, 4, 2)
+    assert d.LOOP_PARTS and not d.SPLIT_WHOLE
     assert d.maxnreg == host.FP8_DECODE_MAXNREG
     d = fp8([1024] * 64, [1] * 64).decode  # 4 splits of 256, parts of one: stored, merged by parts
     assert (d.SPLIT_LOOP, d.SPLITS_PER_PROGRAM, d.LOOP_PARTS) == (True, 2, False)
-    d = fp8([4096] * 32, [1] * 32, sliding_window=1000).decode  # 32 * 1 * 8 programs read keys
+    d = fp8([4096] * 32, [1] * 32, sliding_window=1000).decode  # 32 * 1 * 8 read keys, at 4 or 2
     assert not d.SPLIT_LOOP and d.SPLITS_PER_PROGRAM == 1
     d = fp8([4096], [1]).decode  # B=1: 8 splits a kv head stay 64 programs
     assert not d.SPLIT_LOOP and d.maxnreg is None
@@ -1066,7 +1067,7 @@ HOPPER_CONFIGS = {
     "representative": [
         # every split of a sequence in one program, merged in its loop (no scratch, no count)
         ["float32", 8, 2, 256, 16, "float8_e4m3fn", True, {"DECODE_SPLITS_PER_PROGRAM": 8}],
-        # an fp8 cache's split loop (two splits a program, folding the merge's parts of two in it: 700
+        # an fp8 cache's split loop (four splits a program, folding the merge's parts of two in it: 700
         # keys in 11 splits of 64) at its register cap, every variant on
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True, FP8_LOOP],
         # programs of whole parts of the merge (700 keys in 11 splits of 64: parts of 2, 2 a program)

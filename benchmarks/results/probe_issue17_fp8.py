@@ -19,10 +19,11 @@ the decode grid (Hq=32, Hkv=8, D=128, page 16, permuted tables, bf16 queries):
 
 Needs the wheels of h200_call_17fi.sh (FlashInfer rows are skipped with the reason otherwise).
 
-    PYTHONPATH=/tmp/fi:. [PROBE_ROUND=2] python benchmarks/results/probe_issue17_fp8.py OUT_JSON
+    PYTHONPATH=/tmp/fi:. [PROBE_ROUND=2|3] python benchmarks/results/probe_issue17_fp8.py OUT_JSON
 
 Round 1 (the default) ran on d732e31 (``h200-probe-issue17-fp8.json``); round 2 times the rule
-that came of it against the loop forced at 1 to 4 splits a program (``-fp8r2.json``).
+that came of it against the loop forced at 1 to 4 splits a program (``-fp8r2.json``); round 3
+the rule at up to four splits a program (``-fp8r3.json``).
 """
 
 import json
@@ -111,6 +112,37 @@ if ROUND == 2:
             (128, 4096),
             (1, 4096),
             (1, 32768),
+        ]
+        if not DRY
+        else [(2, 600)]
+    )
+    FI_RUNS = ("fi_tc", "fi8_tc")
+if ROUND == 3:
+    # round 3, the rule at up to four splits a program (the default, ``e4m3``) against its round-2
+    # form (two at most, ``spp2``), one split a program (``spp1``) and four forced (``spp4``)
+    CONFIGS = {
+        "spp1": {"FP8_DECODE_SPP": 1},
+        "spp2": {"FP8_DECODE_SPP": 2},
+        "spp4": {"FP8_LOOP_MIN_PROGRAMS": 0},
+    }
+    SWITCHES += ("FP8_DECODE_SPP", "FP8_LOOP_MIN_PROGRAMS")
+    DEFAULTS = {k: getattr(host, k) for k in SWITCHES}
+    SAME_SPLITS = set(CONFIGS)
+    POINTS = (
+        [
+            (32, 4096),
+            (8, 8192),
+            (16, 4096),
+            (8, 4096),
+            (16, 2048),
+            (8, 2048),
+            (4, 32768),
+            (32, 32768),
+            (64, 2048),
+            (128, 4096),
+            (64, 1024),
+            (48, 4096),
+            (1, 4096),
         ]
         if not DRY
         else [(2, 600)]

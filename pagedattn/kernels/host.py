@@ -463,8 +463,9 @@ def decode_launch_shape(
     3. else one split a program without the loop.
 
     An fp8 cache (``kv_fp8``) has its own rule (unless ``FP8_DECODE_SPLIT_LOOP``): the loop at
-    ``FP8_DECODE_SPP`` splits a program where the programs with keys to read are still at least
-    ``FP8_LOOP_MIN_PROGRAMS`` and balanced, else one split a program without it (the loop
+    the most splits a program, from ``FP8_DECODE_SPP`` halving down to 2, at which the programs
+    with keys to read are still at least ``FP8_LOOP_MIN_PROGRAMS`` and balanced, and a program
+    takes less than a whole history, else one split a program without it (the loop
     fitted in one wave or over whole sequences was measured slower there: its programs hold
     more registers, where an fp8 program's speed is its occupancy). ``DECODE_SPLIT_LOOP`` (True
     or False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0, with the loop) force either (the
@@ -477,9 +478,13 @@ def decode_launch_shape(
     heads = len(work) * num_kv_heads
     kinds = collections.Counter(work)  # the balance is counted over distinct works
     if kv_fp8 and DECODE_SPLIT_LOOP is None and not FP8_DECODE_SPLIT_LOOP:
-        spp = min(FP8_DECODE_SPP, max_splits)
-        if spp > 1 and _programs(kinds, spp) * num_kv_heads >= FP8_LOOP_MIN_PROGRAMS and _balanced(kinds, spp):
-            return True, spp, False
+        spp = FP8_DECODE_SPP
+        while spp > 1:  # the most splits a program, halving, that leave enough programs
+            # never a whole sequence a program: measured slower (FP8_DECODE_SPLIT_LOOP)
+            if spp < max_splits and _programs(kinds, spp) * num_kv_heads >= FP8_LOOP_MIN_PROGRAMS:
+                if _balanced(kinds, spp):
+                    return True, spp, False
+            spp //= 2
         return False, 1, False
     for spp in range(1, max(1, min(DECODE_SPP_MAX, max_splits)) + 1):
         if heads * -(-max_splits // spp) <= DECODE_WAVE and (spp == 1 or _balanced(kinds, spp)):
@@ -713,11 +718,16 @@ FP8_DECODE_MAXNREG: int | None = 128
 #: sequences a program at B=32 L=4k): 0.946 of the bf16 cache's speed at 128 registers, 1.083
 #: uncapped, against 1.103 without the loop
 FP8_DECODE_SPLIT_LOOP = False
-#: An fp8 cache's decode programs walk FP8_DECODE_SPP consecutive splits in the split loop where
-#: at least FP8_LOOP_MIN_PROGRAMS programs (a kv head each) have keys to read: the loop keeps the
-#: K/V pipeline running across a split's end, while enough programs remain to fill the GPU at four
-#: an SM. Issue 17, ninth stop (H200, one process, from graphs; h200-probe-issue17-fp8.json), e4m3
-#: over the bf16 cache's speed, 2 splits a program / one: B=32 L=4k 1.215 / 1.103, B=128 L=4k 1.219
-#: / 1.121, B=64 L=2k 1.158 / 1.029, B=8 L=8k 1.145 / 1.130; B=1 L=4k (32 programs) 0.599 / 0.944.
-FP8_DECODE_SPP = 2
+#: An fp8 cache's decode programs walk up to FP8_DECODE_SPP consecutive splits in the split loop
+#: (the most, halving down to 2) where at least FP8_LOOP_MIN_PROGRAMS programs (a kv head each) have
+#: keys to read: the loop keeps the K/V pipeline running across a split's end, while enough
+#: programs remain to fill the GPU at four an SM. Issue 17, ninth stop (H200, one process, from
+#: graphs; h200-probe-issue17-fp8r2.json), e4m3 over the bf16 cache's speed at 4 / 2 / 1 splits a
+#: program (programs at 4 and 2): B=32 L=4k 1.239 / 1.215 / 1.103 (512, 1024), B=32 L=32k 1.264 /
+#: 1.199 / 1.203 (1024, 2048), B=64 L=2k 1.207 / 1.159 / 1.029, B=128 L=4k 1.230 / 1.219 / 1.121;
+#: B=16 L=4k 1.100 / 1.299 / 1.169 (256, 512), B=16 L=2k 1.162 / 1.295 / 1.101, B=8 L=8k 1.093 /
+#: 1.138 / 1.125; under 512 programs at 2 the loop loses: B=8 L=4k 0.894 / 1.168 / 1.208 (128,
+#: 256), B=4 L=32k 0.783 / 0.984 / 1.229, B=1 L=4k 0.349 / 0.595 / 0.946. Three splits a program,
+#: where the merge's parts do not divide them, 0.70-1.13.
+FP8_DECODE_SPP = 4
 FP8_LOOP_MIN_PROGRAMS = 512
