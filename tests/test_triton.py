@@ -415,11 +415,14 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
 def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
     """An fp8 cache: the split loop at the most splits a program, from ``FP8_DECODE_SPP`` halving
     down to 2, at which at least ``FP8_LOOP_MIN_PROGRAMS`` programs (a kv head each) have keys to
-    read, balanced, short of a whole history; else one split a program without the loop, whatever
-    fits a wave. ``FP8_DECODE_SPLIT_LOOP`` gives it the bf16 cache's rule, ``DECODE_SPLIT_LOOP``
+    read, filling at least ``FP8_LOOP_FILL`` of their waves' slots (``FP8_DECODE_WAVE``),
+    balanced, short of a whole history; else one split a program without the loop, whatever fits
+    a wave. ``FP8_DECODE_SPLIT_LOOP`` gives it the bf16 cache's rule, ``DECODE_SPLIT_LOOP``
     forces either."""
     monkeypatch.setattr(host, "FP8_DECODE_SPP", 4)
     monkeypatch.setattr(host, "FP8_LOOP_MIN_PROGRAMS", 512)
+    monkeypatch.setattr(host, "FP8_DECODE_WAVE", 528)
+    monkeypatch.setattr(host, "FP8_LOOP_FILL", 0.8)
 
     def shape(work, heads=8):
         return host.decode_launch_shape(work, heads, kv_fp8=True)
@@ -431,17 +434,24 @@ def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
     assert shape([(4, 0, 512)] * 64) == (True, 2, False)  # four a program would be whole histories
     assert shape([(2, 0, 512)] * 64) == (False, 1, False)  # ... and two here
     assert shape([(1, 0, 512)] * 600) == (False, 1, False)  # single splits: nothing to walk
+    # the waves' slots: 768 programs at four fill 0.73 of two waves of 528, 1536 at two 0.97
+    assert shape([(8, 0, 512)] * 48) == (True, 2, False)
+    assert shape([(8, 0, 512)] * 66) == (True, 4, False)  # 1056 at four: two full waves
+    assert shape([(4, 0, 512)] * 40) == (False, 1, False)  # 640 at two: 0.61 of two waves
+    with monkeypatch.context() as m:
+        m.setattr(host, "FP8_LOOP_FILL", 0.6)
+        assert shape([(4, 0, 512)] * 40) == (True, 2, False)
     # the programs before a window read nothing and are not counted: splits 6 and 7 of 8 visible,
     # one program a history at four or two
     assert host.decode_work(4096, sliding_window=1000) == (8, 6, 512)
     assert shape([host.decode_work(4096, sliding_window=1000)] * 63) == (False, 1, False)  # 63 * 1 * 8
     assert shape([host.decode_work(4096, sliding_window=1000)] * 64) == (True, 4, False)  # 512
-    # balance: 32 programs of two splits beside 64 of one, a kv head (mean work 0.67 of the
-    # longest's, under DECODE_BALANCE), and at four 16 beside 64 (0.4); 64 beside 16 at two: 0.9
-    assert shape([(8, 0, 512)] * 8 + [(1, 0, 512)] * 64) == (False, 1, False)
-    assert shape([(8, 0, 512)] * 16 + [(1, 0, 512)] * 16) == (True, 2, False)
-    # 80 programs of four splits beside 60 of one: 0.68, unbalanced; 160 of two beside them, 0.86
-    assert shape([(8, 0, 512)] * 40 + [(1, 0, 512)] * 60) == (True, 2, False)
+    # balance (mean work over the longest program's, DECODE_BALANCE 0.75), a kv head: 16 programs
+    # of four splits beside 100 of one (0.34; 928 programs fill 0.88), 32 of two beside them (0.66)
+    assert shape([(8, 0, 512)] * 8 + [(1, 0, 512)] * 100) == (False, 1, False)
+    # 40 of four beside 26 of one (0.71; 528 programs, one full wave), 80 of two beside them (0.88)
+    assert shape([(8, 0, 512)] * 20 + [(1, 0, 512)] * 26) == (True, 2, False)
+    assert shape([(8, 0, 512)] * 26 + [(1, 0, 512)] * 14) == (True, 4, False)  # 52 beside 14: 0.85
     monkeypatch.setattr(host, "FP8_DECODE_SPP", 1)
     assert shape([(8, 0, 512)] * 64) == (False, 1, False)
     monkeypatch.setattr(host, "FP8_DECODE_SPP", 2)

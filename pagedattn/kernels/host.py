@@ -464,8 +464,9 @@ def decode_launch_shape(
 
     An fp8 cache (``kv_fp8``) has its own rule (unless ``FP8_DECODE_SPLIT_LOOP``): the loop at
     the most splits a program, from ``FP8_DECODE_SPP`` halving down to 2, at which the programs
-    with keys to read are still at least ``FP8_LOOP_MIN_PROGRAMS`` and balanced, and a program
-    takes less than a whole history, else one split a program without it (the loop
+    with keys to read are still at least ``FP8_LOOP_MIN_PROGRAMS``, fill at least
+    ``FP8_LOOP_FILL`` of their waves' slots (``FP8_DECODE_WAVE`` a wave) and are balanced, and a
+    program takes less than a whole history; else one split a program without it (the loop
     fitted in one wave or over whole sequences was measured slower there: its programs hold
     more registers, where an fp8 program's speed is its occupancy). ``DECODE_SPLIT_LOOP`` (True
     or False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0, with the loop) force either (the
@@ -480,8 +481,10 @@ def decode_launch_shape(
     if kv_fp8 and DECODE_SPLIT_LOOP is None and not FP8_DECODE_SPLIT_LOOP:
         spp = FP8_DECODE_SPP
         while spp > 1:  # the most splits a program, halving, that leave enough programs
+            programs = _programs(kinds, spp) * num_kv_heads
+            fill = programs / (-(-programs // FP8_DECODE_WAVE) * FP8_DECODE_WAVE)
             # never a whole sequence a program: measured slower (FP8_DECODE_SPLIT_LOOP)
-            if spp < max_splits and _programs(kinds, spp) * num_kv_heads >= FP8_LOOP_MIN_PROGRAMS:
+            if spp < max_splits and programs >= FP8_LOOP_MIN_PROGRAMS and fill >= FP8_LOOP_FILL:
                 if _balanced(kinds, spp):
                     return True, spp, False
             spp //= 2
@@ -728,6 +731,11 @@ FP8_DECODE_SPLIT_LOOP = False
 #: B=16 L=4k 1.100 / 1.299 / 1.169 (256, 512), B=16 L=2k 1.162 / 1.295 / 1.101, B=8 L=8k 1.093 /
 #: 1.138 / 1.125; under 512 programs at 2 the loop loses: B=8 L=4k 0.894 / 1.168 / 1.208 (128,
 #: 256), B=4 L=32k 0.783 / 0.984 / 1.229, B=1 L=4k 0.349 / 0.595 / 0.946. Three splits a program,
-#: where the merge's parts do not divide them, 0.70-1.13.
+#: where the merge's parts do not divide them, 0.70-1.13. Round 3 (-fp8r3.json): the programs must
+#: also fill FP8_LOOP_FILL of their waves' slots (FP8_DECODE_WAVE: four programs an SM at
+#: FP8_DECODE_MAXNREG registers on 132 SMs): B=48 L=4k at four, 768 programs in 1.45 waves, 1.079,
+#: at two (1536, 0.97 filled) 1.230, at one 1.125.
 FP8_DECODE_SPP = 4
 FP8_LOOP_MIN_PROGRAMS = 512
+FP8_DECODE_WAVE = 528
+FP8_LOOP_FILL = 0.8
