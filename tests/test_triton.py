@@ -1045,8 +1045,9 @@ HOPPER_SHARED_MEMORY = 232448
 
 
 #: an fp8 cache's split loop in the compile test's small batch (its own rule asks for
-#: FP8_LOOP_MIN_PROGRAMS programs; the register cap for a launch past DECODE_WAVE programs)
-FP8_LOOP = {"FP8_LOOP_MIN_PROGRAMS": 0, "DECODE_WAVE": 0, "SPLIT_SHORT": 64}
+#: FP8_LOOP_MIN_PROGRAMS programs filling FP8_LOOP_FILL of their waves; the register cap for a
+#: launch past DECODE_WAVE programs)
+FP8_LOOP = {"FP8_LOOP_MIN_PROGRAMS": 0, "FP8_LOOP_FILL": 0, "DECODE_WAVE": 0, "SPLIT_SHORT": 64}
 #: the first round's softmax, 2-stage prefill and sequences-first decode grid
 FIRST_ROUND = {
     "EXP2_SOFTMAX": False,
