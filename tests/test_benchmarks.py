@@ -1,5 +1,6 @@
 """The benchmark harness runs end to end in its CPU mode (tiny sizes, Triton interpreter),
-so it never rots. No timing is asserted."""
+so it never rots. No timing is asserted. The two longest (about 17 s of a core each) are
+``slow``: CI runs them in its second step."""
 
 import json
 import subprocess
@@ -11,6 +12,7 @@ import pytest
 SCRIPT = Path(__file__).parent.parent / "benchmarks" / "bench_paged_attention.py"
 
 
+@pytest.mark.slow
 def test_cpu_mode_writes_every_figure(tmp_path):
     triton = pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):
@@ -57,6 +59,7 @@ def test_variant_bench_cpu_mode(tmp_path):
     assert all(r["decode_ms"] > 0 and r["prefill_ms"] > 0 for r in rows)
 
 
+@pytest.mark.slow
 def test_suite_bench_smoke(tmp_path):
     """bench_suite.py measures the oracle and the check on two tiny cases, each in its own
     process, and records the machine; the figures are positive (never compared)."""

@@ -424,10 +424,11 @@ def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
     monkeypatch.setattr(host, "FP8_DECODE_WAVE", 528)
     monkeypatch.setattr(host, "FP8_LOOP_FILL", 0.8)
 
-    def shape(work, heads=8):
-        return host.decode_launch_shape(work, heads, kv_fp8=True)
+    def shape(work, heads=8, cap_ok=True):
+        return host.decode_launch_shape(work, heads, kv_fp8=True, cap_ok=cap_ok)
 
     assert shape([(8, 0, 512)] * 32) == (True, 4, False)  # 32 * 2 * 8 = 512 programs of four splits
+    assert shape([(8, 0, 512)] * 32, cap_ok=False) == (False, 1, False)  # the waves assume the cap
     assert shape([(8, 0, 512)] * 16) == (True, 2, False)  # 256 at four; 512 at two
     assert shape([(8, 0, 512)] * 15) == (False, 1, False)  # 480 at two: too few
     assert shape([(9, 0, 512)] * 13) == (True, 2, False)  # 13 * 5 * 8 = 520 (the last program one split)
@@ -447,11 +448,12 @@ def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
     assert shape([host.decode_work(4096, sliding_window=1000)] * 63) == (False, 1, False)  # 63 * 1 * 8
     assert shape([host.decode_work(4096, sliding_window=1000)] * 64) == (True, 4, False)  # 512
     # balance (mean work over the longest program's, DECODE_BALANCE 0.75), a kv head: 16 programs
-    # of four splits beside 100 of one (0.34; 928 programs fill 0.88), 32 of two beside them (0.66)
+    # of four splits beside 100 of one (0.353; 928 programs fill 0.88), 32 of two beside them (0.621)
     assert shape([(8, 0, 512)] * 8 + [(1, 0, 512)] * 100) == (False, 1, False)
-    # 40 of four beside 26 of one (0.71; 528 programs, one full wave), 80 of two beside them (0.88)
+    # 40 of four beside 26 of one (0.705; 528 programs, one full wave), 80 of two beside them
+    # (0.877; 848 programs fill 0.803 of two waves, just over FP8_LOOP_FILL)
     assert shape([(8, 0, 512)] * 20 + [(1, 0, 512)] * 26) == (True, 2, False)
-    assert shape([(8, 0, 512)] * 26 + [(1, 0, 512)] * 14) == (True, 4, False)  # 52 beside 14: 0.85
+    assert shape([(8, 0, 512)] * 26 + [(1, 0, 512)] * 14) == (True, 4, False)  # 52 beside 14: 0.841
     monkeypatch.setattr(host, "FP8_DECODE_SPP", 1)
     assert shape([(8, 0, 512)] * 64) == (False, 1, False)
     monkeypatch.setattr(host, "FP8_DECODE_SPP", 2)
@@ -482,10 +484,15 @@ def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
     assert d.maxnreg == host.FP8_DECODE_MAXNREG
     d = fp8([1024] * 64, [1] * 64).decode  # 4 splits of 256, parts of one: stored, merged by parts
     assert (d.SPLIT_LOOP, d.SPLITS_PER_PROGRAM, d.LOOP_PARTS) == (True, 2, False)
-    d = fp8([4096] * 32, [1] * 32, sliding_window=1000).decode  # 32 * 1 * 8 read keys, at 4 or 2
+    d = fp8([4096] * 32, [1] * 32, sliding_window=1000).decode  # 256 programs with keys to read
     assert not d.SPLIT_LOOP and d.SPLITS_PER_PROGRAM == 1
     d = fp8([4096], [1]).decode  # B=1: 8 splits a kv head stay 64 programs
     assert not d.SPLIT_LOOP and d.maxnreg is None
+    # uncapped tiles (fp32 queries, head_dim 256) take one split a program, as before the rule
+    assert not fp8([4096] * 32, [1] * 32, dtype=torch.float32).decode.SPLIT_LOOP
+    assert not fp8([4096] * 32, [1] * 32, num_heads=8, head_dim=256).decode.SPLIT_LOOP
+    monkeypatch.setattr(host, "FP8_DECODE_MAXNREG", None)
+    assert not fp8([4096] * 32, [1] * 32).decode.SPLIT_LOOP
 
 
 def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
@@ -1106,6 +1113,7 @@ HOPPER_CONFIGS = {
         ["float16", 32, 8, 128, 16, "float8_e5m2", False],  # the same with K's pairs: more conversions
         # the decode register cap of an fp8 cache in a launch past one wave (one split a program)
         ["bfloat16", 32, 8, 128, 16, "float8_e5m2", True, {"DECODE_WAVE": 0}],
+        # an fp8 cache's decode of one split a program, uncapped (a launch within one wave)
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True],
         # whole sequences a program past one wave at three programs an SM (DECODE_WHOLE_MAXNREG)
         ["bfloat16", 32, 8, 128, 16, None, True, {"DECODE_WAVE": 5, "DECODE_WAVE_CAPPED": 8}],

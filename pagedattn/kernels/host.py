@@ -349,7 +349,8 @@ def plan_launch(
         # the merge's part state live through the loop; the H200 figures (without variants) are
         # those of the cap before the parts, which spilled nothing, within 0.2 points
         narrow = dtype != torch.float32 and d_pad <= 128
-        cap_ok = narrow and group_pad <= MIN_DOT and not kv_fp8
+        # over an fp8 cache, the cap its split loop's rule is measured at (FP8_DECODE_MAXNREG)
+        cap_ok = narrow and (FP8_DECODE_MAXNREG is not None if kv_fp8 else group_pad <= MIN_DOT)
         split_loop, spp, whole_capped = decode_launch_shape(work, num_kv_heads, kv_fp8, cap_ok)
         # an fp8 cache's decode at a register cap where the launch outgrows a wave (see FP8_DECODE_MAXNREG)
         capped = kv_fp8 and narrow and len(decode_seqs) * num_kv_heads * max_splits > DECODE_WAVE
@@ -443,7 +444,8 @@ def decode_launch_shape(
     whoever runs it and however (``_decode_kernel``).
 
     ``work``: for each decode sequence, ``decode_work``'s (splits, first split with visible
-    keys, keys a split). ``cap_ok``: the tiles are narrow enough for the register cap.
+    keys, keys a split). ``cap_ok``: the tiles are narrow enough for the register cap (over an
+    fp8 cache, ``FP8_DECODE_MAXNREG``'s, which its rule needs).
 
     The split loop may hold more registers than a program of one split (sm_90, triton 3.6, bf16,
     D=128: 192 folding parts in its loop, 192-253 walking whole sequences, against 128 storing
@@ -462,11 +464,13 @@ def decode_launch_shape(
        at more than ``DECODE_SPP_MAX`` splits a program (histories of over 16 splits);
     3. else one split a program without the loop.
 
-    An fp8 cache (``kv_fp8``) has its own rule (unless ``FP8_DECODE_SPLIT_LOOP``): the loop at
-    the most splits a program, from ``FP8_DECODE_SPP`` halving down to 2, at which the programs
-    with keys to read are still at least ``FP8_LOOP_MIN_PROGRAMS``, fill at least
-    ``FP8_LOOP_FILL`` of their waves' slots (``FP8_DECODE_WAVE`` a wave) and are balanced, and a
-    program takes less than a whole history; else one split a program without it (the loop
+    An fp8 cache (``kv_fp8``) has its own rule (unless ``FP8_DECODE_SPLIT_LOOP``), with
+    ``cap_ok`` only: the loop at the most splits a program, from ``FP8_DECODE_SPP`` halving
+    (integer division) down to 2, at which the programs with keys to read are still at least
+    ``FP8_LOOP_MIN_PROGRAMS``, fill at least ``FP8_LOOP_FILL`` of their waves' slots
+    (``FP8_DECODE_WAVE`` a wave) and are balanced, and fewer than the longest history's splits
+    (the launch never takes a program a sequence; under a window one program may still walk all
+    of a history's visible splits); else one split a program without it (the loop
     fitted in one wave or over whole sequences was measured slower there: its programs hold
     more registers, where an fp8 program's speed is its occupancy). ``DECODE_SPLIT_LOOP`` (True
     or False) and ``DECODE_SPLITS_PER_PROGRAM`` (> 0, with the loop) force either (the
@@ -479,13 +483,15 @@ def decode_launch_shape(
     heads = len(work) * num_kv_heads
     kinds = collections.Counter(work)  # the balance is counted over distinct works
     if kv_fp8 and DECODE_SPLIT_LOOP is None and not FP8_DECODE_SPLIT_LOOP:
-        spp = FP8_DECODE_SPP
+        # the waves are four programs an SM at FP8_DECODE_MAXNREG registers: uncapped (fp32
+        # queries, head_dim > 128), or without a wave, one split a program
+        spp = FP8_DECODE_SPP if cap_ok and FP8_DECODE_WAVE > 0 else 1
         while spp > 1:  # the most splits a program, halving, that leave enough programs
             programs = _programs(kinds, spp) * num_kv_heads
-            fill = programs / (-(-programs // FP8_DECODE_WAVE) * FP8_DECODE_WAVE)
-            # never a whole sequence a program: measured slower (FP8_DECODE_SPLIT_LOOP)
-            if spp < max_splits and programs >= FP8_LOOP_MIN_PROGRAMS and fill >= FP8_LOOP_FILL:
-                if _balanced(kinds, spp):
+            # never a launch of one program a sequence (measured slower, FP8_DECODE_SPLIT_LOOP)
+            if spp < max_splits and programs >= max(1, FP8_LOOP_MIN_PROGRAMS):
+                fill = programs / (-(-programs // FP8_DECODE_WAVE) * FP8_DECODE_WAVE)
+                if fill >= FP8_LOOP_FILL and _balanced(kinds, spp):
                     return True, spp, False
             spp //= 2
         return False, 1, False
@@ -728,14 +734,16 @@ FP8_DECODE_SPLIT_LOOP = False
 #: graphs; h200-probe-issue17-fp8r2.json), e4m3 over the bf16 cache's speed at 4 / 2 / 1 splits a
 #: program (programs at 4 and 2): B=32 L=4k 1.239 / 1.215 / 1.103 (512, 1024), B=32 L=32k 1.264 /
 #: 1.199 / 1.203 (1024, 2048), B=64 L=2k 1.207 / 1.159 / 1.029, B=128 L=4k 1.230 / 1.219 / 1.121;
-#: B=16 L=4k 1.100 / 1.299 / 1.169 (256, 512), B=16 L=2k 1.162 / 1.295 / 1.101, B=8 L=8k 1.093 /
+#: B=16 L=4k 1.100 / 1.301 / 1.169 (256, 512), B=16 L=2k 1.162 / 1.295 / 1.101, B=8 L=8k 1.093 /
 #: 1.138 / 1.125; under 512 programs at 2 the loop loses: B=8 L=4k 0.894 / 1.168 / 1.208 (128,
-#: 256), B=4 L=32k 0.783 / 0.984 / 1.229, B=1 L=4k 0.349 / 0.595 / 0.946. Three splits a program,
-#: where the merge's parts do not divide them, 0.70-1.13. Round 3 (-fp8r3.json): the programs must
+#: 256), B=4 L=32k 0.783 / 0.984 / 1.229, B=1 L=4k 0.349 / 0.595 / 0.946. Programs that store their
+#: splits (the merge's parts not dividing theirs: B=8 L=8k and B=32 L=32k at 2, B=64 L=1k) gain as
+#: those folding parts do; three splits a program (groups of 3, 3, 2 at 8 splits) 0.70-1.13, so the
+#: rule halves from 4 (FP8_DECODE_SPP a power of two). Round 3 (-fp8r3.json): the programs must
 #: also fill FP8_LOOP_FILL of their waves' slots (FP8_DECODE_WAVE: four programs an SM at
 #: FP8_DECODE_MAXNREG registers on 132 SMs): B=48 L=4k at four, 768 programs in 1.45 waves, 1.079,
 #: at two (1536, 0.97 filled) 1.230, at one 1.125.
 FP8_DECODE_SPP = 4
 FP8_LOOP_MIN_PROGRAMS = 512
-FP8_DECODE_WAVE = 528
+FP8_DECODE_WAVE = 528  # 4 programs of 4 warps (DECODE_WARPS) an SM at 128 registers (0: no loop)
 FP8_LOOP_FILL = 0.8
