@@ -172,6 +172,13 @@ elif ROUND == "12":  # probe only: a program folds its splits in its loop and st
         "gfold": {"DECODE_GROUP_FOLD": True},
     }
     FP8_CONFIGS = {}
+elif ROUND == "14":  # ninth stop: what the merge in parts costs where FlashInfer's TC decode is faster
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
+        "new": {},
+        "parts0": {"DECODE_FOLD_PARTS": 0},  # the merge of the seventh stop (other bits)
+    }
+    FP8_CONFIGS = {}
 elif ROUND == "13":  # the merge in parts (DECODE_FOLD_PARTS 4): programs of whole parts fold in their loop
     CONFIGS = {
         "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
@@ -283,6 +290,8 @@ if ROUND == "13":
     POINTS += [(1, 2048), (1, 8192), (1, 32768), (32, 4096), (48, 4096), (64, 8192), (128, 8192)] + list(MIXED)
 if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
+if ROUND == "14":
+    POINTS = [(128, 32768), (64, 32768), (32, 32768), (128, 8192), (1, 2048), (1, 32768)]
 if DRY:
     POINTS = [(2, 64)]
     if ROUND == "8":
