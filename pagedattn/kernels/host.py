@@ -737,7 +737,7 @@ FP8_DECODE_SPLIT_LOOP = False
 #: B=16 L=4k 1.100 / 1.301 / 1.169 (256, 512), B=16 L=2k 1.162 / 1.295 / 1.101, B=8 L=8k 1.093 /
 #: 1.138 / 1.125; under 512 programs at 2 the loop loses: B=8 L=4k 0.894 / 1.168 / 1.208 (128,
 #: 256), B=4 L=32k 0.783 / 0.984 / 1.229, B=1 L=4k 0.349 / 0.595 / 0.946. Programs that store their
-#: splits (the merge's parts not dividing theirs: B=8 L=8k and B=32 L=32k at 2, B=64 L=1k) gain as
+#: splits (the merge's parts not dividing theirs: B=8 L=8k and B=32 L=32k at 2, B=64 L=1k in round 3) gain as
 #: those folding parts do; three splits a program (groups of 3, 3, 2 at 8 splits) 0.70-1.13, so the
 #: rule halves from 4 (FP8_DECODE_SPP a power of two). Round 3 (-fp8r3.json): the programs must
 #: also fill FP8_LOOP_FILL of their waves' slots (FP8_DECODE_WAVE: four programs an SM at
