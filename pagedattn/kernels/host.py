@@ -490,8 +490,7 @@ def decode_launch_shape(
             programs = _programs(kinds, spp) * num_kv_heads
             # never a launch of one program a sequence (measured slower, FP8_DECODE_SPLIT_LOOP)
             if spp < max_splits and programs >= max(1, FP8_LOOP_MIN_PROGRAMS):
-                fill = programs / (-(-programs // FP8_DECODE_WAVE) * FP8_DECODE_WAVE)
-                if fill >= FP8_LOOP_FILL and _balanced(kinds, spp):
+                if _fill(programs, FP8_DECODE_WAVE) >= FP8_LOOP_FILL and _balanced(kinds, spp):
                     return True, spp, False
             spp //= 2
         return False, 1, False
@@ -501,10 +500,16 @@ def decode_launch_shape(
     if DECODE_WHOLE_FILL <= 1 and DECODE_MERGE_IN_LOOP and _balanced(kinds, max_splits):
         waves = [(w, c) for w, c in ((DECODE_WAVE, False), (DECODE_WAVE_CAPPED, True)) if w > 0 and (cap_ok or not c)]
         if waves:
-            fill, _, capped = max((heads / (-(-heads // w) * w), not c, c) for w, c in waves)
+            fill, _, capped = max((_fill(heads, w), not c, c) for w, c in waves)
             if fill >= DECODE_WHOLE_FILL:
                 return True, max_splits, capped
     return bool(DECODE_SPLIT_LOOP), 1, False
+
+
+def _fill(programs: int, wave: int) -> float:
+    """The share of the slots of whole waves of ``wave`` programs (> 0) that ``programs``
+    (> 0) fill."""
+    return programs / (-(-programs // wave) * wave)
 
 
 def _programs(kinds: collections.Counter[tuple[int, int, int]], spp: int) -> int:
