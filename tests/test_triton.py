@@ -189,8 +189,19 @@ def test_bad_scale_and_out():
         host.check_paged_inputs(**args, out=torch.empty(3))
 
 
-def _plan(seq_lens, query_lens, heads=32, kv=8, d=128, bs=16, dtype=torch.bfloat16, interpreter=False, kv_dtype=None):
-    return host.plan_launch(seq_lens, query_lens, heads, kv, d, bs, dtype, interpreter, kv_dtype)
+def _plan(
+    seq_lens,
+    query_lens,
+    heads=32,
+    kv=8,
+    d=128,
+    bs=16,
+    dtype=torch.bfloat16,
+    interpreter=False,
+    kv_dtype=None,
+    sliding_window=None,
+):
+    return host.plan_launch(seq_lens, query_lens, heads, kv, d, bs, dtype, interpreter, kv_dtype, sliding_window)
 
 
 def test_launch_limits_fail_before_any_launch(monkeypatch):
@@ -384,20 +395,10 @@ def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
     # an fp8 cache takes its own rule (its own test), and the register cap only in a launch of
     # more than DECODE_WAVE programs at one split each
     assert shape(1, 8, 8, kv_fp8=True) == (False, 1)
-    fp8 = functools.partial(
-        host.plan_launch,
-        query_lens=[1],
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        block_size=16,
-        dtype=torch.bfloat16,
-        interpreter=False,
-        kv_dtype=torch.float8_e4m3fn,
-    )
+    fp8 = functools.partial(_plan, query_lens=[1], kv_dtype=torch.float8_e4m3fn)
     assert fp8([100]).decode.maxnreg is None and not fp8([100]).decode.SPLIT_LOOP  # 8 programs
     assert fp8([5000]).decode.maxnreg == host.FP8_DECODE_MAXNREG  # 8 * 10 programs
-    assert fp8([5000], num_heads=8, num_kv_heads=8, head_dim=256).decode.maxnreg is None  # wider tiles would spill
+    assert fp8([5000], heads=8, kv=8, d=256).decode.maxnreg is None  # wider tiles would spill
     assert fp8([512 * 8]).decode.maxnreg is None and fp8([512 * 8 + 1]).decode.maxnreg  # 64 programs; 72
     assert fp8([5000], dtype=torch.float32).decode.maxnreg is None  # fp32 queries: their own tiles
     # the split sizes are checked whatever the batch's histories: the short tier's too
@@ -468,16 +469,7 @@ def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
     # the plan: 32 histories of 4096 keys under 8 kv heads take the loop at four splits a
     # program, at the fp8 register cap (a launch past one wave), and fold the merge's parts (2
     # splits each) in it
-    fp8 = functools.partial(
-        host.plan_launch,
-        num_heads=32,
-        num_kv_heads=8,
-        head_dim=128,
-        block_size=16,
-        dtype=torch.bfloat16,
-        interpreter=False,
-        kv_dtype=torch.float8_e4m3fn,
-    )
+    fp8 = functools.partial(_plan, kv_dtype=torch.float8_e4m3fn)
     d = fp8([4096] * 32, [1] * 32).decode
     assert (d.SPLIT_LOOP, d.SPLITS_PER_PROGRAM, d.SPLIT_GROUPS) == (True, 4, 2)
     assert d.LOOP_PARTS and not d.SPLIT_WHOLE
@@ -490,7 +482,7 @@ def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
     assert not d.SPLIT_LOOP and d.maxnreg is None
     # uncapped tiles (fp32 queries, head_dim 256) take one split a program, as before the rule
     assert not fp8([4096] * 32, [1] * 32, dtype=torch.float32).decode.SPLIT_LOOP
-    assert not fp8([4096] * 32, [1] * 32, num_heads=8, head_dim=256).decode.SPLIT_LOOP
+    assert not fp8([4096] * 32, [1] * 32, heads=8, d=256).decode.SPLIT_LOOP
     monkeypatch.setattr(host, "FP8_DECODE_MAXNREG", None)
     assert not fp8([4096] * 32, [1] * 32).decode.SPLIT_LOOP
 
