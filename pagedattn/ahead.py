@@ -59,26 +59,29 @@ Key = tuple[Any, ...]
 
 def kernel_classes(spec: CaseSpec, operation: str) -> list[Key]:
     """The kernel classes a case of ``spec`` run as ``operation`` needs: its configuration
-    (dtype, kv dtype, head dim, block size, variants, operation), its head counts (the GQA
-    group), and each regime it has: decode rows (one new token) and prefill rows (more).
-    Backends that specialize on more (strides, sizes) compile the rest in the case."""
+    (dtype, kv dtype, head dim, block size, variants, operation), its GQA group (query heads
+    per kv head: a kernel specializes on the group, not on the head counts, so MQA with 8
+    query heads and GQA with 16 over 2 are one class), and each regime it has: decode rows
+    (one new token) and prefill rows (more). Backends that specialize on more (strides,
+    sizes) compile the rest in the case."""
     config = Configuration.of_spec(spec).key(operation)
     regimes = sorted({"decode" if q == 1 else "prefill" for _, q in spec.seqs if q >= 1})
-    return [(config, spec.num_heads, spec.num_kv_heads, regime) for regime in regimes]
+    return [(config, spec.gqa_ratio, regime) for regime in regimes]
 
 
 def _size(spec: CaseSpec) -> int:
     return sum(s for s, _ in spec.seqs) * spec.num_kv_heads * spec.head_dim
 
 
-#: The cases of a kernel class the thread tries, smallest first, until the backend claims one.
+#: The cases of a kernel class the thread tries (one regime first, then the smallest), until the
+#: backend claims one.
 CANDIDATES = 4
 
 
 @dataclass
 class _Plan:
-    """One warm-up: the smallest cases needing a kernel class (at most ``CANDIDATES``,
-    smallest first: the first the backend claims is warmed up), as ``(spec, operation)``."""
+    """One warm-up: the cases needing a kernel class (at most ``CANDIDATES``, in ``plan``'s
+    order: the first the backend claims is warmed up), as ``(spec, operation)``."""
 
     key: Key
     cases: list[tuple[CaseSpec, str]]
@@ -89,8 +92,12 @@ class _Plan:
 
 
 def plan(cases: Sequence[tuple[CaseSpec, str]]) -> list[_Plan]:
-    """The warm-ups for ``cases`` (in the order they run): per kernel class its smallest
-    cases, the class needed last first."""
+    """The warm-ups for ``cases`` (in the order they run): per kernel class its candidate cases,
+    the class needed last first. A warm-up compiles every kernel its case needs, so a case of
+    one regime (decode rows only, or prefill rows only) comes before a mixed one, which would
+    compile the other regime's kernel too (on the H200, 97 of 310 kernels of the thorough
+    profile were compiled twice at once, by two workers' threads warming a class each with one
+    mixed case); among those, the smallest first."""
     last: dict[Key, int] = {}
     members: dict[Key, dict[str, tuple[CaseSpec, str]]] = {}
     for n, (spec, operation) in enumerate(cases):
@@ -98,7 +105,11 @@ def plan(cases: Sequence[tuple[CaseSpec, str]]) -> list[_Plan]:
             last[key] = n
             members.setdefault(key, {})[f"{spec.id}/{operation}"] = (spec, operation)
     order = sorted(last, key=lambda k: -last[k])
-    return [_Plan(k, sorted(members[k].values(), key=lambda c: _size(c[0]))[:CANDIDATES]) for k in order]
+
+    def cost(c: tuple[CaseSpec, str]) -> tuple[int, int]:
+        return len(kernel_classes(*c)), _size(c[0])
+
+    return [_Plan(k, sorted(members[k].values(), key=cost)[:CANDIDATES]) for k in order]
 
 
 def claim_dir(testrunuid: str) -> Path:
@@ -275,7 +286,7 @@ class WarmupAhead:
             if self._stop.is_set():
                 return
             with self._lock:
-                if p.key in self._reached:
+                if p.key in self._reached or p.key in self._warmed:  # (warmed: with another class's case)
                     continue
             try:
                 mine = _claim(self.claim_dir, p.key)
@@ -297,10 +308,13 @@ class WarmupAhead:
                     pass
                 continue
             t0 = time.perf_counter()
+            taken: list[tuple[Key, threading.Event]] = [(p.key, event)]
             try:
-                for spec, operation in p.cases:  # the smallest case the backend claims
+                for spec, operation in p.cases:  # the first case the backend claims
                     case = spec.build().to(self.device)
                     if self.claims is None or not self.claims.case_reason(case, operation):
+                        # its other regime's kernels compile too: taken here, or waited for
+                        taken += self._cover([k for k in kernel_classes(spec, operation) if k != p.key])
                         self.backend.warmup_ahead(case, operation)
                         self.compiled += 1
                         break
@@ -309,11 +323,44 @@ class WarmupAhead:
                 self.failed += 1
             finally:
                 self.seconds += time.perf_counter() - t0
-                with self._lock:
-                    self._warmed.add(p.key)
-                    del self._busy[p.key]
-                event.set()
+                for key, done in taken:
+                    with self._lock:
+                        self._warmed.add(key)
+                        del self._busy[key]
+                    done.set()
+                    try:
+                        _finish(self.claim_dir, key)
+                    except OSError:  # the waiting cases give up after WAIT_S and compile themselves
+                        pass
+
+    def _cover(self, keys: list[Key]) -> list[tuple[Key, threading.Event]]:
+        """Before a warm-up compiles the kernels of ``keys`` (the other classes of its case)
+        too: claim each that no process has (this process's cases then wait for it, as for the
+        thread's own class), and wait for each that another worker's thread is compiling, so
+        that its kernel is found in Triton's cache, not compiled twice at once. Returns the
+        classes taken, with the events their cases wait on."""
+        taken = []
+        for key in keys:
+            with self._lock:
+                if key in self._reached or key in self._warmed or key in self._busy:
+                    continue
+            try:
+                mine = _claim(self.claim_dir, key)
+            except OSError:
+                continue
+            if not mine:
+                assert self.claim_dir is not None  # one process claims everything
+                _wait_done(self.claim_dir, key, WAIT_S)
+                continue
+            with self._lock:
+                if key in self._reached:  # a case got here while this thread claimed it
+                    late = True
+                else:
+                    late = False
+                    taken.append((key, self._busy.setdefault(key, threading.Event())))
+            if late:
                 try:
-                    _finish(self.claim_dir, p.key)
-                except OSError:  # the waiting cases give up after WAIT_S and compile themselves
+                    _finish(self.claim_dir, key)
+                except OSError:
                     pass
+        return taken

@@ -30,6 +30,10 @@ def test_kernel_classes_split_a_case_by_regime():
     assert ahead.kernel_classes(_spec(((20, 1),), num_heads=8), "attention") != ahead.kernel_classes(
         SMALL_DECODE, "attention"
     )
+    # the GQA group, not the head counts: 8 query heads over 4 kv heads is SMALL_DECODE's class
+    assert ahead.kernel_classes(_spec(((20, 1),), num_heads=8, num_kv_heads=4), "attention") == (
+        ahead.kernel_classes(SMALL_DECODE, "attention")
+    )
 
 
 def test_plan_takes_the_smallest_case_of_each_class_needed_last_first():
@@ -42,6 +46,56 @@ def test_plan_takes_the_smallest_case_of_each_class_needed_last_first():
     assert {keys[0][-1], keys[1][-1]} == {"decode", "prefill"} and keys[2][0] != keys[0][0]
     decode = next(p for p in plans if p.key[-1] == "decode" and p.key[0] == keys[0][0])
     assert decode.spec is SMALL_DECODE  # the smallest case of the class, not the first
+
+
+def test_plan_takes_a_case_of_one_regime_before_a_smaller_mixed_one():
+    """A warm-up compiles every kernel of its case: a mixed case would compile the other
+    regime's kernel too, which another thread may be compiling for its own class."""
+    plans = ahead.plan([(BIG_DECODE, "attention"), (MIXED, "attention")])
+    (decode,) = [p for p in plans if p.key[-1] == "decode"]
+    assert decode.spec is BIG_DECODE and decode.cases[1][0] is MIXED  # MIXED is the smaller
+
+
+def test_a_mixed_warmup_takes_its_other_class_too():
+    """Warming the prefill class with its only (mixed) case compiles the decode kernel too: the
+    decode class is then warmed, not compiled again, and its cases wait for it like the
+    thread's own class."""
+    backend = _Log()
+    w = ahead.WarmupAhead(backend, "cpu", ahead.plan([(MIXED, "attention")]), claim_dir=None)
+    w.start()
+    _finish(w)
+    assert w.compiled == len(backend.calls) == 1 and len(w._warmed) == 2 and not w._busy
+    w.reached_case(MIXED, "attention")  # both classes warmed: nothing reached first
+    assert w.reached == 0
+
+
+def test_a_mixed_warmup_waits_for_its_other_class_compiling_in_another_worker(tmp_path):
+    """Across workers: the other class of a mixed case is claimed by another worker's thread,
+    still compiling: this warm-up waits for that compile's ``.done`` (its kernel is then in
+    Triton's cache) rather than compile the same kernel at the same time."""
+    order = []
+    gate = threading.Event()
+
+    class Ordered(_Log):
+        def warmup_ahead(self, case, operation):
+            super().warmup_ahead(case, operation)
+            order.append(case.query_lens)
+
+    first = Ordered(gate=gate)  # compiles the fp32 decode class, held by the gate
+    a = ahead.WarmupAhead(first, "cpu", ahead.plan([(BIG_DECODE, "attention")]), claim_dir=tmp_path)
+    a.start()
+    deadline = time.time() + 10
+    while not a._busy and time.time() < deadline:
+        time.sleep(0.01)
+    prefill_only = [p for p in ahead.plan([(MIXED, "attention")]) if p.key[-1] == "prefill"]
+    second = Ordered()
+    b = ahead.WarmupAhead(second, "cpu", prefill_only, claim_dir=tmp_path)
+    threading.Timer(0.3, gate.set).start()
+    b.start()
+    _finish(b)
+    _finish(a)
+    assert order == [[1, 1], [1, 30]], "the mixed warm-up ran before the other worker's decode compile was done"
+    assert b.compiled == 1 and b.elsewhere == 0
 
 
 class _Log:

@@ -17,13 +17,14 @@ def main(path: str, top: int = 10) -> None:
     by_pid: dict[int, list[dict]] = collections.defaultdict(list)
     for e in events:
         by_pid[e["pid"]].append(e)
-    ctrl = next((p for p, es in by_pid.items() if any(e.get("worker") == "controller" for e in es)), None)
     t0 = min((e.get("process_start") or e["t"]) for e in events if e["ev"] == "configure")
-    print(f"{'process':10s} {'start':>6s} {'conf':>6s} {'first':>6s} {'last':>6s} {'end':>6s} {'tests':>6s} "
-          f"{'test_s':>7s} {'main_c':>4s} {'main_s':>7s} {'thr_c':>5s} {'thr_s':>7s} {'hits':>5s}")
+    print(
+        f"{'process':10s} {'start':>6s} {'conf':>6s} {'first':>6s} {'last':>6s} {'end':>6s} {'tests':>6s} "
+        f"{'test_s':>7s} {'main_c':>4s} {'main_s':>7s} {'thr_c':>5s} {'thr_s':>7s} {'hits':>5s}"
+    )
     slow_tests: list[tuple[float, str, str]] = []
     names: collections.Counter = collections.Counter()
-    for pid, es in sorted(by_pid.items(), key=lambda kv: kv[1][0]["t"]):
+    for es in sorted(by_pid.values(), key=lambda es: es[0]["t"]):
         conf = next((e for e in es if e["ev"] == "configure"), None)
         who = conf.get("worker", "?") if conf else "?"
         starts: dict[str, float] = {}
@@ -54,10 +55,13 @@ def main(path: str, top: int = 10) -> None:
             f"{len(other):5d} {sum(e['us'] for e in other) / 1e6:7.1f} {len(hits):5d}"
         )
     print("compiles by kernel (misses):", dict(names.most_common()))
+    misses = [e for e in events if e["ev"] == "compile" and not e["hit"]]
+    by_hash = collections.Counter(e.get("hash", "") for e in misses)
+    extra = sum(n - 1 for n in by_hash.values())
+    print(f"{len(misses)} compiles of {len(by_hash)} kernels: {extra} compiled again elsewhere")
     print(f"slowest {top} tests:")
     for d, who, node in sorted(slow_tests, reverse=True)[:top]:
         print(f"  {d:6.2f} s {who:6s} {node}")
-    _ = ctrl
 
 
 if __name__ == "__main__":
