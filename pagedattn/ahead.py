@@ -288,6 +288,22 @@ class WarmupAhead:
             with self._lock:
                 if p.key in self._reached or p.key in self._warmed:  # (warmed: with another class's case)
                     continue
+            if self.claim_dir is not None and _claim_file(self.claim_dir, p.key).exists():
+                with self._lock:
+                    self.elsewhere += 1  # claimed by another worker: no case built for nothing
+                continue
+            t0 = time.perf_counter()
+            try:
+                chosen = self._first_claimed(p)
+            except BaseException:  # a raise in building a case: the case meets it and reports it
+                self.failed += 1
+                self.seconds += time.perf_counter() - t0
+                continue
+            # a warm-up compiles its case's other regime too: wait first for any of those classes
+            # another worker's thread is compiling (its kernel is then in Triton's cache), holding
+            # no claim while waiting, so that no two threads ever wait on each other
+            others = [k for k in kernel_classes(*chosen[1]) if k != p.key] if chosen else []
+            self._await_elsewhere(others)
             try:
                 mine = _claim(self.claim_dir, p.key)
             except OSError:  # no claim files here: no shared walk either
@@ -307,18 +323,12 @@ class WarmupAhead:
                 except OSError:
                     pass
                 continue
-            t0 = time.perf_counter()
-            taken: list[tuple[Key, threading.Event]] = [(p.key, event)]
+            taken: list[tuple[Key, threading.Event]] = [(p.key, event), *self._take(others)]
             try:
-                for spec, operation in p.cases:  # the first case the backend claims
-                    case = spec.build().to(self.device)
-                    if self.claims is None or not self.claims.case_reason(case, operation):
-                        # its other regime's kernels compile too: taken here, or waited for
-                        taken += self._cover([k for k in kernel_classes(spec, operation) if k != p.key])
-                        self.backend.warmup_ahead(case, operation)
-                        self.compiled += 1
-                        break
-                    del case
+                if chosen is not None:
+                    case, (spec, operation) = chosen
+                    self.backend.warmup_ahead(case, operation)
+                    self.compiled += 1
             except BaseException:  # a raise, a pytest.skip: the case meets it and reports it
                 self.failed += 1
             finally:
@@ -333,34 +343,49 @@ class WarmupAhead:
                     except OSError:  # the waiting cases give up after WAIT_S and compile themselves
                         pass
 
-    def _cover(self, keys: list[Key]) -> list[tuple[Key, threading.Event]]:
-        """Before a warm-up compiles the kernels of ``keys`` (the other classes of its case)
-        too: claim each that no process has (this process's cases then wait for it, as for the
-        thread's own class), and wait for each that another worker's thread is compiling, so
-        that its kernel is found in Triton's cache, not compiled twice at once. Returns the
-        classes taken, with the events their cases wait on."""
+    def _first_claimed(self, p: _Plan) -> tuple[Any, tuple[CaseSpec, str]] | None:
+        """The first of ``p``'s cases the backend claims, built on the run's device, with its
+        ``(spec, operation)``; None when it claims none."""
+        for spec, operation in p.cases:
+            case = spec.build().to(self.device)
+            if self.claims is None or not self.claims.case_reason(case, operation):
+                return case, (spec, operation)
+            del case
+        return None
+
+    def _await_elsewhere(self, keys: list[Key]) -> None:
+        """Wait for each of ``keys`` that another process has claimed and not finished (at most
+        ``WAIT_S`` each; not for a claimer that has died)."""
+        if self.claim_dir is None:
+            return
+        for key in keys:
+            with self._lock:
+                if key in self._reached or key in self._warmed or key in self._busy:
+                    continue
+            claim = _claim_file(self.claim_dir, key)
+            if claim.exists() and not claim.with_suffix(".done").exists():
+                _wait_done(self.claim_dir, key, WAIT_S)
+
+    def _take(self, keys: list[Key]) -> list[tuple[Key, threading.Event]]:
+        """Claim each of ``keys`` (the other classes of a warm-up's case) that no process has:
+        this process's cases then wait for the warm-up, as for its own class. Never waits.
+        Returns the classes taken, with the events their cases wait on."""
         taken = []
         for key in keys:
             with self._lock:
                 if key in self._reached or key in self._warmed or key in self._busy:
                     continue
             try:
-                mine = _claim(self.claim_dir, key)
+                if not _claim(self.claim_dir, key):
+                    continue
             except OSError:
                 continue
-            if not mine:
-                assert self.claim_dir is not None  # one process claims everything
-                _wait_done(self.claim_dir, key, WAIT_S)
-                continue
             with self._lock:
-                if key in self._reached:  # a case got here while this thread claimed it
-                    late = True
-                else:
-                    late = False
+                if key not in self._reached:  # (else a case got here while this thread claimed it)
                     taken.append((key, self._busy.setdefault(key, threading.Event())))
-            if late:
-                try:
-                    _finish(self.claim_dir, key)
-                except OSError:
-                    pass
+                    continue
+            try:
+                _finish(self.claim_dir, key)
+            except OSError:
+                pass
         return taken

@@ -98,6 +98,36 @@ def test_a_mixed_warmup_waits_for_its_other_class_compiling_in_another_worker(tm
     assert b.compiled == 1 and b.elsewhere == 0
 
 
+def test_two_workers_warming_the_two_classes_of_one_mixed_case_never_wait_on_each_other(tmp_path, monkeypatch):
+    """Worker A walks MIXED's decode class first, worker B its prefill class, both with MIXED:
+    each warm-up would compile the other's class too. Neither may hold a claim while waiting for
+    the other's (a wait in both directions would hold both threads, and the cases waiting on
+    their classes, for WAIT_S)."""
+    monkeypatch.setattr(ahead, "WAIT_S", 5.0)
+    plans = ahead.plan([(MIXED, "attention")])
+    together = threading.Barrier(2, timeout=5)
+
+    class Together:  # both threads have chosen their case before either claims its class
+        def case_reason(self, case, operation):
+            if threading.current_thread().name == "pagedattn-warmup-ahead":
+                try:
+                    together.wait()
+                except threading.BrokenBarrierError:
+                    pass
+            return None
+
+    a_log, b_log = _Log(), _Log()
+    a = ahead.WarmupAhead(a_log, "cpu", plans, claim_dir=tmp_path, claims=Together())
+    b = ahead.WarmupAhead(b_log, "cpu", plans[::-1], claim_dir=tmp_path, claims=Together())
+    t0 = time.time()
+    a.start()
+    b.start()
+    _finish(a)
+    _finish(b)
+    assert time.time() - t0 < 3.0, "the two threads waited on each other"
+    assert 1 <= len(a_log.calls) + len(b_log.calls) <= 2 and a.failed == b.failed == 0
+
+
 class _Log:
     """A backend whose warm-ups log (key, thread), optionally blocking or raising."""
 
