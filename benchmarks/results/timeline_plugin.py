@@ -1,6 +1,7 @@
 """Where a pytest-xdist run's wall time goes (issue 16, thirteenth stop): every process
 (controller and workers) appends one JSON line per event to ``$PAGEDATTN_TIMELINE``: its start
-(``configure``), each test's start and finish (``start``, ``finish``, with the node id), and
+(``configure``), its session's start and the end of its collection (``sessionstart``,
+``collected``), each test's start and finish (``start``, ``finish``, with the node id), and
 each Triton compile (``compile``: its thread, its stages' microseconds, a cache hit or not, the
 kernel's name). Read with ``timeline_report.py``.
 
@@ -66,6 +67,14 @@ def pytest_configure(config) -> None:
         triton.knobs.compilation.listener = _listener
     except (ImportError, AttributeError):
         _emit(ev="no_listener")
+
+
+def pytest_sessionstart(session) -> None:
+    _emit(ev="sessionstart")
+
+
+def pytest_collection_finish(session) -> None:
+    _emit(ev="collected", items=len(session.items))
 
 
 def pytest_runtest_logstart(nodeid, location) -> None:

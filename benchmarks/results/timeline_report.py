@@ -59,6 +59,13 @@ def main(path: str, top: int = 10) -> None:
     by_hash = collections.Counter(e.get("hash", "") for e in misses)
     extra = sum(n - 1 for n in by_hash.values())
     print(f"{len(misses)} compiles of {len(by_hash)} kernels: {extra} compiled again elsewhere")
+    print("startup (s from the first process's start): sessionstart / collected, per process")
+    for es in sorted(by_pid.values(), key=lambda es: es[0]["t"]):
+        who = next((e.get("worker", "?") for e in es if e["ev"] == "configure"), "?")
+        marks = [
+            next((f"{e['t'] - t0:5.1f}" for e in es if e["ev"] == ev), "    -") for ev in ("sessionstart", "collected")
+        ]
+        print(f"  {who:10s} {' / '.join(marks)}")
     print(f"slowest {top} tests:")
     for d, who, node in sorted(slow_tests, reverse=True)[:top]:
         print(f"  {d:6.2f} s {who:6s} {node}")
