@@ -190,6 +190,10 @@ class SearchRun:
             work = spec_work(spec)
             if self.pace.estimate(work) > left:
                 self.too_large += 1  # would overrun the budget: a smaller draw may still fit
+                # and it stays rejected: hypothesis replays draws (its target phase), and a draw
+                # rejected once and then run (or stopping the search) when replayed is a
+                # FlakyReplay, which failed a correct kernel's search on the H200
+                self.seen[spec] = None
                 reject()
             start = time.monotonic()
             self.seen[spec] = self._judge(spec)

@@ -227,6 +227,32 @@ def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path, monkeypatch):
     assert clock[0] <= 1.2 * 0.5, f"a 0.5 s share took {clock[0]:.2f} s: a large draw overran it"
 
 
+@pytest.mark.filterwarnings("ignore:Using `reject` outside a property-based test")  # _draw, called directly
+def test_a_draw_rejected_as_too_large_stays_rejected_when_replayed(tmp_path):
+    """Hypothesis replays draws (its target phase): a draw rejected for the budget left must be
+    rejected again, not run (nor stop the search) on a later replay, when the pace or the budget
+    says otherwise, or hypothesis raises FlakyReplay (seen on the H200, 18d: a correct kernel's
+    search item failed so)."""
+    from hypothesis.errors import UnsatisfiedAssumption
+
+    backend = _planted().Correct()
+    run = SearchRun(_suite(backend, tmp_path), _node(), SearchItem(1, 2, 10), budget_s=100.0)
+    run._deadline = time.monotonic() + 10.0
+    spec = CaseSpec("search", ((30, 1),))
+    run.pace.add(1, 0.1)  # the smallest draws fit, this one's estimate does not
+    run.pace.add(2, 5.0)
+    assert run.pace.estimate(0) < 10.0 < run.pace.estimate(search_plan.spec_work(spec))
+    with pytest.raises(UnsatisfiedAssumption):
+        run._draw(spec)
+    run.pace = search_plan.Pace()  # the replay: the pace now says it fits
+    with pytest.raises(UnsatisfiedAssumption):
+        run._draw(spec)
+    run._deadline = time.monotonic() - 1.0  # ... or the budget is spent: still the same rejection
+    with pytest.raises(UnsatisfiedAssumption):
+        run._draw(spec)
+    assert run.examples == 0 and run.too_large == 1
+
+
 def test_a_raising_backend_is_a_failure_with_a_replay(tmp_path):
     node = _node()
     run = SearchRun(_suite(_planted().RaisesOnLongHistories(), tmp_path), node, SearchItem(1, 2, 200), budget_s=30.0)
