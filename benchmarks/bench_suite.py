@@ -10,7 +10,10 @@ resident set over the process's size before the call, on a GPU
 once under ``OpCounter``: the torch operations it dispatches (``oracle_ops``,
 ``check_ops``; on a GPU each is a launch and the host's time, the cost of these
 millisecond calls) and the points where the host would wait for the device
-(``oracle_syncs``, ``check_syncs``). The JSON is rewritten after every case, so a run
+(``oracle_syncs``, ``check_syncs``). On the CPU each is also timed alternately with the other
+in one process (``paired``: the allocator's state shared, with each call's minor page faults),
+since separate fresh processes can time the same work 1.5x apart (the first touch of fresh
+pages). The JSON is rewritten after every case, so a run
 cut short keeps what it measured; ``--budget-s`` skips the cases left once it is spent.
 Optionally the standard profile of the reference backend
 (``pytest conformance --backend=reference --profile standard -n 2``): wall time and
@@ -272,6 +275,8 @@ def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int
         fns["check_lse_torch"] = unfused(fns["check_lse"])
     sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     result: dict = {}
+    if what == "paired":  # the oracle and the check alternately, in one process: the same allocator
+        return {"paired": _paired(fns["oracle"], fns["check"], repeats)}
     for name in list(fns) if what == "both" else (what,):
         fn = fns[name]
         if device == "cuda":  # the first call of each pays the lazy loading of its kernels
@@ -299,6 +304,32 @@ def measure_one(profile: str, case_id: str, what: str, device: str, repeats: int
             "syncs": counter.syncs,
         }
     return result
+
+
+def _paired(oracle, check, repeats: int) -> dict:
+    """The oracle and the check called alternately in one process (``repeats`` times each, fewer
+    where slow): their best times, and the minor page faults of each call (``ru_minflt``: on the
+    CPU a fresh tensor's pages are first touched inside the call that made it, and how many are
+    fresh depends on what the allocator kept from the calls before, so separate processes can
+    time the same work 1.5x apart)."""
+    times: dict[str, list[float]] = {"oracle": [], "check": []}
+    faults: dict[str, list[int]] = {"oracle": [], "check": []}
+    spent = 0.0
+    while len(times["check"]) < repeats and (spent <= 20.0 or not times["check"]):
+        for name, fn in (("oracle", oracle), ("check", check)):
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+            spent += times[name][-1]
+    return {
+        "oracle_s": min(times["oracle"]),
+        "check_s": min(times["check"]),
+        "runs": len(times["check"]),
+        "oracle_faults": faults["oracle"],
+        "check_faults": faults["check"],
+    }
 
 
 def _child(profile: str, case_id: str, what: str, device: str, repeats: int, threads: int) -> dict:
@@ -333,6 +364,8 @@ def bench_checks(
         else:  # the resident set's peak only grows: a fresh process each
             whats = ("oracle", "check", "check_lse")
             both = {w: _child(profile, case_id, w, device, repeats, threads)[w] for w in whats}
+            # and the two timed alternately in one process (the allocator's state shared)
+            paired = _child(profile, case_id, "paired", device, repeats, threads)["paired"]
         oracle, check = both["oracle"], both["check"]
         row = {
             "profile": profile,
@@ -348,6 +381,8 @@ def bench_checks(
             "check_syncs": check["syncs"],
             "runs": [oracle["runs"], check["runs"]],
         }
+        if device != "cuda":
+            row["paired"] = dict(paired, check_over_oracle=round(paired["check_s"] / paired["oracle_s"], 2))
         # the lse check; on a GPU also both checks on the torch path (the fused kernel off)
         for name, m in both.items():
             if name not in ("oracle", "check"):
@@ -359,7 +394,8 @@ def bench_checks(
             f"{case_id:62s} oracle {row['oracle_s']:8.4f} s {row['oracle_peak_mb']:8.1f} MB {row['oracle_ops']:6d} ops"
             f"   check {row['check_s']:8.4f} s {row['check_peak_mb']:8.1f} MB {row['check_ops']:6d} ops"
             f" {row['check_syncs']:4d} syncs   x{row['check_over_oracle']}"
-            + "".join(f"   {k[:-12]} x{v}" for k, v in row.items() if k.endswith("_over_oracle") and k[6:-12]),
+            + "".join(f"   {k[:-12]} x{v}" for k, v in row.items() if k.endswith("_over_oracle") and k[6:-12])
+            + (f"   paired x{row['paired']['check_over_oracle']}" if "paired" in row else ""),
             flush=True,
         )
         rows.append(row)

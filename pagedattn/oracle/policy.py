@@ -143,6 +143,9 @@ FUSED_RTOL = 1e-12
 DEVICE_PATH_ON_CPU = False
 #: elements of the key pool whose norms are taken at once (``_weights_stay_normal``): bounded temporaries
 _POOL_SLICE = 1 << 22
+#: elements of a sequence's values whose deviations from their mean are squared at once
+#: (``_value_moments``, the torch path): a float64 temporary of 1 MiB
+_MOMENTS_SLICE = 1 << 17
 
 
 def _half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -184,7 +187,11 @@ def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     vv = torch.empty(*v.shape[:2], 2 * v.shape[2], dtype=torch.float32, device=v.device)
     D = v.shape[2]
     vv[..., :D].copy_(v).abs_()  # |fl32(v)| = fl32(|v|): no float64 temporary
-    vv[..., D:] = (v - centre).square_()  # the difference in float64: it may cancel
+    # the difference in float64 (it may cancel), a slice of keys at a time: a history-sized
+    # float64 temporary would be fresh pages on the CPU at every check (16 MB at 4000 keys)
+    step = max(1, _MOMENTS_SLICE // max(1, v.shape[0] * D))
+    for k0 in range(0, v.shape[1], step):
+        vv[:, k0 : k0 + step, D:] = (v[:, k0 : k0 + step] - centre).square_()
     return centre, vv
 
 

@@ -100,9 +100,11 @@ def causal_mask(
 
 
 def dequantized(cache: torch.Tensor, scale: float) -> torch.Tensor:
-    """``cache`` in float64, times ``scale`` (the fp8 dequantization; 1.0 otherwise)."""
-    out = cache.to(torch.float64)
-    return out * scale if scale != 1.0 else out
+    """``cache`` in float64 and contiguous, times ``scale`` (the fp8 dequantization; 1.0
+    otherwise). One new tensor: a transposed view is converted and laid out in one pass (on the
+    CPU each fresh tensor of a long history costs its pages' first touch as well)."""
+    out = cache.to(torch.float64, memory_format=torch.contiguous_format)
+    return out.mul_(scale) if scale != 1.0 else out
 
 
 class Chunk(NamedTuple):
@@ -195,8 +197,8 @@ def iter_chunks(
     sinks = case.sinks.to(torch.float64).view(Hkv, G, 1) if case.sinks is not None else None
     for b, L in enumerate(case.seq_lens_list):
         k_all, v_all = gather_history(case, b)
-        k_all = dequantized(k_all, case.k_scale).transpose(0, 1).contiguous()  # [Hkv, L, D]
-        v_all = dequantized(v_all, case.v_scale).transpose(0, 1).contiguous()
+        k_all = dequantized(k_all.transpose(0, 1), case.k_scale)  # [Hkv, L, D]
+        v_all = dequantized(v_all.transpose(0, 1), case.v_scale)
         q_len = loc[b + 1] - loc[b]
         step = _rows_per_chunk(case, q_len, L, budget, live)
         for i0 in range(0, q_len, step):
