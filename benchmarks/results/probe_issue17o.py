@@ -179,6 +179,15 @@ elif ROUND == "14":  # ninth stop: what the merge in parts costs where FlashInfe
         "parts0": {"DECODE_FOLD_PARTS": 0},  # the merge of the seventh stop (other bits)
     }
     FP8_CONFIGS = {}
+elif ROUND == "15":  # tenth stop: whole sequences a program against programs of a part (16 splits) or less
+    CONFIGS = {
+        "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
+        "new": {},
+        "spp16": {"DECODE_SPLITS_PER_PROGRAM": 16},
+        "spp8": {"DECODE_SPLITS_PER_PROGRAM": 8},
+        "spp32": {"DECODE_SPLITS_PER_PROGRAM": 32},
+    }
+    FP8_CONFIGS = {}
 elif ROUND == "13":  # the merge in parts (DECODE_FOLD_PARTS 4): programs of whole parts fold in their loop
     CONFIGS = {
         "spp1": {"DECODE_SPLIT_LOOP": True, "DECODE_SPLITS_PER_PROGRAM": 1},  # the bits' base
@@ -292,6 +301,9 @@ if ROUND == "3":
     POINTS = [(B, L) for B in (32, 48, 64, 128) for L in (2048, 4096, 8192, 32768)]
 if ROUND == "14":
     POINTS = [(128, 32768), (64, 32768), (32, 32768), (128, 8192), (1, 2048), (1, 32768)]
+if ROUND == "15":
+    POINTS = [(128, 32768), (96, 32768), (64, 32768), (48, 32768), (128, 16384), (64, 16384), (128, 8192)]
+    POINTS += [(64, 8192)]
 if DRY:
     POINTS = [(2, 64)]
     if ROUND == "8":
