@@ -187,9 +187,10 @@ def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     vv = torch.empty(*v.shape[:2], 2 * v.shape[2], dtype=torch.float32, device=v.device)
     D = v.shape[2]
     vv[..., :D].copy_(v).abs_()  # |fl32(v)| = fl32(|v|): no float64 temporary
-    # the difference in float64 (it may cancel), a slice of keys at a time: a history-sized
-    # float64 temporary would be fresh pages on the CPU at every check (16 MB at 4000 keys)
-    step = max(1, _MOMENTS_SLICE // max(1, v.shape[0] * D))
+    # the difference in float64 (it may cancel), on the CPU a slice of keys at a time: a
+    # history-sized float64 temporary would be fresh pages at every check (16 MB at 4000 keys);
+    # on a device, where each slice is launches, in one pass
+    step = max(1, _MOMENTS_SLICE // max(1, v.shape[0] * D)) if v.device.type == "cpu" else v.shape[1]
     for k0 in range(0, v.shape[1], step):
         vv[:, k0 : k0 + step, D:] = (v[:, k0 : k0 + step] - centre).square_()
     return centre, vv
