@@ -167,15 +167,15 @@ def _finish(directory: Path | None, key: Key) -> None:
         _claim_file(directory, key).with_suffix(".done").touch()
 
 
-def _wait_done(directory: Path, key: Key, timeout: float) -> bool:
-    """Wait until whoever claimed ``key`` has finished it; False after ``timeout`` s, or at
-    once when the claimer has died (its compile will never finish)."""
+def _wait_done(directory: Path, key: Key, timeout: float, stop: threading.Event | None = None) -> bool:
+    """Wait until whoever claimed ``key`` has finished it; False after ``timeout`` s, at once
+    when the claimer has died (its compile will never finish), or when ``stop`` is set."""
     claim = _claim_file(directory, key)
     done = claim.with_suffix(".done")
     deadline = time.monotonic() + timeout
     polls = 0
     while not done.exists():
-        if time.monotonic() > deadline:
+        if time.monotonic() > deadline or (stop is not None and stop.is_set()):
             return False
         polls += 1
         if polls % 25 == 0 and not _alive(claim):  # every half second
@@ -195,12 +195,12 @@ class WarmupAhead:
     plans: list[_Plan]
     claim_dir: Path | None = None
     claims: Any = None  # pagedattn.adapters.protocol.Claims, or None: every case
-    compiled: int = 0  # kernel classes this thread compiled ahead
+    compiled: int = 0  # kernel classes this thread compiled ahead (a mixed case's warm-up: two)
     elsewhere: int = 0  # ... that another worker claimed first
     reached: int = 0  # ... that a case needed before this thread came to them
     waited: float = 0.0  # seconds cases waited for compiles in flight (here or in another worker)
     failed: int = 0  # warm-ups that raised or skipped (the case reports its own outcome)
-    seconds: float = 0.0  # time in warm-up calls
+    seconds: float = 0.0  # time in warm-ups: building the case, waiting for another worker, compiling
     error: str = ""  # what ended the walk early, if anything did
     _reached: set[Key] = field(default_factory=set)  # classes a case needed first (this process)
     _warmed: set[Key] = field(default_factory=set)  # classes this thread compiled
@@ -293,42 +293,20 @@ class WarmupAhead:
                     self.elsewhere += 1  # claimed by another worker: no case built for nothing
                 continue
             t0 = time.perf_counter()
+            taken: list[tuple[Key, threading.Event]] = []
             try:
                 chosen = self._first_claimed(p)
-            except BaseException:  # a raise in building a case: the case meets it and reports it
-                self.failed += 1
-                self.seconds += time.perf_counter() - t0
-                continue
-            # a warm-up compiles its case's other regime too: wait first for any of those classes
-            # another worker's thread is compiling (its kernel is then in Triton's cache), holding
-            # no claim while waiting, so that no two threads ever wait on each other
-            others = [k for k in kernel_classes(*chosen[1]) if k != p.key] if chosen else []
-            self._await_elsewhere(others)
-            try:
-                mine = _claim(self.claim_dir, p.key)
-            except OSError:  # no claim files here: no shared walk either
-                return
-            if not mine:
-                with self._lock:
-                    if p.key not in self._reached:  # (else this process's case claimed it)
-                        self.elsewhere += 1  # a case reaching it waits for that worker's .done
-                continue
-            with self._lock:
-                late = p.key in self._reached  # a case got here while this thread claimed it
-                if not late:
-                    event = self._busy[p.key] = threading.Event()
-            if late:
-                try:
-                    _finish(self.claim_dir, p.key)
-                except OSError:
-                    pass
-                continue
-            taken: list[tuple[Key, threading.Event]] = [(p.key, event), *self._take(others)]
-            try:
-                if chosen is not None:
+                # a warm-up compiles every kernel its case needs: a mixed case's other regime is
+                # another class, taken here too
+                keys = kernel_classes(*chosen[1]) if chosen is not None else [p.key]
+                taken = self._acquire(keys if p.key in keys else [p.key, *keys])
+                if chosen is not None and taken and not self._stop.is_set():
                     case, (spec, operation) = chosen
                     self.backend.warmup_ahead(case, operation)
-                    self.compiled += 1
+                    self.compiled += len(taken)
+                elif not taken:
+                    with self._lock:
+                        self.elsewhere += 1
             except BaseException:  # a raise, a pytest.skip: the case meets it and reports it
                 self.failed += 1
             finally:
@@ -353,32 +331,29 @@ class WarmupAhead:
             del case
         return None
 
-    def _await_elsewhere(self, keys: list[Key]) -> None:
-        """Wait for each of ``keys`` that another process has claimed and not finished (at most
-        ``WAIT_S`` each; not for a claimer that has died)."""
-        if self.claim_dir is None:
-            return
-        for key in keys:
-            with self._lock:
-                if key in self._reached or key in self._warmed or key in self._busy:
-                    continue
-            claim = _claim_file(self.claim_dir, key)
-            if claim.exists() and not claim.with_suffix(".done").exists():
-                _wait_done(self.claim_dir, key, WAIT_S)
-
-    def _take(self, keys: list[Key]) -> list[tuple[Key, threading.Event]]:
-        """Claim each of ``keys`` (the other classes of a warm-up's case) that no process has:
-        this process's cases then wait for the warm-up, as for its own class. Never waits.
-        Returns the classes taken, with the events their cases wait on."""
-        taken = []
-        for key in keys:
+    def _acquire(self, keys: list[Key]) -> list[tuple[Key, threading.Event]]:
+        """Claim each of ``keys`` (a warm-up's classes) that no process has, in one order for
+        every process (their claim files' names), and wait for each that another process holds
+        unfinished, so that its kernel is then found in Triton's cache rather than compiled twice
+        at once. A thread only waits while holding claims that come earlier in that order, so no
+        two threads ever wait on each other (18b on the H200: a wait while holding a later claim
+        held two threads, and the cases behind them, for WAIT_S). Returns the classes taken, with
+        the events this process's cases wait on; a stop ends the waits."""
+        taken: list[tuple[Key, threading.Event]] = []
+        order = sorted(keys, key=lambda k: _claim_file(self.claim_dir or Path(), k).name)
+        for key in order:
+            if self._stop.is_set():
+                break
             with self._lock:
                 if key in self._reached or key in self._warmed or key in self._busy:
                     continue
             try:
-                if not _claim(self.claim_dir, key):
-                    continue
-            except OSError:
+                mine = _claim(self.claim_dir, key)
+            except OSError:  # no claim files here: leave the class to its cases
+                continue
+            if not mine:
+                assert self.claim_dir is not None  # one process claims everything
+                _wait_done(self.claim_dir, key, WAIT_S, self._stop)
                 continue
             with self._lock:
                 if key not in self._reached:  # (else a case got here while this thread claimed it)

@@ -107,6 +107,7 @@ class SearchRun:
     too_large: int = 0  # draws not run: their estimated time exceeded the budget left
     pace: Pace = field(default_factory=Pace)
     warmed: set[Configuration] = field(default_factory=set)  # configurations the backend's warmup has seen
+    fault: Exception | None = None  # the first error of the search itself (not a backend's), if any
     _deadline: float = 0.0
 
     def run(self) -> None:
@@ -132,6 +133,8 @@ class SearchRun:
             except Exception:
                 if self.smallest is None:
                     raise  # not a backend's failure: a fault of the search itself
+            if self.fault is not None and self.smallest is None:
+                raise self.fault  # met in a draw, then swallowed by the search's stop
             if not self.examples and self.smallest is None:
                 reason = "no drawn case was claimed by the backend"
         self._report(reason, time.monotonic() - start, configs)
@@ -196,7 +199,13 @@ class SearchRun:
                 self.seen[spec] = None
                 reject()
             start = time.monotonic()
-            self.seen[spec] = self._judge(spec)
+            try:
+                self.seen[spec] = self._judge(spec)
+            except Exception as exc:  # not the backend's (that is a verdict): a fault of the search
+                # kept, and raised once hypothesis is done: its replay of this draw may stop the
+                # search (_BudgetSpent), which would otherwise leave the fault unreported
+                self.fault = self.fault or exc
+                raise
             self.pace.add(work, time.monotonic() - start)
         verdict = self.seen[spec]
         if verdict is None:

@@ -56,17 +56,20 @@ def test_plan_takes_a_case_of_one_regime_before_a_smaller_mixed_one():
     assert decode.spec is BIG_DECODE and decode.cases[1][0] is MIXED  # MIXED is the smaller
 
 
-def test_a_mixed_warmup_takes_its_other_class_too():
+def test_a_mixed_warmup_takes_its_other_class_too(tmp_path):
     """Warming the prefill class with its only (mixed) case compiles the decode kernel too: the
     decode class is then warmed, not compiled again, and its cases wait for it like the
     thread's own class."""
-    backend = _Log()
-    w = ahead.WarmupAhead(backend, "cpu", ahead.plan([(MIXED, "attention")]), claim_dir=None)
-    w.start()
-    _finish(w)
-    assert w.compiled == len(backend.calls) == 1 and len(w._warmed) == 2 and not w._busy
-    w.reached_case(MIXED, "attention")  # both classes warmed: nothing reached first
-    assert w.reached == 0
+    for claim_dir in (None, tmp_path):  # one process; workers sharing claims
+        backend = _Log()
+        w = ahead.WarmupAhead(backend, "cpu", ahead.plan([(MIXED, "attention")]), claim_dir=claim_dir)
+        w.start()
+        _finish(w)
+        assert len(backend.calls) == 1 and w.compiled == len(w._warmed) == 2 and not w._busy
+        w.reached_case(MIXED, "attention")  # both classes warmed: nothing reached first
+        assert w.reached == 0
+    # both classes finished for the other workers (their cases would wait WAIT_S for a .done)
+    assert all(ahead._claim_file(tmp_path, k).with_suffix(".done").exists() for k in w._warmed)
 
 
 def test_a_mixed_warmup_waits_for_its_other_class_compiling_in_another_worker(tmp_path):
@@ -125,7 +128,46 @@ def test_two_workers_warming_the_two_classes_of_one_mixed_case_never_wait_on_eac
     _finish(a)
     _finish(b)
     assert time.time() - t0 < 3.0, "the two threads waited on each other"
-    assert 1 <= len(a_log.calls) + len(b_log.calls) <= 2 and a.failed == b.failed == 0
+    # and the one mixed case is compiled once: the claims are taken in one order everywhere
+    assert len(a_log.calls) + len(b_log.calls) == 1 and a.failed == b.failed == 0
+    assert a.compiled + b.compiled == 2
+
+
+def test_a_case_of_the_class_a_mixed_warmup_took_waits_for_it_and_no_longer(monkeypatch):
+    """This process's case of the other class (decode rows only) waits for the mixed warm-up in
+    flight, and is released when it ends, not after WAIT_S."""
+    monkeypatch.setattr(ahead, "WAIT_S", 5.0)
+    gate = threading.Event()
+    prefill_only = [p for p in ahead.plan([(MIXED, "attention")]) if p.key[-1] == "prefill"]
+    w = ahead.WarmupAhead(_Log(gate=gate), "cpu", prefill_only, claim_dir=None)
+    w.start()
+    deadline = time.time() + 10
+    while len(w._busy) < 2 and time.time() < deadline:  # both classes taken, the compile held
+        time.sleep(0.01)
+    assert len(w._busy) == 2
+    threading.Timer(0.3, gate.set).start()
+    t0 = time.time()
+    w.reached_case(_spec(((50, 1),), family="mixed"), "attention")  # the decode class only
+    assert 0.2 < time.time() - t0 < 3.0 and w.reached == 0
+    _finish(w)
+
+
+def test_stop_ends_a_wait_for_another_workers_compile(tmp_path, monkeypatch):
+    """A warm-up waiting for another worker's compile of its case's other class (which may take
+    a compile's time, or WAIT_S if that worker hangs) stops when asked, and compiles nothing."""
+    monkeypatch.setattr(ahead, "WAIT_S", 30.0)
+    decode, prefill = sorted(ahead.kernel_classes(MIXED, "attention"), key=lambda k: k[-1])
+    first = min((decode, prefill), key=lambda k: ahead._claim_file(tmp_path, k).name)
+    assert ahead._claim(tmp_path, first)  # another worker holds the class claimed first, unfinished
+    plans = [p for p in ahead.plan([(MIXED, "attention")]) if p.key != first]
+    backend = _Log()
+    w = ahead.WarmupAhead(backend, "cpu", plans, claim_dir=tmp_path)
+    w.start()
+    time.sleep(0.3)  # waiting for the other worker
+    t0 = time.time()
+    w.stop(timeout=5.0)
+    assert time.time() - t0 < 2.0 and not w._thread.is_alive(), "stop did not end the wait"
+    assert backend.calls == [] and w.compiled == 0
 
 
 class _Log:

@@ -253,6 +253,23 @@ def test_a_draw_rejected_as_too_large_stays_rejected_when_replayed(tmp_path):
     assert run.examples == 0 and run.too_large == 1
 
 
+def test_a_fault_of_the_search_itself_is_raised_even_when_the_budget_ends_the_search(tmp_path, monkeypatch):
+    """An error in a draw that is not the backend's (here the check's) is the search's own fault:
+    raised, not reported as a pass, even when hypothesis' replay of that draw meets the end of the
+    budget (which stops the search quietly)."""
+    clock = [0.0]
+    monkeypatch.setattr(search, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def broken_check(out, case, **kw):
+        clock[0] += 0.2  # the draw's time: past the 0.15 s share below
+        raise RuntimeError("a bug in the check")
+
+    monkeypatch.setattr(search, "check_attention", broken_check)
+    run = SearchRun(_suite(_planted().Correct(), tmp_path), _node(), SearchItem(1, 2, 50), budget_s=0.3)
+    with pytest.raises(RuntimeError, match="a bug in the check"):
+        run.run()
+
+
 def test_a_raising_backend_is_a_failure_with_a_replay(tmp_path):
     node = _node()
     run = SearchRun(_suite(_planted().RaisesOnLongHistories(), tmp_path), node, SearchItem(1, 2, 200), budget_s=30.0)

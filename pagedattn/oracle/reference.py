@@ -103,7 +103,9 @@ def dequantized(cache: torch.Tensor, scale: float) -> torch.Tensor:
     """``cache`` in float64 and contiguous, times ``scale`` (the fp8 dequantization; 1.0
     otherwise). One new tensor: a transposed view is converted and laid out in one pass (on the
     CPU each fresh tensor of a long history costs its pages' first touch as well)."""
-    out = cache.to(torch.float64, memory_format=torch.contiguous_format)
+    # copy=True: a float64 input is copied too (``to`` would return it as it is, strided, and
+    # the in-place scaling would then change the caller's tensor)
+    out = cache.to(torch.float64, memory_format=torch.contiguous_format, copy=True)
     return out.mul_(scale) if scale != 1.0 else out
 
 
