@@ -17,14 +17,12 @@ import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from bench_suite import CASES as BENCH_CASES  # noqa: E402
+
 KEEP = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
-CASES = [
-    ("quick", "sliding_window-gqa4-bs16-d64-fp32-L1100-B2-win700"),
-    ("standard", "lse-gqa4-bs16-d128-fp32-L4000-B2"),
-    ("standard", "sliding_window-gqa4-bs16-d128-fp32-L4000-B3-permuted-win1024"),
-    ("standard", "combined-gqa8-bs16-d64-fp32-L8000-B3-permuted-win128-sinks"),
-    ("standard", "combined-gqa8-bs16-d64-bf16-L8000-B3-permuted-win128-sinks"),
-]
+#: the bench's cases but the thorough one (seconds a call)
+CASES = [c for c in BENCH_CASES if c[0] != "thorough"]
 
 
 def one(profile: str, case_id: str, repeats: int = 6) -> None:
@@ -32,7 +30,6 @@ def one(profile: str, case_id: str, repeats: int = 6) -> None:
 
     import torch
 
-    sys.path.insert(0, os.path.join(REPO, "benchmarks"))
     from bench_suite import _case
 
     from pagedattn.oracle import check_attention, paged_attention_reference_lse
