@@ -29,7 +29,6 @@ def one(profile: str, case_id: str, repeats: int = 6) -> None:
     import resource
 
     import torch
-
     from bench_suite import _case
 
     from pagedattn.oracle import check_attention, paged_attention_reference_lse
