@@ -60,6 +60,10 @@ def main(profile: str) -> None:
         dict(collections.Counter(k[0] for k in KEYS)),
     )
 
+    # were HEAD_DIM a run-time argument (HEAD_DIM_PAD kept): head dims padded alike would share
+    merged = {(k[0], tuple(x for x in k[1] if x[0] != "HEAD_DIM"), k[2]) for k in KEYS}
+    print(f"without HEAD_DIM among the constexprs: {len(merged)} compile keys")
+
     def by_heads(s, op):  # the classes before the thirteenth stop: head counts, not the GQA group
         return [(c[0], s.num_heads, s.num_kv_heads, c[-1]) for c in ahead.kernel_classes(s, op)]
 
