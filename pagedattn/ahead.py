@@ -297,9 +297,8 @@ class WarmupAhead:
             try:
                 chosen = self._first_claimed(p)
                 # a warm-up compiles every kernel its case needs: a mixed case's other regime is
-                # another class, taken here too
-                keys = kernel_classes(*chosen[1]) if chosen is not None else [p.key]
-                taken = self._acquire(keys if p.key in keys else [p.key, *keys])
+                # another class, taken here too (a candidate's classes include p.key)
+                taken = self._acquire(kernel_classes(*chosen[1]) if chosen is not None else [p.key])
                 if chosen is not None and taken and not self._stop.is_set():
                     case, (spec, operation) = chosen
                     self.backend.warmup_ahead(case, operation)
@@ -357,7 +356,8 @@ class WarmupAhead:
                 continue
             with self._lock:
                 if key not in self._reached:  # (else a case got here while this thread claimed it)
-                    taken.append((key, self._busy.setdefault(key, threading.Event())))
+                    self._busy[key] = threading.Event()  # (only this thread adds to _busy)
+                    taken.append((key, self._busy[key]))
                     continue
             try:
                 _finish(self.claim_dir, key)
