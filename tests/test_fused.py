@@ -17,27 +17,39 @@ import sys
 import pytest
 import torch
 
-from pagedattn.oracle import fused, policy
+from pagedattn.cases import CaseSpec
+from pagedattn.oracle import fused, paged_attention_reference, policy
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 @pytest.mark.parametrize("first", [0, 11], ids=["whole", "from-key-11"])
 @pytest.mark.parametrize("shape", [(2, 37, 80), (1, 300, 64), (3, 40, 256)], ids=str)
-def test_value_moments_are_the_torch_paths_bit_for_bit(shape, first):
+def test_sequence_moments_are_the_torch_paths(shape, first):
     """``[|v|, (v - c)^2]`` in float32 from one kernel: the same bits as ``policy._value_moments``
     for head dims that are and are not powers of two and lengths that do not fill the kernel's
     row tiles, with values far from 0 (so ``v - c`` cancels) and of every sign; read in place
-    from the first key a sequence's rows see (a view whose heads lie a whole history apart)."""
+    from the first key a sequence's rows see (a view whose heads lie a whole history apart).
+    The keys' norms from the same launch: torch's within ``FUSED_RTOL``, and NaN and infinite
+    where a key holds one."""
     g = torch.Generator().manual_seed(sum(shape))
     v = (torch.randn(shape, generator=g, dtype=torch.float64) * 3.0 + 1e4).to(DEVICE)
     v[..., ::7] *= -1e-3
-    v = v[:, first:]
+    k = torch.randn(shape, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, shape[1])[:, None]
+    k = k.to(DEVICE)
+    k[0, -1, 3] = float("nan")
+    k[-1, -2, 0] = float("inf")
+    v, k = v[:, first:], k[:, first:]
     centre, vv = policy._value_moments(v)
-    f_centre, f_vv = fused.value_moments(v)
+    f_centre, f_vv, f_kn = fused.sequence_moments(v, k)
     assert torch.equal(centre, f_centre)
     assert f_vv.dtype == torch.float32 and f_vv.shape == vv.shape
     assert torch.equal(vv, f_vv), f"{int((vv != f_vv).sum())} of {vv.numel()} elements differ"
+    kn = k.norm(dim=-1)
+    assert f_kn.dtype == torch.float64 and f_kn.shape == kn.shape
+    assert torch.isnan(f_kn[0, -1]) and torch.isinf(f_kn[-1, -2]) and int(torch.isfinite(f_kn).sum()) == kn.numel() - 2
+    finite = torch.isfinite(kn)
+    assert torch.allclose(f_kn[finite], kn[finite], rtol=policy.FUSED_RTOL, atol=0.0)
 
 
 def _torch_reduced(stats: torch.Tensor, per_row: int) -> list[float]:
@@ -324,3 +336,39 @@ def test_the_launch_key_is_spec_argument_by_argument():
     for combo in itertools.product(values, flags):
         value, flag = combo
         assert fused._key((value,), [flag]) == (fused._spec(value, *flag),), combo
+
+
+#: blocks of one row and of many, with and without a window, keys before and after each row's
+KEY_NORM_CASES = {
+    "decodes-window": CaseSpec("t", ((300, 1), (200, 1)), num_heads=4, num_kv_heads=2, sliding_window=64),
+    "prefill": CaseSpec("t", ((200, 120),), num_heads=4, num_kv_heads=2),
+    "prefills-window": CaseSpec("t", ((300, 100), (90, 90)), num_heads=4, num_kv_heads=2, sliding_window=40),
+}
+
+
+@pytest.mark.parametrize("order", ["rising", "falling"])
+@pytest.mark.parametrize("name", list(KEY_NORM_CASES))
+def test_the_fused_bound_is_the_torch_paths_row_by_row(name, order, monkeypatch):
+    """Each row and head's bound at its worst element (the statistics' channel and bound) is the
+    torch path's there within ``FUSED_RTOL``. The keys' norms rise (or fall) with their position,
+    so a row's largest visible norm lies at an end of the keys it sees, where the kernel's walk
+    over the sequence's norms starts and stops: a key too many or too few moves its bound."""
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
+    monkeypatch.setattr(fused, "ON_CPU", True)
+    monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
+    case = KEY_NORM_CASES[name].build()
+    keys = case.key_cache.clone()
+    flat = keys.view(-1, case.num_kv_heads, case.head_dim)
+    for b, L in enumerate(case.seq_lens_list):
+        pos = torch.arange(L, dtype=torch.float64)
+        grow = 1.0 + 3.0 * pos / L if order == "rising" else 4.0 - 3.0 * pos / L
+        flat[case.slot_mapping(b)] *= grow.to(keys.dtype)[:, None, None]
+    case = case.replace(key_cache=keys).to(DEVICE)
+    out = paged_attention_reference(case).to(case.dtype)
+    terms = policy._terms(case, "ieee", "fp32", "ieee")
+    stats, _ = fused._stats(out, None, case, terms, 1.0)
+    _, bound = policy.attention_error_bound(case)
+    rows = case.num_tokens * case.num_heads
+    at = bound.reshape(rows, case.head_dim)[torch.arange(rows), stats[:, 3].long()]
+    moved = (stats[:, 6] / at - 1.0).abs().max()
+    assert float(moved) <= policy.FUSED_RTOL, f"a row's bound moved by {float(moved):.3g} from the torch path's"

@@ -9,12 +9,15 @@ element (the terms of ``docs/tolerance.md``, the output's rounding, the ratio of
 bound, the worst element and the counts) is one kernel launch a block, which writes a few
 statistics per row and head; one reduction (a kernel of one program) and one read per check
 follow. The host's other costs are cut too, because on a GPU a check of milliseconds is bound
-by its host: a sequence's value moments are one kernel (bit for bit the torch path's), and every
-launch after a kernel's first goes through the compiled kernel's own runner (``_launch``).
+by its host: a sequence's value moments (bit for bit the torch path's) and its keys' norms are
+one kernel, each row's largest visible key norm is found by the verdict kernel in them (the torch
+path's sliding maximum was a dozen launches a sequence), and every launch after a kernel's first
+goes through the compiled kernel's own runner (``_launch``).
 
 The numbers are the torch path's: the same formulas in the same order, in float64
 (``tests/test_policy.py`` compares the two paths under the Triton interpreter; on a GPU the
-kernel may contract a multiply and an add into one rounding, a few float64 ulps of a bound).
+kernel may contract a multiply and an add into one rounding, a few float64 ulps of a bound; the
+keys' norms are summed in another order than torch's, a float64 rounding or two of theirs).
 
 Used where it can run (``usable``): a CUDA tensor, Triton importable, its interpreter off, a
 half or single precision case (a float64 case keeps the torch path), and not turned off with
@@ -82,15 +85,20 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
     import triton.language as tl
 
     # the integers and the tensors' alignment change from block to block: specialized, each
-    # combination would be a compile of its own
+    # combination would be a compile of its own. No pointer is specialized on its alignment either
+    # (a launch's key is then its tensors' dtypes: no address read for it, a launch a block on a
+    # host-bound check; the kernel's loads are a row of D elements, vectorized or not)
     @triton.jit(
         do_not_specialize=(
-            "row0 n p0 W G Hq D out_st out_sh out_sd lo_st lo_sh km_skv km_sr has_extra has_sink has_alibi has_lse sig"
+            "row0 n p0 first W G Hq D out_st out_sh out_sd lo_st lo_sh kn_sh has_extra has_sink has_alibi has_lse sig"
         ).split(),
-        do_not_specialize_on_alignment=["out_ptr", "lo_ptr", "km_ptr"],
+        do_not_specialize_on_alignment=(
+            "out_ptr o_ptr s12_ptr ex_ptr c_ptr q_ptr rm_ptr fl_ptr lse_ptr kn_ptr ps_ptr sh_ptr sk_ptr sl_ptr lo_ptr "
+            "st_ptr ls_ptr"
+        ).split(),
     )
     def verdict_kernel(
-        out_ptr,  # [n, Hq, D] the backend's rows, any float dtype, strided
+        out_ptr,  # [T, Hq, D] the backend's whole output, any float dtype, strided (rows row0 + t)
         out_st,
         out_sh,
         out_sd,
@@ -102,14 +110,13 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
         rm_ptr,  # [Hq, n] float64: the row's max logit (the sink's included)
         fl_ptr,  # [Hq, n] float64: its smallest visible logit
         lse_ptr,  # [Hq, n] float64: the reference log-sum-exp
-        km_ptr,  # [Hkv, n or 1] float64: the largest visible key norm, strides km_skv, km_sr
-        km_skv,
-        km_sr,
+        kn_ptr,  # [Hkv, L - first] float64: the sequence's key norms from key ``first``, heads kn_sh apart
+        kn_sh,
         ps_ptr,  # [Hq, n] float64: the sink's share (has_sink)
         sh_ptr,  # [Hq, n] float64: the keys' share (has_sink)
         sk_ptr,  # [Hq] float64: the sinks (has_sink)
         sl_ptr,  # [Hq] float64: ALiBi slopes (has_alibi)
-        lo_ptr,  # [n, Hq] float32: the backend's log-sum-exp rows, strided (has_lse)
+        lo_ptr,  # [T, Hq] float32: the backend's whole log-sum-exp, strided (has_lse; rows row0 + t)
         lo_st,
         lo_sh,
         st_ptr,  # [T * Hq, STATS] float64: the output's statistics, row (row0 + t) * Hq + h
@@ -117,6 +124,7 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
         row0,  # the block's first token
         n,  # its rows
         p0,  # the position of its first row in the sequence
+        first,  # the first key any row of the sequence sees (kn's first)
         W,  # the sliding window (0: none)
         G,  # the GQA ratio
         Hq,  # query heads
@@ -133,6 +141,7 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
         xmin: tl.float64,  # the output dtype's smallest normal (2**emin)...
         sig,  # ...and its significand bits: its half ulp
         BLOCK_D: tl.constexpr,
+        BLOCK_K: tl.constexpr,  # key norms read at a time
         U: tl.constexpr,  # policy.U_FP32, C_EXP, C_W: exact in float32, as Triton takes a float constexpr
         C_EXP: tl.constexpr,
         CW: tl.constexpr,
@@ -150,7 +159,22 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
         # the row's largest ds_j (policy.chunk_bounds, same order of operations)
         q = tl.load(q_ptr + base + d, mask=dm, other=0.0)
         qn = tl.sqrt(tl.sum(q * q, axis=0))
-        km = tl.load(km_ptr + kv.to(tl.int64) * km_skv + t * km_sr)
+        # the largest norm among the keys the row sees, max(0, p - W + 1) .. p (policy._KeyMax: a
+        # NaN norm makes it NaN, as torch's max does; a GPU's maximum would drop it)
+        k_lo = 0
+        if W > 0:
+            k_lo = tl.maximum(p - W + 1, 0)
+        k_lo = k_lo - first
+        k_hi = p + 1 - first
+        kn_row = kn_ptr + kv.to(tl.int64) * kn_sh
+        top = tl.zeros([BLOCK_K], dtype=tl.float64)  # norms are >= 0
+        bad = tl.zeros([BLOCK_K], dtype=tl.int32)
+        for j0 in range(k_lo, k_hi, BLOCK_K):
+            j = j0 + tl.arange(0, BLOCK_K)
+            x = tl.load(kn_row + j, mask=j < k_hi, other=0.0)
+            top = tl.maximum(top, x)
+            bad = tl.maximum(bad, (x != x).to(tl.int32))
+        km = tl.where(tl.max(bad, axis=0) > 0, float("nan"), tl.max(top, axis=0))
         rm = tl.load(rm_ptr + r)
         fl = tl.load(fl_ptr + r)
         ds = a * qn * km + U * (rm - 2.0 * tl.minimum(fl, 0.0)) + row_const
@@ -193,7 +217,7 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
         x = tl.maximum(o_abs + e, xmin, propagate_nan=tl.PropagateNan.ALL)
         ex = (x.to(tl.int64, bitcast=True) >> 52) - sig
         e = (e + (ex << 52).to(tl.float64, bitcast=True)) * tol
-        at = t.to(tl.int64) * out_st + h.to(tl.int64) * out_sh + d.to(tl.int64) * out_sd
+        at = (row0 + t).to(tl.int64) * out_st + h.to(tl.int64) * out_sh + d.to(tl.int64) * out_sd
         out = tl.load(out_ptr + at, mask=dm, other=0.0)
         out = out.to(tl.float64)
         ratio = tl.abs(out - o) / e
@@ -223,7 +247,7 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
         if has_lse:
             ref = tl.load(lse_ptr + r)
             e_l = (lse_s + U * (C_EXP + 2.0 * tl.abs(ref)) + acc) * tol
-            lo = tl.load(lo_ptr + t.to(tl.int64) * lo_st + h.to(tl.int64) * lo_sh).to(tl.float64)
+            lo = tl.load(lo_ptr + (row0 + t).to(tl.int64) * lo_st + h.to(tl.int64) * lo_sh).to(tl.float64)
             rl = tl.abs(lo - ref) / e_l
             rl = tl.where(((e_l - e_l) == 0.0) | ((ref - ref) != 0.0), rl, float("nan"))
             exact_inf = (ref - ref != 0.0) & (ref == ref) & (lo == ref)  # an infinite reference matched
@@ -237,12 +261,15 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
             tl.store(lrow + 5, ref)
             tl.store(lrow + 6, e_l)
 
-    @triton.jit(do_not_specialize=["v_sh", "L", "D"])
+    @triton.jit(do_not_specialize=["v_sh", "k_sh", "L", "D"])
     def moments_kernel(
         v_ptr,  # [Hkv, L, D] float64, rows of D contiguous: a sequence's values...
         v_sh,  # ...heads this far apart
-        c_ptr,  # [Hkv, 1, D] float64: their mean over the keys
+        k_ptr,  # [Hkv, L, D] float64, rows of D contiguous: its keys...
+        k_sh,  # ...heads this far apart
+        c_ptr,  # [Hkv, 1, D] float64: the values' mean over the keys
         vv_ptr,  # [Hkv, L, 2D] float32: |v| and (v - c)^2
+        kn_ptr,  # [Hkv, L] float64: the keys' norms
         L,
         D,
         BLOCK_R: tl.constexpr,
@@ -261,6 +288,10 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
         tl.store(vv_ptr + to, tl.abs(v.to(tl.float32)), mask=m)
         dv = v - c[None, :]
         tl.store(vv_ptr + to + D, (dv * dv).to(tl.float32), mask=m)
+        # the keys' norms, here rather than a launch or two of their own a block (policy._KeyMax's
+        # come from torch's norm: the same to within a float64 rounding or two, see FUSED_RTOL)
+        k = tl.load(k_ptr + kv * k_sh + rows[:, None].to(tl.int64) * D + d[None, :], mask=m, other=0.0)
+        tl.store(kn_ptr + kv * L + rows, tl.sqrt(tl.sum(k * k, axis=1)), mask=rows < L)
 
     @triton.jit(do_not_specialize=["N", "per_row"])
     def reduce_kernel(
@@ -307,6 +338,9 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
 
     return Kernels(verdict_kernel, moments_kernel, reduce_kernel)
 
+
+#: key norms the verdict kernel reads at a time (a row's largest visible one)
+KEY_BLOCK = 512
 
 #: compiled kernels by what Triton specializes them on (``_launch``), at most ``_MAX_RUNNERS``
 _RUNNERS: dict[tuple, Any] = {}
@@ -432,32 +466,37 @@ def _rows(
     return [row[:STATS] for row in out.tolist()]
 
 
-def value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``policy._value_moments``' numbers, bit for bit, in two launches: the mean in torch, the
-    rest in one kernel (five elementwise launches in torch).
+def sequence_moments(v: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A sequence's terms of the bound in two launches (the mean in torch, the rest in one kernel):
+    ``policy._value_moments``' numbers, bit for bit, and the keys' norms.
 
     Args:
-        v: ``[Hkv, L, D]`` float64, rows of D contiguous (a slice of a sequence's keys is read
+        v: ``[Hkv, L, D]`` float64, rows of D contiguous (a slice of a sequence's values is read
             in place).
+        k: ``[Hkv, L, D]`` float64, rows of D contiguous: the keys at the same positions.
 
     Returns:
-        ``(c, vv)``: the mean over the keys ``[Hkv, 1, D]`` float64 and ``[|v|, (v - c)^2]``
-        ``[Hkv, L, 2D]`` float32, on ``v``'s device.
+        ``(c, vv, kn)``: the values' mean over the keys ``[Hkv, 1, D]`` float64, ``[|v|, (v - c)^2]``
+        ``[Hkv, L, 2D]`` float32 and each key's norm ``[Hkv, L]`` float64 (torch's ``norm`` to
+        within a float64 rounding or two: another order of the sum), on ``v``'s device.
     """
     Hkv, L, D = v.shape
     if v.stride(2) != 1 or v.stride(1) != D:
         v = v.contiguous()
+    if k.stride(2) != 1 or k.stride(1) != D:
+        k = k.contiguous()
     centre = v.mean(dim=1, keepdim=True)
     vv = torch.empty(Hkv, L, 2 * D, dtype=torch.float32, device=v.device)
+    kn = torch.empty(Hkv, L, dtype=torch.float64, device=v.device)
     block_d = _pow2(D)
     block_r = max(1, 4096 // block_d)
     _launch(
         _compiled().moments,
         (_cdiv(L, block_r), Hkv),
-        (v, v.stride(0), centre, vv, L, D),
+        (v, v.stride(0), k, k.stride(0), centre, vv, kn, L, D),
         {"BLOCK_R": block_r, "BLOCK_D": block_d},
     )
-    return centre, vv
+    return centre, vv, kn
 
 
 def _pow2(n: int) -> int:
@@ -480,17 +519,25 @@ def _stats(
     stats = torch.empty(T * Hq, STATS, **kw)
     lstats = torch.empty(T * Hq, STATS, **kw) if lse is not None else None
     model = terms.model
-    key_max = policy._KeyMax(case.sliding_window)
     W = case.sliding_window or 0
-    consts = {"BLOCK_D": _pow2(D), "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W, "NS": STATS}
+    consts = {
+        "BLOCK_D": _pow2(D),
+        "BLOCK_K": KEY_BLOCK,
+        "U": policy.U_FP32,
+        "C_EXP": policy.C_EXP,
+        "CW": policy.C_W,
+        "NS": STATS,
+    }
     tol, xmin = float(tolerance_factor), 2.0**model.emin
-    seq, first, centre, vv = -1, 0, torch.empty(0), torch.empty(0)
+    # the log-sum-exp's place, where there is none: a tensor the kernel never reads (has_lse 0)
+    lse_arg, lse_strides = (lse, lse.stride()) if lse is not None else (stats, (0, 0))
+    seq, first, centre, vv, kn = -1, 0, torch.empty(0), torch.empty(0), torch.empty(0)
     for c in iter_chunks(case, live=policy._live(case), score_floor=True):
         Hkv, G, n, Lc = c.probs.shape
-        if c.seq != seq:  # the values the sequence's rows see (policy.chunk_bounds)
+        if c.seq != seq:  # the values and keys the sequence's rows see (policy.chunk_bounds)
             seq, first = c.seq, c.keys.start
-            centre, vv = value_moments(c.v_all[:, first:])  # [Hkv, 1, D], [Hkv, L - first, 2D]
-        km = key_max(c)  # [Hkv, 1, n] or [Hkv, 1, 1]
+            # [Hkv, 1, D], [Hkv, L - first, 2D], [Hkv, L - first]
+            centre, vv, kn = sequence_moments(c.v_all[:, first:], c.k_all[:, first:])
         assert c.q.is_contiguous()  # the kernel reads its rows as o's: [Hq, n, D], rows of D
         o = torch.bmm(c.probs.view(Hkv, G * n, Lc), c.v)  # [Hkv, G * n, D]: [Hq, n, D]
         p32 = policy._spent(c.scores, torch.float32).copy_(c.probs)
@@ -502,13 +549,11 @@ def _stats(
         del extra
         L = case.seq_lens_list[c.seq]
         acc = policy.C_ACC * policy.U_FP32 * math.sqrt(L)
-        rows = output[c.tokens]  # [n, Hq, D], the caller's strides
-        lrows = lse[c.tokens] if lse is not None else o  # [n, Hq] float32 (``o`` stands in: has_lse 0)
         sink = c.sink_probs is not None
         alibi = c.alibi is not None
         args = (
-            rows,
-            *rows.stride(),
+            output,
+            *output.stride(),
             o,
             s12,
             ex,
@@ -517,20 +562,20 @@ def _stats(
             c.row_max,
             c.score_floor,
             c.lse,
-            km,
-            km.stride(0),
-            km.stride(2),
+            kn,
+            kn.stride(0),
             c.sink_probs if sink else o,
             c.key_share if sink else o,
             terms.sinks if sink else o,
             c.alibi[0] if alibi else o,  # type: ignore[index]
-            lrows,
-            *(lrows.stride() if lse is not None else (0, 0)),
+            lse_arg,
+            *lse_strides,
             stats,
             lstats if lstats is not None else stats,
             c.tokens.start,
             n,
             c.keys.stop - n,
+            first,
             W,
             G,
             Hq,
@@ -548,7 +593,7 @@ def _stats(
             model.significand,
         )
         _launch(kernel, (Hq * n,), args, consts)
-        del c, o, s12, ex, args, lrows  # the block's tensors go before the next block's (args, lrows hold them too)
+        del c, o, s12, ex, args  # the block's tensors go before the next block's (args holds them too)
     return stats, lstats
 
 
