@@ -372,3 +372,46 @@ def test_the_fused_bound_is_the_torch_paths_row_by_row(name, order, monkeypatch)
     at = bound.reshape(rows, case.head_dim)[torch.arange(rows), stats[:, 3].long()]
     moved = (stats[:, 6] / at - 1.0).abs().max()
     assert float(moved) <= policy.FUSED_RTOL, f"a row's bound moved by {float(moved):.3g} from the torch path's"
+
+
+@pytest.mark.parametrize("path", ["fused", "torch"])
+def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkeypatch):
+    """The check holds a sequence's own terms (the values' moments, ``[Hkv, L, 2D]`` float32 as
+    large as its float64 values; its key norms or reach) only while its rows are judged: when the
+    oracle's pass has gathered the next sequence's history and yields its first block, they are
+    gone (the oracle holds nothing of a finished sequence; held, they put the check's peak 0.7 MB
+    over the oracle's on the quick window case of ``bench_suite.py``)."""
+    import weakref
+
+    from pagedattn.oracle import check_attention
+
+    refs: list = []
+    seen_dead: list = []
+    real_chunks = fused.iter_chunks if path == "fused" else policy.iter_chunks
+    real_moments = fused.sequence_moments if path == "fused" else policy._value_moments
+
+    def moments(*args):
+        out = real_moments(*args)
+        refs.append([weakref.ref(t) for t in out])
+        return out
+
+    def chunks(*args, **kwargs):
+        last = -1
+        for c in real_chunks(*args, **kwargs):
+            if c.seq != last and refs:  # a new sequence's first block: the last one's terms must be gone
+                seen_dead.append(all(r() is None for r in refs[-1]))
+            last = c.seq
+            yield c
+            del c
+
+    monkeypatch.setattr(fused if path == "fused" else policy, "iter_chunks", chunks)
+    monkeypatch.setattr(
+        fused if path == "fused" else policy, "sequence_moments" if path == "fused" else "_value_moments", moments
+    )
+    monkeypatch.setattr(fused, "ON_CPU", path == "fused")
+    monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
+    monkeypatch.setattr(fused, "usable", lambda case: path == "fused")
+    case = CaseSpec("t", ((300, 120), (50, 1), (80, 1)), num_heads=4, num_kv_heads=2).build().to(DEVICE)
+    out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
+    check_attention(out, case)
+    assert seen_dead == [True, True], seen_dead
