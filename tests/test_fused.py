@@ -415,3 +415,17 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
     check_attention(out, case)
     assert seen_dead == [True, True], seen_dead
+
+
+def test_the_values_centre_as_a_product_is_their_mean():
+    """On a GPU the values' mean over the keys is a product with ones (CUDA's ``mean`` over a middle
+    dimension holds a temporary twice their size): the mean to within float64's rounding, with the
+    values far from 0 and of both signs."""
+    g = torch.Generator().manual_seed(5)
+    v = (torch.randn(3, 999, 80, generator=g, dtype=torch.float64) * 3.0 + 1e4).to(DEVICE)
+    v[..., ::5] *= -1.0
+    mean = v.mean(dim=1, keepdim=True)
+    product = policy._centre(v, by_product=True)
+    assert product.shape == mean.shape and product.dtype == torch.float64
+    assert torch.allclose(product, mean, rtol=1e-14, atol=0.0)
+    assert torch.equal(policy._centre(v, by_product=False), mean)

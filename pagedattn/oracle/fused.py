@@ -467,7 +467,7 @@ def _rows(
 
 
 def sequence_moments(v: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A sequence's terms of the bound in two launches (the mean in torch, the rest in one kernel):
+    """A sequence's terms of the bound in one kernel and the mean's launches (``policy._centre``):
     ``policy._value_moments``' numbers, bit for bit, and the keys' norms.
 
     Args:
@@ -485,7 +485,7 @@ def sequence_moments(v: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, to
         v = v.contiguous()
     if k.stride(2) != 1 or k.stride(1) != D:
         k = k.contiguous()
-    centre = v.mean(dim=1, keepdim=True)
+    centre = policy._centre(v)
     vv = torch.empty(Hkv, L, 2 * D, dtype=torch.float32, device=v.device)
     kn = torch.empty(Hkv, L, dtype=torch.float64, device=v.device)
     block_d = _pow2(D)

@@ -178,12 +178,23 @@ def validate_precisions(
         raise ProblemError(owner, "tanh_precision", f"must be one of {TANH_PRECISIONS}, got {tanh_precision!r}")
 
 
+def _centre(v: torch.Tensor, by_product: bool | None = None) -> torch.Tensor:
+    """The mean over the keys of ``v`` ``[Hkv, L, D]`` float64: ``[Hkv, 1, D]`` float64. On a GPU (or
+    with ``by_product``) as a product with ones: CUDA's ``mean`` over a middle dimension holds a
+    temporary twice ``v``'s size while it reduces (32 MB for 4000 keys of 4 heads of 128, which put
+    the check's peak over the oracle's: ``benchmarks/NOTES.md``, fourteenth stop)."""
+    if not (v.device.type != "cpu" if by_product is None else by_product):
+        return v.mean(dim=1, keepdim=True)
+    ones = torch.ones(v.shape[0], 1, v.shape[1], dtype=v.dtype, device=v.device)
+    return torch.bmm(ones, v).div_(v.shape[1])
+
+
 def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``v`` ``[Hkv, L, D]`` float64 (a sequence's values from the first its rows see; rows of D
     contiguous): its mean over the keys ``c`` ``[Hkv, 1, D]`` and ``[|v|, (v - c)^2]``
     ``[Hkv, L, 2D]`` in float32, the right factor of the bound's product. Only the values the
     rows see: a decode under a window of W holds W of them, not the whole history."""
-    centre = v.mean(dim=1, keepdim=True)
+    centre = _centre(v)
     vv = torch.empty(*v.shape[:2], 2 * v.shape[2], dtype=torch.float32, device=v.device)
     D = v.shape[2]
     vv[..., :D].copy_(v).abs_()  # |fl32(v)| = fl32(|v|): no float64 temporary
