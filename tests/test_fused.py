@@ -338,11 +338,15 @@ def test_the_launch_key_is_spec_argument_by_argument():
         assert fused._key((value,), [flag]) == (fused._spec(value, *flag),), combo
 
 
-#: blocks of one row and of many, with and without a window, keys before and after each row's
+#: blocks of one row (the kernel walks the key norms, past its KEY_BLOCK of them too) and of many
+#: (a sliding maximum), with and without a window, keys before and after each row's
 KEY_NORM_CASES = {
     "decodes-window": CaseSpec("t", ((300, 1), (200, 1)), num_heads=4, num_kv_heads=2, sliding_window=64),
+    "decodes-long": CaseSpec("t", ((1300, 1), (1100, 1)), num_heads=4, num_kv_heads=2),
+    "decodes-long-window": CaseSpec("t", ((1300, 1), (900, 1)), num_heads=4, num_kv_heads=2, sliding_window=700),
     "prefill": CaseSpec("t", ((200, 120),), num_heads=4, num_kv_heads=2),
     "prefills-window": CaseSpec("t", ((300, 100), (90, 90)), num_heads=4, num_kv_heads=2, sliding_window=40),
+    "prefill-long-window": CaseSpec("t", ((1400, 200),), num_heads=4, num_kv_heads=2, sliding_window=600),
 }
 
 
@@ -385,22 +389,28 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
 
     from pagedattn.oracle import check_attention
 
-    refs: list = []
+    refs: dict = {}  # sequence -> weak references to its own terms
     seen_dead: list = []
     real_chunks = fused.iter_chunks if path == "fused" else policy.iter_chunks
     real_moments = fused.sequence_moments if path == "fused" else policy._value_moments
+    real_reach = policy._key_reach
+    current = [-1]
 
     def moments(*args):
         out = real_moments(*args)
-        refs.append([weakref.ref(t) for t in out])
+        refs.setdefault(current[0], []).extend(weakref.ref(t) for t in out)
+        return out
+
+    def reach(*args):  # a sequence's sliding maximum of its key norms (its blocks of several rows)
+        out = real_reach(*args)
+        refs.setdefault(current[0], []).append(weakref.ref(out))
         return out
 
     def chunks(*args, **kwargs):
-        last = -1
         for c in real_chunks(*args, **kwargs):
-            if c.seq != last and refs:  # a new sequence's first block: the last one's terms must be gone
-                seen_dead.append(all(r() is None for r in refs[-1]))
-            last = c.seq
+            if c.seq != current[0] and current[0] in refs:  # a new sequence: the last one's terms are gone
+                seen_dead.append(all(r() is None for r in refs[current[0]]))
+            current[0] = c.seq
             yield c
             del c
 
@@ -408,13 +418,16 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     monkeypatch.setattr(
         fused if path == "fused" else policy, "sequence_moments" if path == "fused" else "_value_moments", moments
     )
+    monkeypatch.setattr(policy, "_key_reach", reach)
     monkeypatch.setattr(fused, "ON_CPU", path == "fused")
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     monkeypatch.setattr(fused, "usable", lambda case: path == "fused")
-    case = CaseSpec("t", ((300, 120), (50, 1), (80, 1)), num_heads=4, num_kv_heads=2).build().to(DEVICE)
+    spec = CaseSpec("t", ((300, 120), (50, 1), (280, 90), (80, 1)), num_heads=4, num_kv_heads=2)
+    case = spec.build().to(DEVICE)
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
     check_attention(out, case)
-    assert seen_dead == [True, True], seen_dead
+    assert len(refs[0]) == len(refs[2]) == len(refs[1]) + 1, refs  # the prefills' reach beside the moments
+    assert seen_dead == [True, True, True], seen_dead
 
 
 def test_the_values_centre_as_a_product_is_their_mean():

@@ -10,9 +10,10 @@ bound, the worst element and the counts) is one kernel launch a block, which wri
 statistics per row and head; one reduction (a kernel of one program) and one read per check
 follow. The host's other costs are cut too, because on a GPU a check of milliseconds is bound
 by its host: a sequence's value moments (bit for bit the torch path's) and its keys' norms are
-one kernel, each row's largest visible key norm is found by the verdict kernel in them (the torch
-path's sliding maximum was a dozen launches a sequence), and every launch after a kernel's first
-goes through the compiled kernel's own runner (``_launch``).
+one kernel (beside the mean's product with ones, ``policy._centre``), the verdict kernel finds a
+decode's largest visible key norm by walking them (a block of several rows reads each row's from
+their sliding maximum, formed once a sequence), and every launch after a kernel's first goes
+through the compiled kernel's own runner (``_launch``).
 
 The numbers are the torch path's: the same formulas in the same order, in float64
 (``tests/test_policy.py`` compares the two paths under the Triton interpreter; on a GPU the
@@ -69,7 +70,7 @@ class Kernels(NamedTuple):
     """The check's Triton kernels (``_build``)."""
 
     verdict: Any  # a block of rows: the bound, the ratios, each row's statistics
-    moments: Any  # a sequence's ``[|v|, (v - c)^2]`` in float32 (``policy._value_moments``)
+    moments: Any  # a sequence's ``[|v|, (v - c)^2]`` in float32 (``policy._value_moments``) and key norms
     reduce: Any  # a check's statistics: the rows' into one (``reduced``'s, in one launch)
 
 
@@ -93,8 +94,8 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
             "row0 n p0 first W G Hq D out_st out_sh out_sd lo_st lo_sh kn_sh has_extra has_sink has_alibi has_lse sig"
         ).split(),
         do_not_specialize_on_alignment=(
-            "out_ptr o_ptr s12_ptr ex_ptr c_ptr q_ptr rm_ptr fl_ptr lse_ptr kn_ptr ps_ptr sh_ptr sk_ptr sl_ptr lo_ptr "
-            "st_ptr ls_ptr"
+            "out_ptr o_ptr s12_ptr ex_ptr c_ptr q_ptr rm_ptr fl_ptr lse_ptr kn_ptr kr_ptr ps_ptr sh_ptr sk_ptr sl_ptr "
+            "lo_ptr st_ptr ls_ptr"
         ).split(),
     )
     def verdict_kernel(
@@ -111,6 +112,7 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
         fl_ptr,  # [Hq, n] float64: its smallest visible logit
         lse_ptr,  # [Hq, n] float64: the reference log-sum-exp
         kn_ptr,  # [Hkv, L - first] float64: the sequence's key norms from key ``first``, heads kn_sh apart
+        kr_ptr,  # [Hkv, L - first] float64: their sliding maximum, each position's largest visible (n > 1)
         kn_sh,
         ps_ptr,  # [Hq, n] float64: the sink's share (has_sink)
         sh_ptr,  # [Hq, n] float64: the keys' share (has_sink)
@@ -159,22 +161,26 @@ def _build() -> Kernels:  # noqa: C901 - the kernels
         # the row's largest ds_j (policy.chunk_bounds, same order of operations)
         q = tl.load(q_ptr + base + d, mask=dm, other=0.0)
         qn = tl.sqrt(tl.sum(q * q, axis=0))
-        # the largest norm among the keys the row sees, max(0, p - W + 1) .. p (policy._KeyMax: a
-        # NaN norm makes it NaN, as torch's max does; a GPU's maximum would drop it)
-        k_lo = 0
-        if W > 0:
-            k_lo = tl.maximum(p - W + 1, 0)
-        k_lo = k_lo - first
-        k_hi = p + 1 - first
-        kn_row = kn_ptr + kv.to(tl.int64) * kn_sh
-        top = tl.zeros([BLOCK_K], dtype=tl.float64)  # norms are >= 0
-        bad = tl.zeros([BLOCK_K], dtype=tl.int32)
-        for j0 in range(k_lo, k_hi, BLOCK_K):
-            j = j0 + tl.arange(0, BLOCK_K)
-            x = tl.load(kn_row + j, mask=j < k_hi, other=0.0)
-            top = tl.maximum(top, x)
-            bad = tl.maximum(bad, (x != x).to(tl.int32))
-        km = tl.where(tl.max(bad, axis=0) > 0, float("nan"), tl.max(top, axis=0))
+        # the largest norm among the keys the row sees, max(0, p - W + 1) .. p (policy._KeyMax). A
+        # block of one row (a decode) walks the sequence's key norms; a block of several reads each
+        # row's from the sequence's sliding maximum over the same norms (policy._key_reach), since
+        # a walk a row would read O(L) norms for each row and head of a long prefill. A NaN norm
+        # the row sees makes its scores, reference and bound NaN whatever this maximum is (a GPU's
+        # maximum, and the interpreter's, drop NaN)
+        kv64 = kv.to(tl.int64)
+        if n == 1:
+            k_lo = 0
+            if W > 0:
+                k_lo = tl.maximum(p - W + 1, 0)
+            k_lo = k_lo - first
+            k_hi = p + 1 - first
+            top = tl.zeros([BLOCK_K], dtype=tl.float64)  # norms are >= 0
+            for j0 in range(k_lo, k_hi, BLOCK_K):
+                j = j0 + tl.arange(0, BLOCK_K)
+                top = tl.maximum(top, tl.load(kn_ptr + kv64 * kn_sh + j, mask=j < k_hi, other=0.0))
+            km = tl.max(top, axis=0)
+        else:
+            km = tl.load(kr_ptr + kv64 * kn_sh + (p - first))
         rm = tl.load(rm_ptr + r)
         fl = tl.load(fl_ptr + r)
         ds = a * qn * km + U * (rm - 2.0 * tl.minimum(fl, 0.0)) + row_const
@@ -532,6 +538,7 @@ def _stats(
     # the log-sum-exp's place, where there is none: a tensor the kernel never reads (has_lse 0)
     lse_arg, lse_strides = (lse, lse.stride()) if lse is not None else (stats, (0, 0))
     seq, first, centre, vv, kn = -1, 0, torch.empty(0), torch.empty(0), torch.empty(0)
+    reach: torch.Tensor | None = None  # the sequence's sliding maximum of kn, at its first block of rows
     loc = case.query_start_loc_list
     for c in iter_chunks(case, live=policy._live(case), score_floor=True):
         Hkv, G, n, Lc = c.probs.shape
@@ -539,6 +546,9 @@ def _stats(
             seq, first = c.seq, c.keys.start
             # [Hkv, 1, D], [Hkv, L - first, 2D], [Hkv, L - first]
             centre, vv, kn = sequence_moments(c.v_all[:, first:], c.k_all[:, first:])
+            reach = None
+        if n > 1 and reach is None:  # positions from ``first``: every row's window starts there or later
+            reach = policy._key_reach(kn, case.sliding_window)  # [Hkv, L - first]
         assert c.q.is_contiguous()  # the kernel reads its rows as o's: [Hq, n, D], rows of D
         o = torch.bmm(c.probs.view(Hkv, G * n, Lc), c.v)  # [Hkv, G * n, D]: [Hq, n, D]
         p32 = policy._spent(c.scores, torch.float32).copy_(c.probs)
@@ -564,6 +574,7 @@ def _stats(
             c.score_floor,
             c.lse,
             kn,
+            reach if reach is not None else kn,  # (``kn`` stands in where a block walks: n 1)
             kn.stride(0),
             c.sink_probs if sink else o,
             c.key_share if sink else o,
@@ -596,6 +607,7 @@ def _stats(
         _launch(kernel, (Hq * n,), args, consts)
         if c.tokens.stop == loc[c.seq + 1]:  # the sequence's last block: its moments and key norms go
             centre = vv = kn = torch.empty(0)  # before the next one's history comes (the oracle holds none)
+            reach = None
         del c, o, s12, ex, args  # the block's tensors go before the next block's (args holds them too)
     return stats, lstats
 

@@ -136,7 +136,8 @@ def _live(case: PagedCase) -> int:
 BLOCK_RTOL = 1e-2
 #: how far the fused check (``pagedattn.oracle.fused``, one Triton kernel a block) may put a
 #: bound or a ratio from the torch path's: the same float64 formulas in the same order, but a
-#: compiler may contract a multiply and an add into one rounding (``tests/test_policy.py``)
+#: compiler may contract a multiply and an add into one rounding, and the keys' norms are summed
+#: in another order than torch's (``tests/test_policy.py``, ``tests/test_fused.py``)
 FUSED_RTOL = 1e-12
 #: take the device path on the CPU too (tests and the op counter compare the two paths):
 #: no host read per block (``chunk_bounds``) nor per verdict block (``verdict._Verdict``)
@@ -248,13 +249,14 @@ def _weights_stay_normal(case: PagedCase, min_normal: float) -> bool:
     return span < -math.log(min_normal) - 1.0
 
 
-def _key_reach(k_all: torch.Tensor, window: int | None) -> torch.Tensor:
-    """The largest key norm each position of a sequence sees: ``[Hkv, L]`` float64 from its keys
-    ``k_all`` ``[Hkv, L, D]`` float64, position ``p`` seeing keys ``max(0, p - W + 1) .. p``
-    (``window`` ``W``; all up to ``p`` without one). A sliding maximum in O(L) whatever ``W``
-    (van Herk / Gil-Werman): prefix and suffix maxima within segments of ``W`` keys, a window
-    ending at ``p`` being a suffix of one segment and a prefix of the next."""
-    norms = k_all.norm(dim=-1)  # [Hkv, L]
+def _key_reach(norms: torch.Tensor, window: int | None) -> torch.Tensor:
+    """The largest key norm each position of a sequence sees: ``[Hkv, L]`` float64 from its keys'
+    norms ``[Hkv, L]`` float64 (``k_all.norm(dim=-1)``), position ``p`` seeing keys
+    ``max(0, p - W + 1) .. p`` (``window`` ``W``; all up to ``p`` without one). Positions count from
+    the norms' first key: from a later key ``f`` (``norms[:, f:]``), position ``p - f`` sees from
+    ``f`` on, right for every row whose window starts at ``f`` or later. A sliding maximum in O(L)
+    whatever ``W`` (van Herk / Gil-Werman): prefix and suffix maxima within segments of ``W`` keys,
+    a window ending at ``p`` being a suffix of one segment and a prefix of the next."""
     L = norms.shape[1]
     if window is None or window >= L:
         return norms.cummax(dim=-1).values
@@ -341,7 +343,7 @@ class _KeyMax:
         if n == 1:
             return c.k.norm(dim=-1).amax(dim=-1).view(Hkv, 1, 1)
         if self.seq != c.seq:
-            self.seq, self.reach = c.seq, _key_reach(c.k_all, self.window)
+            self.seq, self.reach = c.seq, _key_reach(c.k_all.norm(dim=-1), self.window)
         return self.reach[:, c.keys.stop - n : c.keys.stop].view(Hkv, 1, n)  # rows p0 .. p1
 
 
@@ -491,7 +493,7 @@ def chunk_bounds(
         if c.tokens.stop == loc[c.seq + 1]:  # the sequence's last block: its moments and key reach go
             centre = vv = key_max.reach = torch.empty(0)  # before the next one's history comes
             key_max.seq = -1
-        del c, s12, abs_pv, s2, d, spread2, seen
+        del c, s12, abs_pv, s2, d, spread2, seen, k_max  # k_max: a view of the reach
         if pending_elems >= merge_elems:
             yield _merged(pending, case.dtype)
             pending, pending_elems = [], 0
