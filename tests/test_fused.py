@@ -344,9 +344,9 @@ KEY_NORM_CASES = {
     "decodes-window": CaseSpec("t", ((300, 1), (200, 1)), num_heads=4, num_kv_heads=2, sliding_window=64),
     "decodes-long": CaseSpec("t", ((1300, 1), (1100, 1)), num_heads=4, num_kv_heads=2),
     "decodes-long-window": CaseSpec("t", ((1300, 1), (900, 1)), num_heads=4, num_kv_heads=2, sliding_window=700),
-    "prefill": CaseSpec("t", ((200, 120),), num_heads=4, num_kv_heads=2),
-    "prefills-window": CaseSpec("t", ((300, 100), (90, 90)), num_heads=4, num_kv_heads=2, sliding_window=40),
-    "prefill-long-window": CaseSpec("t", ((1400, 200),), num_heads=4, num_kv_heads=2, sliding_window=600),
+    "prefill": CaseSpec("t", ((200, 40),), num_heads=4, num_kv_heads=2),
+    "prefills-window": CaseSpec("t", ((300, 30), (90, 20)), num_heads=4, num_kv_heads=2, sliding_window=40),
+    "prefill-long-window": CaseSpec("t", ((1400, 40),), num_heads=4, num_kv_heads=2, sliding_window=600),
 }
 
 
@@ -422,7 +422,7 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     monkeypatch.setattr(fused, "ON_CPU", path == "fused")
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     monkeypatch.setattr(fused, "usable", lambda case: path == "fused")
-    spec = CaseSpec("t", ((300, 120), (50, 1), (280, 90), (80, 1)), num_heads=4, num_kv_heads=2)
+    spec = CaseSpec("t", ((300, 20), (50, 1), (280, 16), (80, 1)), num_heads=4, num_kv_heads=2)
     case = spec.build().to(DEVICE)
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
     check_attention(out, case)
