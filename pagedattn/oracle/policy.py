@@ -183,7 +183,7 @@ def _centre(v: torch.Tensor, by_product: bool | None = None) -> torch.Tensor:
     """The mean over the keys of ``v`` ``[Hkv, L, D]`` float64: ``[Hkv, 1, D]`` float64. On a GPU (or
     with ``by_product``) as a product with ones: CUDA's ``mean`` over a middle dimension holds a
     temporary twice ``v``'s size while it reduces (32 MB for 4000 keys of 4 heads of 128, which put
-    the check's peak over the oracle's: ``benchmarks/NOTES.md``, fourteenth stop)."""
+    the check's peak over the oracle's: ``benchmarks/NOTES.md``, twelfth stop of the suite's figures)."""
     if not (v.device.type != "cpu" if by_product is None else by_product):
         return v.mean(dim=1, keepdim=True)
     ones = torch.ones(v.shape[0], 1, v.shape[1], dtype=v.dtype, device=v.device)
