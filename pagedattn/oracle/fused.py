@@ -539,7 +539,6 @@ def _stats(
     lse_arg, lse_strides = (lse, lse.stride()) if lse is not None else (stats, (0, 0))
     seq, first, centre, vv, kn = -1, 0, torch.empty(0), torch.empty(0), torch.empty(0)
     reach: torch.Tensor | None = None  # the sequence's sliding maximum of kn, at its first block of rows
-    loc = case.query_start_loc_list
     for c in iter_chunks(case, live=policy._live(case), score_floor=True):
         Hkv, G, n, Lc = c.probs.shape
         if c.seq != seq:  # the values and keys the sequence's rows see (policy.chunk_bounds)
@@ -605,8 +604,8 @@ def _stats(
             model.significand,
         )
         _launch(kernel, (Hq * n,), args, consts)
-        if c.tokens.stop == loc[c.seq + 1]:  # the sequence's last block: its moments and key norms go
-            centre = vv = kn = torch.empty(0)  # before the next one's history comes (the oracle holds none)
+        if c.last:  # the sequence's last block: its moments and key norms go before the next
+            centre = vv = kn = torch.empty(0)  # one's history comes (the oracle holds none of them)
             reach = None
         del c, o, s12, ex, args  # the block's tensors go before the next block's (args holds them too)
     return stats, lstats

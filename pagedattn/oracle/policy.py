@@ -410,7 +410,6 @@ def chunk_bounds(
     pending: list[_Bound] = []
     pending_elems = 0
     key_max = _KeyMax(case.sliding_window)
-    loc = case.query_start_loc_list
     for c in iter_chunks(case, live=_live(case), score_floor=True):
         assert c.score_floor is not None
         Hkv, G, n, Lc = c.probs.shape
@@ -490,7 +489,7 @@ def chunk_bounds(
         pending_elems += o.numel()
         # its score-sized tensors, and the product and spread of its rows, go before the next
         # block's come (a name left bound would hold them through the next block's pass)
-        if c.tokens.stop == loc[c.seq + 1]:  # the sequence's last block: its moments and key reach go
+        if c.last:  # the sequence's last block: its moments and key reach go
             centre = vv = key_max.reach = torch.empty(0)  # before the next one's history comes
             key_max.seq = -1
         del c, s12, abs_pv, s2, d, spread2, seen, k_max  # k_max: a view of the reach

@@ -130,6 +130,7 @@ class Chunk(NamedTuple):
     score_floor: torch.Tensor | None  # [Hkv, G, n]: the row's smallest logit over the keys it sees
     k_all: torch.Tensor  # [Hkv, L, D]: the sequence's whole history of keys (k is k_all[:, keys])
     v_all: torch.Tensor  # [Hkv, L, D]: the sequence's whole history (v is v_all[:, keys])
+    last: bool  # the sequence's last block of rows (the next block, if any, is another sequence's)
 
     def output(self, v: torch.Tensor | None = None, probs: torch.Tensor | None = None) -> torch.Tensor:
         """``probs @ v`` as ``[n, Hq, F]``: ``v`` ``[Hkv, Lc, F]`` (default ``self.v``),
@@ -243,7 +244,23 @@ def iter_chunks(
             probs /= denom[..., None]
             lse = row_max + torch.log(denom)
             yield Chunk(
-                b, tokens, keys, q, k, v, scores, probs, row_max, lse, sink_probs, key_share, alibi, floor, k_all, v_all
+                b,
+                tokens,
+                keys,
+                q,
+                k,
+                v,
+                scores,
+                probs,
+                row_max,
+                lse,
+                sink_probs,
+                key_share,
+                alibi,
+                floor,
+                k_all,
+                v_all,
+                i1 == q_len,
             )
             del scores, probs  # before the next block's are allocated: one block alive at a time
 
