@@ -351,13 +351,20 @@ KEY_NORM_CASES = {
 
 
 @pytest.mark.parametrize("order", ["rising", "falling"])
-@pytest.mark.parametrize("name", list(KEY_NORM_CASES))
-def test_the_fused_bound_is_the_torch_paths_row_by_row(name, order, monkeypatch):
+@pytest.mark.parametrize(
+    "name, walk",
+    [(name, "walk") for name in KEY_NORM_CASES]
+    + [(name, "reach") for name, spec in KEY_NORM_CASES.items() if spec.sliding_window is not None],
+)
+def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkeypatch):
     """Each row and head's bound at its worst element (the statistics' channel and bound) is the
     torch path's there within ``FUSED_RTOL``. The keys' norms rise (or fall) with their position,
     so a row's largest visible norm lies at an end of the keys it sees, where the kernel's walk
-    over the sequence's norms starts and stops: a key too many or too few moves its bound."""
+    over the sequence's norms starts and stops: a key too many or too few moves its bound. Blocks
+    of several rows under a window walk too, or (``KEY_WALK`` 0, as under a window past it) read
+    the sequence's sliding maximum, as those without a window do."""
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
+    monkeypatch.setattr(fused, "KEY_WALK", fused.KEY_WALK if walk == "walk" else 0)
     monkeypatch.setattr(fused, "ON_CPU", True)
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     case = KEY_NORM_CASES[name].build()
@@ -370,7 +377,7 @@ def test_the_fused_bound_is_the_torch_paths_row_by_row(name, order, monkeypatch)
     case = case.replace(key_cache=keys).to(DEVICE)
     out = paged_attention_reference(case).to(case.dtype)
     terms = policy._terms(case, "ieee", "fp32", "ieee")
-    stats, _ = fused._stats(out, None, case, terms, 1.0)
+    stats = fused._stats(out, None, case, terms, 1.0).stats
     _, bound = policy.attention_error_bound(case)
     rows = case.num_tokens * case.num_heads
     at = bound.reshape(rows, case.head_dim)[torch.arange(rows), stats[:, 3].long()]
@@ -442,3 +449,67 @@ def test_the_values_centre_as_a_product_is_their_mean():
     assert product.shape == mean.shape and product.dtype == torch.float64
     assert torch.allclose(product, mean, rtol=1e-14, atol=0.0)
     assert torch.equal(policy._centre(v, by_product=False), mean)
+
+
+#: cases whose rows flag, or do not flag, weights below float32's normal range (sinks of ~90
+#: and more: the keys' weights ~e**-90 of the sink's, below 2**-126)
+FLAG_CASES = {
+    "fp32-sinks-dominate": (CaseSpec("t", ((60, 20), (90, 1)), num_heads=4, num_kv_heads=2, sinks=True), 2),
+    "bf16-sinks-dominate": (
+        CaseSpec("t", ((60, 20), (90, 1)), num_heads=4, num_kv_heads=2, sinks=True, dtype=torch.bfloat16),
+        2,
+    ),
+    "fp32-plain": (CaseSpec("t", ((60, 20), (90, 1)), num_heads=4, num_kv_heads=2), 1),
+}
+
+
+@pytest.mark.parametrize("name", list(FLAG_CASES))
+def test_rows_whose_weights_leave_the_normal_range_are_judged_again_with_the_correction(name, monkeypatch):
+    """Where the output dtype's weights keep float32's range the fused check's first pass forms
+    no correction of subnormal weights and reads no guard: it flags the rows whose logits span
+    past ``log(2**-126)``, and a case with one is judged again with the correction. Its verdict is
+    the torch path's (which forms the correction from its guard): a sink that dominates leaves the
+    keys' weights ~1e-40, where the correction's half subnormal spacing is much of the bound (a
+    verdict from the first pass alone is not the torch path's). A plain case is judged once."""
+    from pagedattn.oracle import check_attention_lse, paged_attention_reference_lse
+
+    spec, passes = FLAG_CASES[name]
+    case = spec.build()
+    if case.sinks is not None:
+        case = case.replace(sinks=torch.linspace(90.0, 110.0, case.num_heads))
+    # values of 1e15: outputs of ~1e-25, normal (the interpreter reads bfloat16's subnormals wrong)
+    case = case.replace(value_cache=(case.value_cache.double() * 1e15).to(case.dtype)).to(DEVICE)
+    ref, lse = paged_attention_reference_lse(case)
+    out = ref.to(case.dtype)
+    out[3, 1, 5] *= 1.5  # an error to place the worst element
+    runs: list = []
+    real = fused._stats
+
+    def counted(*args, **kwargs):
+        runs.append(kwargs.get("correct", True))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fused, "_stats", counted)
+    monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
+    verdicts = []
+    for on in (False, True):
+        monkeypatch.setattr(fused, "ON_CPU", on)
+        monkeypatch.setenv(fused.ENV, "1" if on else "0")
+        assert fused.usable(case) == on
+        verdicts.append(check_attention_lse(out, lse.float(), case))
+    assert runs == [False, True][:passes], runs
+    for a, b in zip(*verdicts):
+        close = abs(a.bound - b.bound) <= policy.FUSED_RTOL * max(abs(a.bound), abs(b.bound))
+        where = (a.worst_token, a.worst_head, a.worst_channel) == (b.worst_token, b.worst_head, b.worst_channel)
+        assert (a.status, a.num_over) == (b.status, b.num_over) and where and close, f"{a}\n{b}"
+
+
+def test_a_reduction_that_did_not_run_is_an_error():
+    """The final launch's programs count themselves into the reduced rows; a pass whose count is
+    short (a reduction that did not run leaves zeros, which read as a pass) raises."""
+    reduced = torch.zeros(2, 8, dtype=torch.float64)
+    reduced[1, 7] = 11.0
+    p = fused._Pass(torch.zeros(3, fused.ROW_STATS, dtype=torch.float64), None, reduced, 12)
+    with pytest.raises(RuntimeError, match="11 of the final launch's 12 programs"):
+        fused._read(p)
+    assert fused._read(p._replace(programs=11))[1][7] == 11.0

@@ -622,7 +622,7 @@ f64 = {"o_ptr", "ex_ptr", "c_ptr", "q_ptr", "rm_ptr", "fl_ptr", "lse_ptr", "kn_p
 results = []
 for out_type, block_d in json.loads(sys.argv[1]):
     consts = {"BLOCK_D": block_d, "BLOCK_K": fused.KEY_BLOCK, "U": policy.U_FP32, "C_EXP": policy.C_EXP,
-              "CW": policy.C_W, "NS": fused.STATS}
+              "CW": policy.C_W, "NS": fused.ROW_STATS}
     r = compile(kernels.verdict, consts, lambda n: out_type if n == "out_ptr" else "fp64" if n in f64 else "fp32")
     results.append(dict(r, cfg=["verdict", out_type, block_d]))
     moments = {"BLOCK_R": 4096 // block_d, "BLOCK_D": block_d}

@@ -291,10 +291,13 @@ class _Terms(NamedTuple):
     sinks: torch.Tensor | None  # [Hkv, G, 1] float64
     sink_const: torch.Tensor | None  # [Hkv, G, 1] float64: C_EXP + |sink|
     device_path: bool  # no host read per block (a device, or DEVICE_PATH_ON_CPU)
-    subnormal_free: bool  # (device path) no weight of the case can fall below the weights' min normal
+    subnormal_free: bool  # (device path) no weight of the case can fall below the weights' min normal (or not read)
 
 
-def _terms(case: PagedCase, precision: str, qk_precision: str, tanh_precision: str) -> _Terms:
+def _terms(case: PagedCase, precision: str, qk_precision: str, tanh_precision: str, guard: bool = True) -> _Terms:
+    """The model's constants for ``case``. ``guard=False``: the case's subnormal guard is not
+    read (``subnormal_free`` False, undecided): the fused check flags the rows that need the
+    correction instead (``pagedattn.oracle.fused``)."""
     validate_precisions(precision, qk_precision, tanh_precision=tanh_precision)
     model = DTYPE_TABLE[case.dtype]
     tf32 = precision == "tf32" and case.dtype == torch.float32
@@ -316,7 +319,7 @@ def _terms(case: PagedCase, precision: str, qk_precision: str, tanh_precision: s
     sinks = case.sinks.to(torch.float64).view(case.num_kv_heads, case.gqa_ratio, 1) if case.sinks is not None else None
     device_path = case.device.type != "cpu" or DEVICE_PATH_ON_CPU
     # on a device, whether a block may need the subnormal correction is read once, for the case
-    subnormal_free = device_path and _weights_stay_normal(case, model.weights_min_normal)
+    subnormal_free = device_path and guard and _weights_stay_normal(case, model.weights_min_normal)
     return _Terms(
         model,
         a,
