@@ -449,6 +449,13 @@ def test_the_values_centre_as_a_product_is_their_mean():
     assert product.shape == mean.shape and product.dtype == torch.float64
     assert torch.allclose(product, mean, rtol=1e-14, atol=0.0)
     assert torch.equal(policy._centre(v, by_product=False), mean)
+    # the ones are kept across calls: a longer history grows them, a shorter one takes a prefix
+    for length in (2500, 300):
+        w = torch.randn(2, length, 64, generator=g, dtype=torch.float64).to(DEVICE)
+        fresh = torch.bmm(torch.ones(2, 1, length, dtype=torch.float64, device=DEVICE), w).div_(length)
+        got = policy._centre(w, by_product=True)
+        assert torch.allclose(got, fresh, rtol=1e-14, atol=0.0) and got.shape == (2, 1, 64)
+    assert policy._ONES[(v.device, torch.float64)].numel() >= 2500
 
 
 #: cases whose rows flag, or do not flag, weights below float32's normal range (sinks of ~90

@@ -54,7 +54,7 @@ def main() -> None:
         with OpCounter() as check:
             try:
                 check_attention(out, case)
-            except IndexError:  # the statistics were never written: no verdict
+            except (IndexError, RuntimeError):  # the statistics were never written (nor counted): no verdict
                 pass
         extra = check.ops - oracle.ops
         print(

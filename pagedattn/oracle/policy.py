@@ -186,8 +186,15 @@ def _centre(v: torch.Tensor, by_product: bool | None = None) -> torch.Tensor:
     the check's peak over the oracle's: ``benchmarks/NOTES.md``, twelfth stop of the suite's figures)."""
     if not (v.device.type != "cpu" if by_product is None else by_product):
         return v.mean(dim=1, keepdim=True)
-    ones = torch.ones(v.shape[0], 1, v.shape[1], dtype=v.dtype, device=v.device)
-    return torch.bmm(ones, v).div_(v.shape[1])
+    ones = _ONES.get((v.device, v.dtype))
+    if ones is None or ones.numel() < v.shape[1]:  # kept: a fill is a launch a sequence, on a host-bound check
+        ones = torch.ones(max(v.shape[1], 2 * (0 if ones is None else ones.numel())), dtype=v.dtype, device=v.device)
+        _ONES[(v.device, v.dtype)] = ones
+    return torch.bmm(ones[: v.shape[1]].expand(v.shape[0], 1, v.shape[1]), v).div_(v.shape[1])
+
+
+#: ones by device and dtype, at least as many as the longest history yet (``_centre``)
+_ONES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
 
 def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
