@@ -186,6 +186,87 @@ def test_the_launcher_follows_a_kernels_do_not_specialize_flags(monkeypatch):
     assert kinds == ["jit", "runner", "runner", "jit", "jit"], kinds
 
 
+class _FakeCompiledWithRun(_FakeCompiled):
+    """A ``CompiledKernel`` stand-in with the runner's pieces (triton 3.6, 3.9): records ``run``."""
+
+    packed_metadata = object()
+
+    def launch_metadata(self, grid, stream, *args):
+        return ("metadata", grid, stream, args)
+
+    def run(self, *args):
+        self.log.append(("run", args))
+
+
+def test_a_kept_kernel_is_launched_as_its_runner_would(monkeypatch):
+    """A kept kernel with the runner's pieces is launched through its ``run`` with what the runner
+    passes: the three grid axes, the current stream, its function and packed metadata, the launch
+    metadata for the same grid, stream and arguments, the launch hooks, then every argument with
+    the constexprs last."""
+    monkeypatch.setattr(fused, "_RUNNERS", {})
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
+    hooks = type("Runtime", (), {"launch_enter_hook": "enter", "launch_exit_hook": "exit"})
+    monkeypatch.setattr(fused, "_knobs", lambda: type("Knobs", (), {"runtime": hooks}))
+    jit = _FakeJit()
+    jit.compiled = _FakeCompiledWithRun(jit.log)
+    buf = torch.zeros(64)
+    fused._launch(jit, (4,), (buf, 3, 2.5), {"BLOCK": 16})
+    fused._launch(jit, (5, 2), (buf, 7, 1.5), {"BLOCK": 16})
+    assert [entry[0] for entry in jit.log] == ["jit", "run"], jit.log
+    c = jit.compiled
+    args = (buf, 7, 1.5, 16)
+    metadata = ("metadata", (5, 2, 1), 1234, args)
+    assert jit.log[1][1] == (5, 2, 1, 1234, c.function, c.packed_metadata, metadata, "enter", "exit", *args)
+
+
+#: cases whose verdict launches differ in every way ``_verdict_key`` leaves out: output and lse
+#: dtypes, strided outputs, sinks, ALiBi, windows, decodes and prefills, several blocks
+VERDICT_KEY_CASES = [
+    (CaseSpec("t", ((60, 20), (90, 1)), num_heads=4, num_kv_heads=2), False, False),
+    (CaseSpec("t", ((60, 20), (90, 1)), num_heads=4, num_kv_heads=2, dtype=torch.bfloat16), True, True),
+    (CaseSpec("t", ((40, 40), (33, 1)), num_heads=4, num_kv_heads=2, sinks=True, dtype=torch.float16), True, False),
+    (CaseSpec("t", ((70, 9),), num_heads=4, num_kv_heads=1, alibi_slopes=True, sliding_window=8), False, True),
+]
+
+
+def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
+    """Over every verdict launch of checks whose launches differ in dtypes, strides, variants and
+    blocks, the key ``_stats`` passes (``_verdict_key``) determines ``_key``'s (the one tested
+    against Triton's binder): two launches with the same verdict key have the same full key, so a
+    kept kernel never serves a launch the JIT would have specialized otherwise."""
+    from pagedattn.oracle import paged_attention_reference_lse
+
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
+    seen: dict = {}
+    verdict = fused._compiled().verdict
+    if hasattr(verdict, "params"):  # compiled: the kernel's own flags
+        plan = fused._plan(verdict)
+    else:  # the interpreter's kernel keeps its decorator's flags: the JIT's parameters from them
+        from triton.runtime.jit import JITFunction
+
+        params = JITFunction(verdict.fn, **verdict.kwargs).params
+        plan = [(bool(p.do_not_specialize), bool(p.do_not_specialize_on_alignment)) for p in params]
+    assert sum(dns for dns, _ in plan) >= 20 and sum(dnsa for _, dnsa in plan) >= 18, plan
+
+    def capture(kernel, grid_, args, consts, key=None):
+        if kernel is verdict:
+            full = fused._key(args, plan)
+            assert key is not None and seen.setdefault(key, full) == full, (key, full, seen.get(key))
+
+    monkeypatch.setattr(fused, "_launch", capture)
+    for spec, with_lse, strided in VERDICT_KEY_CASES:
+        case = spec.build()
+        ref, lse = paged_attention_reference_lse(case)
+        out = ref.to(case.dtype)
+        if strided:  # a view of a wider buffer: other strides
+            wide = torch.zeros(case.num_tokens, case.num_heads, case.head_dim + 8, dtype=case.dtype)
+            out = wide[..., : case.head_dim].copy_(out)
+        terms = policy._terms(case, "ieee", "fp32", "ieee")
+        fused._stats(out, lse.float() if with_lse else None, case, terms, 1.0)
+    # the fp32 cases (plain; strided, ALiBi and a window) share a key; each key its own kernel
+    assert len(seen) == 3 and len(set(map(str, seen.values()))) == 3, seen
+
+
 def test_the_interpreter_launches_through_the_jit(monkeypatch):
     """Under the interpreter a launch returns no compiled kernel: nothing is kept, every launch
     goes through the JIT (here, the real kernel on the CPU or GPU)."""
@@ -284,10 +365,10 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
     alive: list = []
     real_launch, real_chunks = fused._launch, fused.iter_chunks
 
-    def launch(kernel, grid, args, consts):
+    def launch(kernel, grid, args, consts, key=None):
         if kernel is fused._compiled().verdict:
             refs.extend(weakref.ref(t) for t in args[4:7])  # ``o``, ``s12``, ``ex`` (``o`` without one)
-        return real_launch(kernel, grid, args, consts)
+        return real_launch(kernel, grid, args, consts, key)
 
     chunks = _watched(real_chunks, lambda c: (c.scores, c.probs), refs, alive)
     monkeypatch.setattr(fused, "_launch", launch)

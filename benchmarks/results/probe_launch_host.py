@@ -4,7 +4,9 @@ Taking the verdict kernel's launches out of a check saved ~110 us each on the H2
 (``probe_check_ablate.py``), where the eighth stop had timed the compiled kernel's runner alone at
 ~14 us. This captures the arguments of a real check's launches (the lse case: its decode block
 and a prefill block) and times, as the mean of ``N`` back-to-back calls (then one
-synchronization), ``fused._launch`` whole and its parts: ``_key``, the runner, the device query.
+synchronization), ``fused._launch`` whole (with ``_key``, and from the fifteenth stop with the
+caller's key) and its parts: ``_key``, the runner, the device query. (The fifteenth stop's
+``_launch`` calls a kept kernel's ``run`` itself, not its runner: "_launch" times that.)
 
     python benchmarks/results/probe_launch_host.py OUT.json
 """
@@ -39,14 +41,16 @@ def host_us(fn) -> float:
     return round(best, 2)
 
 
-def _row(launch, kernel, grid_, args, consts) -> dict:
+def _row(launch, kernel, grid_, args, consts, own_key) -> dict:
     """One captured launch's pieces, timed."""
     flags = fused._plan(kernel)
-    key = (kernel, torch.cuda.current_device(), tuple(consts.items()), fused._key(args, flags))
-    compiled = fused._RUNNERS.get(key)
+    key = (kernel, torch.cuda.current_device(), tuple(consts.items()), own_key or fused._key(args, flags))
+    kept = fused._RUNNERS.get(key)
+    compiled = kept[0] if isinstance(kept, tuple) else kept  # (kernel, direct) from the fifteenth stop
     row = {
         "args": len(args),
         "_launch": host_us(lambda: launch(kernel, grid_, args, consts)),
+        "_launch, the caller's key": host_us(lambda: launch(kernel, grid_, args, consts, own_key)),
         "_key": host_us(lambda: fused._key(args, flags)),
         "current_device": host_us(lambda: torch.cuda.current_device()),
         "runner hit": compiled is not None,
@@ -67,9 +71,9 @@ def main(path: str) -> None:
     captured = []
     launch = fused._launch
 
-    def capture(kernel, grid_, args, consts):
-        captured.append((kernel, grid_, args, dict(consts)))
-        launch(kernel, grid_, args, consts)
+    def capture(kernel, grid_, args, consts, key=None):
+        captured.append((kernel, grid_, args, dict(consts), key))
+        launch(kernel, grid_, args, consts, key)
 
     check_attention(out, case)  # compiles, fills the runners
     fused._launch = capture
@@ -77,9 +81,9 @@ def main(path: str) -> None:
     fused._launch = launch
     rows = {}
     names = {fused._compiled().verdict: "verdict", fused._compiled().moments: "moments"}
-    for i, (kernel, grid_, args, consts) in enumerate(captured):
+    for i, (kernel, grid_, args, consts, key) in enumerate(captured):
         name = f"{names.get(kernel, 'reduce')} {i} grid {grid_}"
-        rows[name] = _row(launch, kernel, grid_, args, consts)
+        rows[name] = _row(launch, kernel, grid_, args, consts, key)
         print(name, json.dumps(rows[name]), flush=True)
     with open(path, "w") as f:
         json.dump(

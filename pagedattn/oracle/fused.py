@@ -160,28 +160,53 @@ def _key(args: tuple, flags: list[tuple[bool, bool]]) -> tuple:
     return tuple(out)
 
 
-def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, Any]) -> None:
+def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, Any], key: Any = None) -> None:
     """``kernel[grid](*args, **consts)``, with Triton's host cost cut where it can be.
 
     Triton's JIT binds, specializes and looks up a kernel's arguments on every launch: 31 to 35 us
     of host time for the verdict kernel's 47 on the H200's host (triton 3.6;
     ``benchmarks/NOTES.md``, eighth stop), a launch a block of rows, where the oracle's own pass
-    is a few milliseconds of host-bound launches. The kernel it returns (a ``CompiledKernel``)
-    launches the same arguments through its own runner in ~14 us. It is kept here by what the JIT
-    specializes on (``_spec`` under the kernel's own do-not-specialize flags: the same key or a
-    finer one, so a launch it serves is one the JIT would have given the same kernel), per device,
-    and serves the launches that match; the others go through the JIT, and so does everything on
-    the interpreter (which returns no compiled kernel) and on ROCm (whose Triton also specializes
-    on a tensor's storage size). What the runner does not redo: the JIT's debug and
-    instrumentation options and its pre-run hooks, read at a key's first launch (none is set by
-    this package). ``consts`` are the kernel's last parameters, in order (its constexprs)."""
+    is a few milliseconds of host-bound launches. The kernel it returns (a ``CompiledKernel``) is
+    kept here by what the JIT specializes on (``_spec`` under the kernel's own do-not-specialize
+    flags: the same key or a finer one, so a launch it serves is one the JIT would have given the
+    same kernel), per device, and serves the launches that match; the others go through the JIT,
+    and so does everything on the interpreter (which returns no compiled kernel) and on ROCm (whose
+    Triton also specializes on a tensor's storage size). A kept kernel is launched as its runner
+    does (``CompiledKernel.__getitem__`` in triton 3.6 and 3.9: the same call, the launch hooks
+    and metadata read each time), less the runner's closure and its device and stream lookups:
+    the stream is the device's current one, read from torch as Triton reads it. What is not
+    redone: the JIT's debug and instrumentation options and its pre-run hooks, read at a key's
+    first launch (none is set by this package). ``consts`` are the kernel's last parameters, in
+    order (its constexprs). ``key``: the caller's own key for ``args`` (``_verdict_key``), which
+    must decide the JIT's specialization as ``_key`` would, in place of ``_key``."""
     device = torch.cuda.current_device() if torch.cuda.is_available() else -1
-    plan = _plan(kernel)
-    flags = plan if len(plan) >= len(args) else [(False, False)] * len(args)
-    key = (kernel, device, tuple(consts.items()), _key(args, flags))
-    compiled = _RUNNERS.get(key)
-    if compiled is not None:
-        compiled[tuple(grid) + (1,) * (3 - len(grid))](*args, *consts.values())
+    if key is None:
+        plan = _plan(kernel)
+        flags = plan if len(plan) >= len(args) else [(False, False)] * len(args)
+        key = _key(args, flags)
+    full = (kernel, device, tuple(consts.items()), key)
+    kept = _RUNNERS.get(full)
+    if kept is not None:
+        compiled, direct = kept
+        g = tuple(grid) + (1,) * (3 - len(grid))
+        if direct:
+            stream = torch._C._cuda_getCurrentRawStream(device)
+            knobs = _knobs().runtime
+            compiled.run(
+                g[0],
+                g[1],
+                g[2],
+                stream,
+                compiled.function,
+                compiled.packed_metadata,
+                compiled.launch_metadata(g, stream, *args, *consts.values()),
+                knobs.launch_enter_hook,
+                knobs.launch_exit_hook,
+                *args,
+                *consts.values(),
+            )
+        else:
+            compiled[g](*args, *consts.values())
         return
     names = list(getattr(kernel, "arg_names", []))
     assert not names or names[len(names) - len(consts) :] == list(consts), (names, list(consts))
@@ -189,7 +214,32 @@ def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, A
     if torch.version.hip is None and hasattr(compiled, "function") and callable(getattr(compiled, "__getitem__", None)):
         if len(_RUNNERS) >= _MAX_RUNNERS:
             _RUNNERS.clear()
-        _RUNNERS[key] = compiled  # a compiled kernel (the interpreter returns none)
+        # launched as its runner would be where it has the runner's pieces (triton 3.6, 3.9)
+        direct = all(hasattr(compiled, a) for a in ("run", "packed_metadata", "launch_metadata")) and hasattr(
+            torch._C, "_cuda_getCurrentRawStream"
+        )
+        _RUNNERS[full] = (compiled, direct)  # a compiled kernel (the interpreter returns none)
+
+
+def _knobs() -> Any:
+    """``triton.knobs`` (the launch hooks), imported where a kept kernel is first launched."""
+    from triton import knobs
+
+    return knobs
+
+
+def _verdict_key(output: torch.Tensor, lse: torch.Tensor | None, case: PagedCase) -> Any:
+    """The verdict kernel's launches' key for ``_launch`` in one check, or ``None`` (``_key``'s):
+    the kernel specializes none of its pointers on alignment nor any integer on its value
+    (``fused_kernels.verdict_kernel``), its other tensors are float64 or float32 by construction
+    (``_stats``), so what the JIT specializes on is the output's and the log-sum-exp's dtypes and
+    whether an integer needs 64 bits. Every integer is below the largest of the output's and the
+    log-sum-exp's strides, the statistics' rows, the longest history and the window: where that
+    is below 2**31 the key is the two dtypes (``tests/test_fused.py`` checks it against ``_key``)."""
+    strides = list(output.stride()) + (list(lse.stride()) if lse is not None else [])
+    if max(*strides, case.num_tokens * case.num_heads * ROW_STATS, case.max_seq_len, case.sliding_window or 0) >= 2**31:
+        return None
+    return ("verdict", output.dtype, None if lse is None else lse.dtype)
 
 
 def verdict_rows(
@@ -334,6 +384,7 @@ def _stats(
     loc = case.query_start_loc_list
     final_seq = max(b for b in range(case.num_seqs) if loc[b + 1] > loc[b])  # a case has a token
     programs = 0
+    key = _verdict_key(output, lse, case)
     model = terms.model
     W = case.sliding_window or 0
     consts = {
@@ -420,7 +471,7 @@ def _stats(
             model.significand,
             flag_below,
         )
-        _launch(kernel, (Hq * n,), args, consts)
+        _launch(kernel, (Hq * n,), args, consts, key)
         programs = Hq * n
         if c.last:  # the sequence's last block: its moments and key norms go before the next
             centre = vv = kn = torch.empty(0)  # one's history comes (the oracle holds none of them)
