@@ -618,7 +618,7 @@ def compile(kernel, consts, ptr_type):
 
 
 f64 = {"o_ptr", "ex_ptr", "c_ptr", "q_ptr", "rm_ptr", "fl_ptr", "lse_ptr", "kn_ptr", "kr_ptr", "ps_ptr", "sh_ptr",
-       "sk_ptr", "sl_ptr", "st_ptr", "ls_ptr", "v_ptr", "k_ptr", "out_ptr"}
+       "sk_ptr", "sl_ptr", "st_ptr", "ls_ptr", "rd_ptr", "v_ptr", "k_ptr", "out_ptr"}
 results = []
 for out_type, block_d in json.loads(sys.argv[1]):
     consts = {"BLOCK_D": block_d, "BLOCK_K": fused.KEY_BLOCK, "U": policy.U_FP32, "C_EXP": policy.C_EXP,

@@ -232,14 +232,15 @@ def _verdict_key(output: torch.Tensor, lse: torch.Tensor | None, case: PagedCase
     """The verdict kernel's launches' key for ``_launch`` in one check, or ``None`` (``_key``'s):
     the kernel specializes none of its pointers on alignment nor any integer on its value
     (``fused_kernels.verdict_kernel``), its other tensors are float64 or float32 by construction
-    (``_stats``), so what the JIT specializes on is the output's and the log-sum-exp's dtypes and
-    whether an integer needs 64 bits. Every integer is below the largest of the output's and the
-    log-sum-exp's strides, the statistics' rows, the longest history and the window: where that
-    is below 2**31 the key is the two dtypes (``tests/test_fused.py`` checks it against ``_key``)."""
+    (``_stats``; the log-sum-exp float32, checked by the caller, or the float32 product in its
+    place), so what the JIT specializes on is the output's dtype and whether an integer needs 64
+    bits. Every integer is below the largest of the output's and the log-sum-exp's strides, the
+    statistics' rows, the longest history and the window: where that is below 2**31 the key is the
+    output's dtype (``tests/test_fused.py`` checks it against ``_key``)."""
     strides = list(output.stride()) + (list(lse.stride()) if lse is not None else [])
     if max(*strides, case.num_tokens * case.num_heads * ROW_STATS, case.max_seq_len, case.sliding_window or 0) >= 2**31:
         return None
-    return ("verdict", output.dtype, None if lse is None else lse.dtype)
+    return ("verdict", output.dtype)
 
 
 def verdict_rows(
@@ -396,8 +397,8 @@ def _stats(
         "NS": ROW_STATS,
     }
     tol, xmin = float(tolerance_factor), 2.0**model.emin
-    # the log-sum-exp's place, where there is none: a tensor the kernel never reads (has_lse 0)
-    lse_arg, lse_strides = (lse, lse.stride()) if lse is not None else (stats, (0, 0))
+    # the log-sum-exp's strides, where there is none: never read (has_lse 0)
+    lse_strides = lse.stride() if lse is not None else (0, 0)
     seq, first, centre, vv, kn = -1, 0, torch.empty(0), torch.empty(0), torch.empty(0)
     reach: torch.Tensor | None = None  # the sequence's sliding maximum of kn, at its first block of rows
     for c in iter_chunks(case, live=policy._live(case), score_floor=True):
@@ -442,7 +443,7 @@ def _stats(
             c.key_share if sink else o,
             terms.sinks if sink else o,
             c.alibi[0] if alibi else o,  # type: ignore[index]
-            lse_arg,
+            lse if lse is not None else s12,  # (float32 as a log-sum-exp: one compile for both checks)
             *lse_strides,
             stats,
             lstats if lstats is not None else stats,

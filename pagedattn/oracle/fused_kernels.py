@@ -87,7 +87,7 @@ def verdict_kernel(
     sh_ptr,  # [Hq, n] float64: the keys' share (has_sink)
     sk_ptr,  # [Hq] float64: the sinks (has_sink)
     sl_ptr,  # [Hq] float64: ALiBi slopes (has_alibi)
-    lo_ptr,  # [T, Hq] float32: the backend's whole log-sum-exp, strided (has_lse; rows row0 + t)
+    lo_ptr,  # [T, Hq] float32: the backend's whole log-sum-exp, strided (has_lse; rows row0 + t; else any float32)
     lo_st,
     lo_sh,
     st_ptr,  # [T * Hq, NS] float64: the output's statistics, row (row0 + t) * Hq + h
