@@ -14,8 +14,8 @@ are one kernel (beside the mean's product with ones, ``policy._centre``), the ve
 finds a row's largest visible key norm by walking them (a decode's, or under a short window; a
 block of several rows otherwise reads each row's from their sliding maximum, formed once a
 sequence), the correction of subnormal weights is formed only where a row needs it
-(``verdict_rows``), and every launch after a kernel's first goes through the compiled kernel's
-own runner (``_launch``).
+(``verdict_rows``), and every launch after a kernel's first is the compiled kernel's own
+(``_launch``).
 
 The numbers are the torch path's: the same formulas in the same order, in float64
 (``tests/test_policy.py`` compares the two paths under the Triton interpreter; on a GPU the
@@ -53,14 +53,14 @@ STATS = 7
 #: weights may fall below the normal range where the pass formed no correction for them (1.0;
 #: ``_rows`` then judges the case again with it), rows 64 bytes apart
 ROW_STATS = 8
-#: a row is flagged where its smallest visible logit lies within ``log(min normal) + FLAG_MARGIN``
-#: of its largest: below it a weight may need the correction (``policy._subnormal_weights``
-#: marks ``p_j l < min normal``, whose float64 roundings move that edge by ~1e-15, far less)
+#: a row is flagged where its smallest visible logit lies more than ``-log(min normal) - FLAG_MARGIN``
+#: below its largest: there a weight may need the correction (``policy._subnormal_weights`` marks
+#: ``p_j l < min normal``, whose float64 roundings move that edge by ~1e-15, far less)
 FLAG_MARGIN = 2.0**-20
-#: the weights' normal range below which a case's first pass forms the correction, as the torch
-#: path would, rather than flag rows and judge again: fp16's 2**-14 (``DTYPE_TABLE``) is ~9.7
-#: in logits, spanned by 38 of the 43 fp16 cases of the quick grid, where float32's and
-#: bfloat16's 2**-126 (~87) is spanned by 5 of their 118
+#: where the weights' smallest normal (``DTYPE_TABLE``) is at or above this, a case's first pass
+#: forms the correction from the guard, as the torch path does, rather than flag rows and judge
+#: again: fp16's 2**-14 is ~9.7 in logits, spanned by 38 of the 43 fp16 cases of the quick grid,
+#: where float32's and bfloat16's 2**-126 (~87) is spanned by 5 of their 118
 NARROW_MIN_NORMAL = 2.0**-60
 
 _kernel: Any = None
@@ -164,7 +164,7 @@ def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, A
     """``kernel[grid](*args, **consts)``, with Triton's host cost cut where it can be.
 
     Triton's JIT binds, specializes and looks up a kernel's arguments on every launch: 31 to 35 us
-    of host time for the verdict kernel's 47 on the H200's host (triton 3.6;
+    of host time for the verdict kernel's 47 arguments then on the H200's host (triton 3.6;
     ``benchmarks/NOTES.md``, eighth stop), a launch a block of rows, where the oracle's own pass
     is a few milliseconds of host-bound launches. The kernel it returns (a ``CompiledKernel``) is
     kept here by what the JIT specializes on (``_spec`` under the kernel's own do-not-specialize
@@ -296,12 +296,14 @@ def _rows(
 
 
 def _read(p: _Pass) -> list[list[float]]:
-    """A pass's reduced rows on the host (one transfer), after the count of its final launch's
-    programs is checked: a reduction that did not run leaves zeros, which would read as a pass."""
+    """A pass's reduced rows on the host (one transfer), after its count is checked: the final
+    launch's programs count themselves and its last, having reduced, one more. A reduction that
+    did not run leaves zeros, which would read as a pass."""
     rows = p.reduced.tolist()
-    if rows[1][7] != p.programs:
+    if rows[1][7] != p.programs + 1:
         raise RuntimeError(
-            f"the fused check's reduction: {rows[1][7]:g} of the final launch's {p.programs} programs counted"
+            f"the fused check's reduction: a count of {rows[1][7]:g}, not the final launch's {p.programs} programs"
+            " and its reduction's 1"
         )
     return rows
 
@@ -354,7 +356,7 @@ class _Pass(NamedTuple):
     stats: torch.Tensor  # [T * Hq, ROW_STATS] float64: each row and head's, the output's
     lstats: torch.Tensor | None  # [T * Hq, ROW_STATS] float64: the log-sum-exp's (None without lse)
     reduced: torch.Tensor  # [2, 8] float64: ``reduced``'s rows of both; [0, 7] the rows flagged, [1, 7] the count
-    programs: int  # the final launch's programs: [1, 7] once its last has reduced
+    programs: int  # the final launch's programs: [1, 7] is one more once its last has reduced
 
 
 #: a windowed block of several rows walks the key norms where the window is at most this many
@@ -437,7 +439,7 @@ def _stats(
             c.score_floor,
             c.lse,
             kn,
-            reach if reach is not None else kn,  # (``kn`` stands in where a block walks: n 1)
+            reach if reach is not None else kn,  # (``kn`` stands in where a block walks)
             kn.stride(0),
             c.sink_probs if sink else o,
             c.key_share if sink else o,

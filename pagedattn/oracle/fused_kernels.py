@@ -81,7 +81,7 @@ def verdict_kernel(
     fl_ptr,  # [Hq, n] float64: its smallest visible logit
     lse_ptr,  # [Hq, n] float64: the reference log-sum-exp
     kn_ptr,  # [Hkv, L - first] float64: the sequence's key norms from key ``first``, heads kn_sh apart
-    kr_ptr,  # [Hkv, L - first] float64: their sliding maximum, each position's largest visible (n > 1)
+    kr_ptr,  # [Hkv, L - first] float64: their sliding maximum, each position's largest visible (no walk)
     kn_sh,
     ps_ptr,  # [Hq, n] float64: the sink's share (has_sink)
     sh_ptr,  # [Hq, n] float64: the keys' share (has_sink)
@@ -254,6 +254,7 @@ def verdict_kernel(
             reduce_rows(st_ptr, N, D, rd_ptr, NS, 1024, True)
             if has_lse:  # (its rows flag nothing: [1, 7] stays the count)
                 reduce_rows(ls_ptr, N, 1, rd_ptr + 8, NS, 1024, False)
+            tl.store(rd_ptr + 15, done + 2.0)  # reduced: one past the programs' count
 
 
 @triton.jit(do_not_specialize=["v_sh", "k_sh", "L", "D"])

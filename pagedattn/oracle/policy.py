@@ -186,15 +186,18 @@ def _centre(v: torch.Tensor, by_product: bool | None = None) -> torch.Tensor:
     the check's peak over the oracle's: ``benchmarks/NOTES.md``, twelfth stop of the suite's figures)."""
     if not (v.device.type != "cpu" if by_product is None else by_product):
         return v.mean(dim=1, keepdim=True)
-    ones = _ONES.get((v.device, v.dtype))
-    if ones is None or ones.numel() < v.shape[1]:  # kept: a fill is a launch a sequence, on a host-bound check
+    # kept (a fill is a launch a sequence, on a host-bound check), per stream: another stream's
+    # read of them would not be ordered after their fill, nor their release after its read
+    stream = torch._C._cuda_getCurrentRawStream(v.device.index) if v.device.type == "cuda" else 0
+    ones = _ONES.get((v.device, v.dtype, stream))
+    if ones is None or ones.numel() < v.shape[1]:
         ones = torch.ones(max(v.shape[1], 2 * (0 if ones is None else ones.numel())), dtype=v.dtype, device=v.device)
-        _ONES[(v.device, v.dtype)] = ones
+        _ONES[(v.device, v.dtype, stream)] = ones
     return torch.bmm(ones[: v.shape[1]].expand(v.shape[0], 1, v.shape[1]), v).div_(v.shape[1])
 
 
-#: ones by device and dtype, at least as many as the longest history yet (``_centre``)
-_ONES: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+#: ones by device, dtype and stream, at least as many as the longest history yet (``_centre``)
+_ONES: dict[tuple[torch.device, torch.dtype, int], torch.Tensor] = {}
 
 
 def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -298,7 +301,7 @@ class _Terms(NamedTuple):
     sinks: torch.Tensor | None  # [Hkv, G, 1] float64
     sink_const: torch.Tensor | None  # [Hkv, G, 1] float64: C_EXP + |sink|
     device_path: bool  # no host read per block (a device, or DEVICE_PATH_ON_CPU)
-    subnormal_free: bool  # (device path) no weight of the case can fall below the weights' min normal (or not read)
+    subnormal_free: bool  # (device path) no weight of the case can fall below the weights' min normal (False: unread)
 
 
 def _terms(case: PagedCase, precision: str, qk_precision: str, tanh_precision: str, guard: bool = True) -> _Terms:
