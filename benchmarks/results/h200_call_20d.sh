@@ -1,7 +1,7 @@
 #!/bin/bash
 # Issue 16, fifteenth stop (081a5ab: 20c's code, one kernel for checks with and without the lse, the reduction
 # counted one past, after a review): the check's GPU tests, its verdicts against the torch path's, the
-# launch's host time piece by piece, the time against the last stop's code (.basetree, f2bbfae)
+# time against the last stop's code (.basetree, f2bbfae)
 # alternately, the thorough profile (empty Triton cache), bench_suite.
 . benchmarks/results/h200_steps.sh  # the environment, BUDGET_S, machine_info, log, step
 machine_info
