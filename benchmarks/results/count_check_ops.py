@@ -31,7 +31,7 @@ def main() -> None:
     policy.DEVICE_PATH_ON_CPU = True
     launches: collections.Counter = collections.Counter()
 
-    def counted(kernel, grid_, args, consts):
+    def counted(kernel, grid_, args, consts, key=None):
         launches[kernel.fn.__name__ if hasattr(kernel, "fn") else str(kernel)] += 1
 
     fused._launch = counted
