@@ -59,8 +59,9 @@ ROW_STATS = 8
 FLAG_MARGIN = 2.0**-20
 #: where the weights' smallest normal (``DTYPE_TABLE``) is at or above this, a case's first pass
 #: forms the correction from the guard, as the torch path does, rather than flag rows and judge
-#: again: fp16's 2**-14 is ~9.7 in logits, spanned by 38 of the 43 fp16 cases of the quick grid,
-#: where float32's and bfloat16's 2**-126 (~87) is spanned by 5 of their 118
+#: again: fp16's 2**-14 is ~9.7 in logits, spanned by 29 of the quick grid's 33 fp16 attention
+#: cases, where float32's and bfloat16's 2**-126 (~87) is spanned by 5 of their 102
+#: (``benchmarks/results/count_flagged_cases.py``)
 NARROW_MIN_NORMAL = 2.0**-60
 
 _kernel: Any = None
@@ -259,7 +260,7 @@ def verdict_rows(
     The correction of weights below the normal range (``policy._subnormal_weights``) is formed
     only where a row needs it. For an output dtype whose weights keep float32's range the pass
     forms none and flags the rows whose logits span past it; the case is judged again, with the
-    correction, where any row was flagged (5 of the quick grid's 118 such cases). The torch path
+    correction, where any row was flagged (5 of the quick grid's 102 such cases). The torch path
     reads a guard over the whole key pool first (``policy._weights_stay_normal``), a few dozen
     launches and a read that cost a millisecond-long check a tenth of its time; fp16, whose
     weights leave their normal range within ~9.7 in logits, keeps that guard.
