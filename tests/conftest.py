@@ -40,6 +40,7 @@ _LONG_FIRST = {
     "test_bundled_backend_passes_the_quick_profile[triton]": 35,
     "test_bundled_backend_passes_the_quick_profile[flex]": 32,
     "test_bundled_backend_passes_the_quick_profile[tlsim]": 13,
+    "test_flex_passes_the_decode_family": 8,
     "test_cpu_mode_writes_every_figure": 13,
 }
 _STARTS_PROCESSES = {"test_benchmarks.py", "test_packaging.py", "test_lazy_imports.py"}

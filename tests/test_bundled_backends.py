@@ -37,9 +37,15 @@ EXPECTED_UNSUPPORTED = {
 
 # The Triton kernel's whole quick profile on the interpreter takes about 47 s of a core, a
 # quarter of the default run's: it is `slow` (CI's second step runs it, and the README's first
-# command is the same run); tests/test_triton.py runs the kernel in the default run.
+# command is the same run); tests/test_triton.py runs the kernel in the default run. FlexAttention's,
+# eager on the CPU, takes ~30 s of a core, the default run's longest test: `slow` too (CI's second
+# step); the default run runs its decode family (``test_flex_passes_the_decode_family``).
+_SLOW_PROFILES = ("triton", "flex")
+
+
 @pytest.mark.parametrize(
-    "backend", [pytest.param(b, marks=pytest.mark.slow) if b == "triton" else b for b in sorted(EXPECTED_UNSUPPORTED)]
+    "backend",
+    [pytest.param(b, marks=pytest.mark.slow) if b in _SLOW_PROFILES else b for b in sorted(EXPECTED_UNSUPPORTED)],
 )
 def test_bundled_backend_passes_the_quick_profile(pytester, backend):
     if backend == "triton":
@@ -110,6 +116,24 @@ def _sdpa_with_a_half_precision_bias(case):
             0, 1
         )
     return out
+
+
+def test_flex_passes_the_decode_family(pytester):
+    """The default run's FlexAttention backend (its whole quick profile is `slow`): the decode
+    family, every case passed, none unsupported, none expected to fail."""
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--pyargs",
+        "pagedattn.conformance",
+        "--backend=flex",
+        "-k",
+        "decode",
+        "--report-json=r.json",
+    )
+    report = json.loads((pytester.path / "r.json").read_text())
+    statuses = [c["status"] for c in report["cases"] if c["family"] == "decode"]
+    assert result.ret == 0 and statuses and set(statuses) == {"passed"}, result.stdout.str()[-4000:]
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
