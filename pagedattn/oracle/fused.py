@@ -385,8 +385,6 @@ def _stats(
     both = torch.empty(1 if lse is None else 2, T * Hq, ROW_STATS, **kw)
     stats, lstats = both[0], both[1] if lse is not None else None
     rd = torch.zeros(2, 8, **kw)  # rows of 8: each row's start 64-byte aligned, as a tensor of its own's
-    loc = case.query_start_loc_list
-    final_seq = max(b for b in range(case.num_seqs) if loc[b + 1] > loc[b])  # a case has a token
     programs = 0
     key = _verdict_key(output, lse, case)
     model = terms.model
@@ -464,7 +462,7 @@ def _stats(
             int(alibi),
             int(lse is not None),
             int(walk),
-            int(c.last and c.seq == final_seq),
+            int(c.last and c.seq == case.num_seqs - 1),  # (every sequence has a new token: PagedCase)
             T * Hq,
             terms.a,
             terms.row_const,
