@@ -39,9 +39,14 @@ if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCAC
 _LONG_FIRST = {
     "test_bundled_backend_passes_the_quick_profile[triton]": 35,
     "test_bundled_backend_passes_the_quick_profile[flex]": 32,
-    "test_bundled_backend_passes_the_quick_profile[tlsim]": 13,
-    "test_flex_passes_the_decode_family": 8,
+    "test_bundled_backend_passes_the_quick_profile[tlsim]": 35,
     "test_cpu_mode_writes_every_figure": 13,
+    "test_backend_passes_the_decode_family[flex]": 8,
+    "test_backend_passes_the_decode_family[tlsim]": 4,
+    # in-process, but long (the fused check's kernel under the Triton interpreter)
+    "test_the_fused_check_judges_as_the_torch_path[fp32-window]": 9,
+    "test_the_fused_check_judges_as_the_torch_path[bf16-softcap-alibi]": 8,
+    "test_the_fused_check_judges_as_the_torch_path[fp16-sinks-subnormal-weights]": 7,
 }
 _STARTS_PROCESSES = {"test_benchmarks.py", "test_packaging.py", "test_lazy_imports.py"}
 

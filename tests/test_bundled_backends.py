@@ -38,9 +38,10 @@ EXPECTED_UNSUPPORTED = {
 # The Triton kernel's whole quick profile on the interpreter takes about 47 s of a core, a
 # quarter of the default run's: it is `slow` (CI's second step runs it, and the README's first
 # command is the same run); tests/test_triton.py runs the kernel in the default run. FlexAttention's,
-# eager on the CPU, takes ~30 s of a core, the default run's longest test: `slow` too (CI's second
-# step); the default run runs its decode family (``test_flex_passes_the_decode_family``).
-_SLOW_PROFILES = ("triton", "flex")
+# eager on the CPU, takes ~30 s of a core, and tlsim's (the Triton model, interpreted tile by tile)
+# ~35 s: `slow` too (CI's second step); the default run runs their decode families
+# (``test_backend_passes_the_decode_family``).
+_SLOW_PROFILES = ("triton", "flex", "tlsim")
 
 
 @pytest.mark.parametrize(
@@ -118,15 +119,16 @@ def _sdpa_with_a_half_precision_bias(case):
     return out
 
 
-def test_flex_passes_the_decode_family(pytester):
-    """The default run's FlexAttention backend (its whole quick profile is `slow`): the decode
-    family, every case passed, none unsupported, none expected to fail."""
+@pytest.mark.parametrize("backend", ["flex", "tlsim"])
+def test_backend_passes_the_decode_family(pytester, backend):
+    """The default run's FlexAttention and tlsim backends (their whole quick profiles are `slow`):
+    the decode family, every case passed, none unsupported, none expected to fail."""
     result = pytester.runpytest_subprocess(
         "-p",
         "no:cacheprovider",
         "--pyargs",
         "pagedattn.conformance",
-        "--backend=flex",
+        f"--backend={backend}",
         "-k",
         "decode",
         "--report-json=r.json",

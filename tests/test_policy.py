@@ -22,6 +22,7 @@ from pagedattn.oracle import (
     paged_attention_reference_lse,
     policy,
 )
+from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.reference import gather_history, iter_chunks
 from tests.helpers import make_case
 from tests.streamed import PRECISION_BUGS, streamed_attention
@@ -443,7 +444,7 @@ def test_the_device_path_reads_the_device_once_per_verdict(dtype, monkeypatch):
 
 
 DEVICE_PATH_CASES = {
-    "fp32-window": CaseSpec("t", ((300, 1), (200, 120)), num_heads=4, num_kv_heads=2, sliding_window=64),
+    "fp32-window": CaseSpec("t", ((300, 1), (200, 70)), num_heads=4, num_kv_heads=2, sliding_window=64),
     "bf16-softcap-alibi": CaseSpec(
         "t",
         ((90, 90), (40, 3)),
@@ -453,8 +454,9 @@ DEVICE_PATH_CASES = {
         alibi_slopes=True,
         dtype=torch.bfloat16,
     ),
+    # four heads: the interpreted fused comparison runs a program a row and head (16 took 22 s)
     "fp16-sinks-subnormal-weights": CaseSpec(
-        "long", ((64, 64), (300, 1)), num_heads=16, head_dim=64, sinks=True, dtype=torch.float16
+        "long", ((64, 64), (300, 1)), num_heads=4, head_dim=64, sinks=True, dtype=torch.float16
     ),
     "fp8-bf16": CaseSpec(
         "t", ((70, 7), (33, 1)), num_heads=4, num_kv_heads=2, kv_dtype=torch.float8_e4m3fn, dtype=torch.bfloat16
@@ -474,9 +476,7 @@ def test_the_device_path_forms_the_same_bounds_and_verdicts(name, monkeypatch):
     correct kernel, a precision bug and a NaN output (fp16 sinks: the correction applies)."""
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     monkeypatch.setattr(policy, "_POOL_SLICE", 1000)  # the pool's norms a few blocks at a time
-    case = DEVICE_PATH_CASES[name].build()
-    if name.startswith("fp16"):
-        case = case.replace(sinks=torch.linspace(6.0, 14.0, 16))
+    case = _device_path_case(name)
     outs = {"correct": streamed_attention(case, 16), "bug": streamed_attention(case, 16, bug="exp_bf16")}
     outs["nan"] = outs["correct"].clone()
     outs["nan"][3, 1, 2] = float("nan")
@@ -496,6 +496,18 @@ def test_the_device_path_forms_the_same_bounds_and_verdicts(name, monkeypatch):
     assert dev_verdicts == cpu_verdicts
     assert "within the error bound" in cpu_verdicts["correct"][0], cpu_verdicts["correct"][0]
     assert "non-finite" in cpu_verdicts["nan"][0], cpu_verdicts["nan"][0]
+
+
+def _device_path_case(name: str) -> PagedCase:
+    """``DEVICE_PATH_CASES[name]`` built; the fp16 case's sinks (6 to 14) leave keys weights below
+    fp16's smallest normal, so that the correction of subnormal weights is formed (asserted)."""
+    case = DEVICE_PATH_CASES[name].build()
+    if name.startswith("fp16"):
+        case = case.replace(sinks=torch.linspace(6.0, 14.0, case.num_heads))
+        terms = policy._terms(case, "ieee", "fp32", "ieee")
+        chunks = iter_chunks(case, score_floor=True)
+        assert any(policy._subnormal_weights(c, terms) is not None for c in chunks), "no subnormal weight"
+    return case
 
 
 #: the quick attention cases with a block of several rows (a sequence with several new tokens)
@@ -561,10 +573,7 @@ def test_the_fused_check_judges_as_the_torch_path(name, monkeypatch):
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
-    case = DEVICE_PATH_CASES[name].build()
-    if name.startswith("fp16"):
-        case = case.replace(sinks=torch.linspace(6.0, 14.0, 16))
-    case = case.to(device)
+    case = _device_path_case(name).to(device)
     _, lse = paged_attention_reference_lse(case)
     lse = lse.float() + 1e-3
     bug = streamed_attention(case.to("cpu"), 16, bug="exp_bf16").to(device)
