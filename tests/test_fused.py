@@ -225,8 +225,7 @@ def test_a_kept_kernel_is_launched_as_its_runner_would(monkeypatch):
     fused._launch(jit, (6,), (buf, 9, 0.5), {"BLOCK": 16})
     metadata = ("metadata", (6, 1, 1), 1234, (buf, 9, 0.5, 16))
     assert jit.log[2][0] == "run" and type(jit.log[2][1][9]) is int, jit.log
-    head = (6, 1, 1, 1234, c.function, c.packed_metadata, metadata, None, None)
-    assert jit.log[2][1] == (*head, buf.data_ptr(), 9, 0.5, 16), jit.log
+    assert jit.log[2][1] == (6, 1, 1, 1234, c.function, c.packed_metadata, metadata, None, None, buf.data_ptr(), 9, 0.5, 16)
 
 
 #: cases whose verdict launches differ in every way ``_verdict_key`` leaves out: output and lse
