@@ -193,15 +193,6 @@ def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, A
         if direct:
             stream = torch._C._cuda_getCurrentRawStream(device)
             knobs = _knobs().runtime
-            metadata = compiled.launch_metadata(g, stream, *args, *consts.values())
-            if knobs.launch_enter_hook is None and knobs.launch_exit_hook is None:
-                # the tensors as their addresses: Triton's launcher takes an integer as the pointer
-                # itself, where for a tensor it calls data_ptr() and asks the driver whether the
-                # address is a device's (cuPointerGetAttribute), a few us a pointer on a host-bound
-                # check (the verdict kernel has 22). Every tensor here is the check's own or the
-                # output, on the case's device (``verdict._structural``); the kernel's first launch,
-                # through the JIT, passed them as tensors. A hook (a profiler's) gets the tensors.
-                args = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in args)
             compiled.run(
                 g[0],
                 g[1],
@@ -209,7 +200,7 @@ def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, A
                 stream,
                 compiled.function,
                 compiled.packed_metadata,
-                metadata,
+                compiled.launch_metadata(g, stream, *args, *consts.values()),
                 knobs.launch_enter_hook,
                 knobs.launch_exit_hook,
                 *args,
