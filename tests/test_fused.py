@@ -439,17 +439,22 @@ KEY_NORM_CASES = {
     [(name, "walk", order) for name in KEY_NORM_CASES for order in ("rising", "falling")]
     # blocks of several rows under a window read the sliding maximum instead (a decode always walks)
     + [("prefills-window", "reach", "rising"), ("prefills-window", "reach", "falling")]
-    + [("prefill-long-window", "reach", "falling")],
+    + [("prefill-long-window", "reach", "falling")]
+    # decodes past policy.DIRECT_DECODE_ELEMS walk the sequence's norms, as blocks of several rows do
+    + [("decodes-long-window", "moments", "rising"), ("decodes-long-window", "moments", "falling")],
 )
 def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkeypatch):
     """Each row and head's bound at its worst element (the statistics' channel and bound) is the
     torch path's there within ``FUSED_RTOL``. The keys' norms rise (or fall) with their position,
     so a row's largest visible norm lies at an end of the keys it sees, where the kernel's walk
-    over the sequence's norms starts and stops: a key too many or too few moves its bound. Blocks
-    of several rows under a window walk too, or (``KEY_WALK`` 0, as under a window past it) read
+    over the sequence's norms starts and stops: a key too many or too few moves its bound. A decode
+    reads its own keys (``policy.direct_decode``), or past that size walks the norms too; blocks
+    of several rows under a window walk, or (``KEY_WALK`` 0, as under a window past it) read
     the sequence's sliding maximum, as those without a window do."""
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
-    monkeypatch.setattr(fused, "KEY_WALK", fused.KEY_WALK if walk == "walk" else 0)
+    monkeypatch.setattr(fused, "KEY_WALK", 0 if walk == "reach" else fused.KEY_WALK)
+    if walk == "moments":
+        monkeypatch.setattr(policy, "DIRECT_DECODE_ELEMS", 0)
     monkeypatch.setattr(fused, "ON_CPU", True)
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     case = KEY_NORM_CASES[name].build()
@@ -514,6 +519,8 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     monkeypatch.setattr(fused, "ON_CPU", path == "fused")
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     monkeypatch.setattr(fused, "usable", lambda case: path == "fused")
+    # the decodes take the moments too (their direct sums, policy.direct_decode, hold no sequence's terms)
+    monkeypatch.setattr(policy, "DIRECT_DECODE_ELEMS", 0)
     spec = CaseSpec("t", ((300, 20), (50, 1), (280, 16), (80, 1)), num_heads=4, num_kv_heads=2)
     case = spec.build().to(DEVICE)
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)

@@ -468,14 +468,21 @@ DEVICE_PATH_CASES = {
 }
 
 
+@pytest.mark.parametrize("direct", [False, True], ids=["moments", "direct-decodes"])
 @pytest.mark.parametrize("name", list(DEVICE_PATH_CASES))
-def test_the_device_path_forms_the_same_bounds_and_verdicts(name, monkeypatch):
+def test_the_device_path_forms_the_same_bounds_and_verdicts(name, direct, monkeypatch):
     """On a device the check forms the subnormal-weight correction without its two guards
     (each a host read) and defers its verdict's reads; forced here on the CPU, the bounds
     are bit for bit the CPU path's and so are the verdicts, over several blocks, for a
-    correct kernel, a precision bug and a NaN output (fp16 sinks: the correction applies)."""
+    correct kernel, a precision bug and a NaN output (fp16 sinks: the correction applies).
+    A decode's value sums on the device path are direct (``policy.direct_decode``): its rows'
+    bounds are then the model's score term without the CPU's float32 product and its rounding
+    allowance, at most that allowance above the CPU's (``BLOCK_RTOL``), and the verdicts' statuses
+    and counts are the same; every other row is bit for bit the CPU's."""
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     monkeypatch.setattr(policy, "_POOL_SLICE", 1000)  # the pool's norms a few blocks at a time
+    if not direct:  # the decodes take the moments on both paths
+        monkeypatch.setattr(policy, "DIRECT_DECODE_ELEMS", 0)
     case = _device_path_case(name)
     outs = {"correct": streamed_attention(case, 16), "bug": streamed_attention(case, 16, bug="exp_bf16")}
     outs["nan"] = outs["correct"].clone()
@@ -486,16 +493,51 @@ def test_the_device_path_forms_the_same_bounds_and_verdicts(name, monkeypatch):
         monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", device_path)
         bounds = policy.attention_lse_error_bounds(case)
         verdicts = {
-            k: (str(check_attention(o, case)), str(check_attention_lse(o, lse.float(), case)[1]))
-            for k, o in outs.items()
+            k: (check_attention(o, case), check_attention_lse(o, lse.float(), case)[1]) for k, o in outs.items()
         }
         results.append((bounds, verdicts))
     (cpu_bounds, cpu_verdicts), (dev_bounds, dev_verdicts) = results
+    loc = case.query_start_loc_list
+    decode = torch.zeros(case.num_tokens, dtype=torch.bool)  # the decodes' rows
+    decode[[loc[b] for b in range(case.num_seqs) if loc[b + 1] - loc[b] == 1]] = True
+    assert not decode.all() and (decode.any() or name == "bf16-softcap-alibi"), "decodes and other rows expected"
     for what, a, b in zip(("ref", "bound", "ref_lse", "bound_lse"), cpu_bounds, dev_bounds):
-        assert torch.equal(a, b), f"{name}: the device path's {what} differs from the CPU path's"
-    assert dev_verdicts == cpu_verdicts
-    assert "within the error bound" in cpu_verdicts["correct"][0], cpu_verdicts["correct"][0]
-    assert "non-finite" in cpu_verdicts["nan"][0], cpu_verdicts["nan"][0]
+        if direct and what == "bound" and decode.any():
+            assert torch.equal(a[~decode], b[~decode]), f"{name}: the device path's bound moved outside its decodes"
+            moved = b[decode] / a[decode] - 1.0
+            assert not torch.equal(a[decode], b[decode]), f"{name}: the decodes' bounds are not the direct ones"
+            assert float(moved.max()) <= policy.BLOCK_RTOL, f"{name}: a decode's bound {float(moved.max()):.3g} over"
+        else:
+            assert torch.equal(a, b), f"{name}: the device path's {what} differs from the CPU path's"
+
+    def status(c):
+        return (c.status, c.num_over, c.num_nonfinite, c.worst_token) if direct else str(c)
+
+    assert {k: tuple(map(status, v)) for k, v in dev_verdicts.items()} == {
+        k: tuple(map(status, v)) for k, v in cpu_verdicts.items()
+    }
+    assert "within the error bound" in str(cpu_verdicts["correct"][0]), str(cpu_verdicts["correct"][0])
+    assert "non-finite" in str(cpu_verdicts["nan"][0]), str(cpu_verdicts["nan"][0])
+
+
+def test_a_decodes_direct_sums_are_its_terms():
+    """``policy._decode_sums`` (a decode's value sums on the device path): ``sum_j p_j |v_j|`` and
+    ``sum_j p_j (v_j - o)^2`` formed a slice of keys at a time (a GQA group of 3: slices of a third
+    of the keys, 301 of them, not a multiple) are the float64 sums over all of them at once, and
+    about the output nothing cancels: values near 1000 with a spread near 1 give a spread near 1."""
+    case = CaseSpec("t", ((301, 1), (40, 1)), num_heads=6, num_kv_heads=2).build()
+    case = case.replace(value_cache=case.value_cache + 1000.0)
+    c = next(iter_chunks(case))
+    Hkv, G, _, Lc = c.probs.shape
+    o = c.output()  # [1, Hq, D]
+    s1, s2 = policy._decode_sums(c, o)
+    p = c.probs.view(Hkv, G, Lc)
+    dev = c.v[:, None] - o.view(Hkv, G, 1, -1)  # [Hkv, G, Lc, D]
+    want1 = torch.einsum("hgl,hld->hgd", p, c.v.abs()).reshape(1, Hkv * G, -1)
+    want2 = torch.einsum("hgl,hgld->hgd", p, dev * dev).reshape(1, Hkv * G, -1)
+    assert s1.dtype == s2.dtype == torch.float64 and s1.shape == s2.shape == o.shape
+    assert torch.allclose(s1, want1, rtol=1e-13, atol=0.0) and torch.allclose(s2, want2, rtol=1e-13, atol=0.0)
+    assert 0.1 < float(s2.mean()) < 10.0, float(s2.mean())
 
 
 def _device_path_case(name: str) -> PagedCase:
@@ -627,11 +669,11 @@ def compile(kernel, consts, ptr_type):
 
 
 f64 = {"o_ptr", "ex_ptr", "c_ptr", "q_ptr", "rm_ptr", "fl_ptr", "lse_ptr", "kn_ptr", "kr_ptr", "ps_ptr", "sh_ptr",
-       "sk_ptr", "sl_ptr", "st_ptr", "ls_ptr", "rd_ptr", "v_ptr", "k_ptr", "out_ptr"}
+       "sk_ptr", "sl_ptr", "st_ptr", "ls_ptr", "rd_ptr", "v_ptr", "k_ptr", "out_ptr", "pp_ptr", "vb_ptr", "kb_ptr"}
 results = []
 for out_type, block_d in json.loads(sys.argv[1]):
-    consts = {"BLOCK_D": block_d, "BLOCK_K": fused.KEY_BLOCK, "U": policy.U_FP32, "C_EXP": policy.C_EXP,
-              "CW": policy.C_W, "NS": fused.ROW_STATS}
+    consts = {"BLOCK_D": block_d, "BLOCK_K": fused.KEY_BLOCK, "BLOCK_J": max(1, fused.INLINE_TILE // block_d),
+              "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W, "NS": fused.ROW_STATS}
     r = compile(kernels.verdict, consts, lambda n: out_type if n == "out_ptr" else "fp64" if n in f64 else "fp32")
     results.append(dict(r, cfg=["verdict", out_type, block_d]))
     moments = {"BLOCK_R": 4096 // block_d, "BLOCK_D": block_d}

@@ -10,10 +10,11 @@ bound, the worst element and the counts) is one kernel launch a block, which wri
 statistics per row and head; the last program of the last launch reduces them, and one read per
 check follows. The host's other costs are cut too, because on a GPU a check of milliseconds is
 bound by its host: a sequence's value moments (bit for bit the torch path's) and its keys' norms
-are one kernel (beside the mean's product with ones, ``policy._centre``), the verdict kernel
-finds a row's largest visible key norm by walking them (a decode's, or under a short window; a
-block of several rows otherwise reads each row's from their sliding maximum, formed once a
-sequence), the correction of subnormal weights is formed only where a row needs it
+are one kernel (beside the mean's product with ones, ``policy._centre``), and a short decode
+needs neither (``policy.direct_decode``: the verdict kernel sums over its keys and values
+itself), the verdict kernel finds a row's largest visible key norm by walking them (a decode's,
+or under a short window; a block of several rows otherwise reads each row's from their sliding
+maximum, formed once a sequence), the correction of subnormal weights is formed only where a row needs it
 (``verdict_rows``), and every launch after a kernel's first is the compiled kernel's own
 (``_launch``).
 
@@ -236,10 +237,12 @@ def _verdict_key(output: torch.Tensor, lse: torch.Tensor | None, case: PagedCase
     (``_stats``; the log-sum-exp float32, checked by the caller, or the float32 product in its
     place), so what the JIT specializes on is the output's dtype and whether an integer needs 64
     bits. Every integer is below the largest of the output's and the log-sum-exp's strides, the
-    statistics' rows, the longest history and the window: where that is below 2**31 the key is the
-    output's dtype (``tests/test_fused.py`` checks it against ``_key``)."""
+    statistics' rows, the longest history times the head dim (a history's head stride) and the
+    window: where that is below 2**31 the key is the output's dtype (``tests/test_fused.py``
+    checks it against ``_key``)."""
     strides = list(output.stride()) + (list(lse.stride()) if lse is not None else [])
-    if max(*strides, case.num_tokens * case.num_heads * ROW_STATS, case.max_seq_len, case.sliding_window or 0) >= 2**31:
+    history = case.max_seq_len * case.head_dim
+    if max(*strides, case.num_tokens * case.num_heads * ROW_STATS, history, case.sliding_window or 0) >= 2**31:
         return None
     return ("verdict", output.dtype)
 
@@ -360,6 +363,12 @@ class _Pass(NamedTuple):
     programs: int  # the final launch's programs: [1, 7] is one more once its last has reduced
 
 
+#: a decode's direct sums (``policy.direct_decode``) in the verdict kernel: keys at a time times the
+#: head dim's tile. A program a row and head reads its ``Lc D`` values and keys (8 MB at
+#: ``policy.DIRECT_DECODE_ELEMS``) in place of the moments kernel, the mean's two launches, the
+#: float32 weights and their product: 5 launches a decode on a host-bound check
+INLINE_TILE = 2048
+
 #: a windowed block of several rows walks the key norms where the window is at most this many
 #: keys (a few of the kernel's KEY_BLOCK reads a row), in place of the sequence's sliding
 #: maximum: that is 8 torch operations a sequence (``policy._key_reach``), on a host-bound check
@@ -392,6 +401,7 @@ def _stats(
     consts = {
         "BLOCK_D": _pow2(D),
         "BLOCK_K": KEY_BLOCK,
+        "BLOCK_J": max(1, INLINE_TILE // _pow2(D)),
         "U": policy.U_FP32,
         "C_EXP": policy.C_EXP,
         "CW": policy.C_W,
@@ -402,21 +412,33 @@ def _stats(
     lse_strides = lse.stride() if lse is not None else (0, 0)
     seq, first, centre, vv, kn = -1, 0, torch.empty(0), torch.empty(0), torch.empty(0)
     reach: torch.Tensor | None = None  # the sequence's sliding maximum of kn, at its first block of rows
+    placeholder32: torch.Tensor | None = None  # a float32 pointer never read (inline: no s12)
     for c in iter_chunks(case, live=policy._live(case), score_floor=True):
         Hkv, G, n, Lc = c.probs.shape
+        # a decode over a short history (policy.direct_decode): the kernel sums over its keys and
+        # values itself, as the torch path's ``_decode_sums`` (no moments, no float32 product)
+        inline = policy.direct_decode(case, c, True)
         if c.seq != seq:  # the values and keys the sequence's rows see (policy.chunk_bounds)
             seq, first = c.seq, c.keys.start
-            # [Hkv, 1, D], [Hkv, L - first, 2D], [Hkv, L - first]
-            centre, vv, kn = sequence_moments(c.v_all[:, first:], c.k_all[:, first:])
+            if not inline:  # [Hkv, 1, D], [Hkv, L - first, 2D], [Hkv, L - first]
+                centre, vv, kn = sequence_moments(c.v_all[:, first:], c.k_all[:, first:])
             reach = None
         walk = n == 1 or 0 < W <= KEY_WALK
         if not walk and reach is None:  # positions from ``first``: every row's window starts there or later
             reach = policy._key_reach(kn, case.sliding_window)  # [Hkv, L - first]
         assert c.q.is_contiguous()  # the kernel reads its rows as o's: [Hq, n, D], rows of D
         o = torch.bmm(c.probs.view(Hkv, G * n, Lc), c.v)  # [Hkv, G * n, D]: [Hq, n, D]
-        p32 = policy._spent(c.scores, torch.float32).copy_(c.probs)
-        s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys.start - first : c.keys.stop - first])  # [Hq, n, 2D]
-        del p32
+        if inline:
+            # the kernel reads the weights [Hq, Lc] and the keys' and values' rows of D in place
+            assert c.probs.is_contiguous() and c.v.stride()[1:] == (D, 1) and c.k.stride() == c.v.stride()
+            if placeholder32 is None:
+                placeholder32 = torch.empty(1, dtype=torch.float32, device=case.device)
+            s12 = placeholder32
+            centre = kn = o  # (placeholders: not read)
+        else:
+            p32 = policy._spent(c.scores, torch.float32).copy_(c.probs)
+            s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys.start - first : c.keys.stop - first])  # [Hq, n, 2D]
+            del p32
         # in the spent scores' storage: after the product
         extra = policy._subnormal_weights(c, terms) if correct else None
         # [Hq, n, D] float64 (``o`` stands in where there is none: has_extra 0)
@@ -440,6 +462,11 @@ def _stats(
             kn,
             reach if reach is not None else kn,  # (``kn`` stands in where a block walks)
             kn.stride(0),
+            c.probs,
+            c.v,
+            c.k,
+            c.v.stride(0),
+            Lc,
             c.sink_probs if sink else o,
             c.key_share if sink else o,
             terms.sinks if sink else o,
@@ -462,6 +489,7 @@ def _stats(
             int(alibi),
             int(lse is not None),
             int(walk),
+            int(inline),
             int(c.last and c.seq == case.num_seqs - 1),  # (every sequence has a new token: PagedCase)
             T * Hq,
             terms.a,

@@ -59,12 +59,12 @@ def reduce_rows(st_ptr, N, per_row, out_ptr, NS: tl.constexpr, BLOCK: tl.constex
 # host-bound check; the kernel's loads are a row of D elements, vectorized or not)
 @triton.jit(
     do_not_specialize=(
-        "row0 n p0 first W G Hq D out_st out_sh out_sd lo_st lo_sh kn_sh has_extra has_sink has_alibi has_lse "
-        "walk fin N sig"
+        "row0 n p0 first W G Hq D out_st out_sh out_sd lo_st lo_sh kn_sh b_sh Lc has_extra has_sink has_alibi "
+        "has_lse walk inline fin N sig"
     ).split(),
     do_not_specialize_on_alignment=(
-        "out_ptr o_ptr s12_ptr ex_ptr c_ptr q_ptr rm_ptr fl_ptr lse_ptr kn_ptr kr_ptr ps_ptr sh_ptr sk_ptr sl_ptr "
-        "lo_ptr st_ptr ls_ptr rd_ptr"
+        "out_ptr o_ptr s12_ptr ex_ptr c_ptr q_ptr rm_ptr fl_ptr lse_ptr kn_ptr kr_ptr pp_ptr vb_ptr kb_ptr ps_ptr "
+        "sh_ptr sk_ptr sl_ptr lo_ptr st_ptr ls_ptr rd_ptr"
     ).split(),
 )
 def verdict_kernel(
@@ -83,6 +83,11 @@ def verdict_kernel(
     kn_ptr,  # [Hkv, L - first] float64: the sequence's key norms from key ``first``, heads kn_sh apart
     kr_ptr,  # [Hkv, L - first] float64: their sliding maximum, each position's largest visible (no walk)
     kn_sh,
+    pp_ptr,  # [Hq, Lc] float64: a decode's weights over the keys it sees (inline)
+    vb_ptr,  # [Hkv, Lc, D] float64, rows of D contiguous: those keys' values (inline)...
+    kb_ptr,  # ...and the keys themselves...
+    b_sh,  # ...heads this far apart
+    Lc,  # the keys a decode sees (inline)
     ps_ptr,  # [Hq, n] float64: the sink's share (has_sink)
     sh_ptr,  # [Hq, n] float64: the keys' share (has_sink)
     sk_ptr,  # [Hq] float64: the sinks (has_sink)
@@ -107,6 +112,7 @@ def verdict_kernel(
     has_alibi,
     has_lse,
     walk,  # each row walks the key norms it sees (else reads kr)
+    inline,  # a decode: its key norms and value sums from its keys and values here (kn, kr, s12, c unread)
     fin,  # the check's final launch: its last program reduces every row's statistics
     N,  # T * Hq: the statistics' rows (fin)
     a: tl.float64,  # the model's constants (policy._terms): float64 (a float argument is float32)
@@ -119,6 +125,7 @@ def verdict_kernel(
     flag_below: tl.float64,  # a row whose smallest logit lies below its largest plus this is flagged (-inf: none)
     BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr,  # key norms read at a time
+    BLOCK_J: tl.constexpr,  # keys and values read at a time (inline)
     U: tl.constexpr,  # policy.U_FP32, C_EXP, C_W: exact in float32, as Triton takes a float constexpr
     C_EXP: tl.constexpr,
     CW: tl.constexpr,
@@ -143,19 +150,46 @@ def verdict_kernel(
     # each row and head of a long prefill. A NaN norm the row sees makes its scores, reference
     # and bound NaN whatever this maximum is (a GPU's maximum, and the interpreter's, drop NaN)
     kv64 = kv.to(tl.int64)
-    if walk:
-        k_lo = 0
-        if W > 0:
-            k_lo = tl.maximum(p - W + 1, 0)
-        k_lo = k_lo - first
-        k_hi = p + 1 - first
-        top = tl.zeros([BLOCK_K], dtype=tl.float64)  # norms are >= 0
-        for j0 in range(k_lo, k_hi, BLOCK_K):
-            j = j0 + tl.arange(0, BLOCK_K)
-            top = tl.maximum(top, tl.load(kn_ptr + kv64 * kn_sh + j, mask=j < k_hi, other=0.0))
+    o = tl.load(o_ptr + base + d, mask=dm, other=0.0)
+    if inline:
+        # a decode (a block of one row that sees every key of its block) over a short history
+        # (policy.direct_decode): the largest key norm, sum_j p_j |v_j| and sum_j p_j (v_j - o)^2
+        # from the keys, values and weights themselves, in float64, about the row's own output
+        # (policy._decode_sums: no centre, no d terms below; every term nonnegative)
+        top = tl.zeros([BLOCK_J], dtype=tl.float64)
+        s1 = tl.zeros([BLOCK_D], dtype=tl.float64)
+        s2 = tl.zeros([BLOCK_D], dtype=tl.float64)
+        for j0 in range(0, Lc, BLOCK_J):
+            j = j0 + tl.arange(0, BLOCK_J)
+            jm = j < Lc
+            m2 = jm[:, None] & dm[None, :]
+            at2 = kv64 * b_sh + j[:, None].to(tl.int64) * D + d[None, :]
+            kk = tl.load(kb_ptr + at2, mask=m2, other=0.0)
+            top = tl.maximum(top, tl.sqrt(tl.sum(kk * kk, axis=1)))
+            w = tl.load(pp_ptr + r * Lc + j, mask=jm, other=0.0)
+            vj = tl.load(vb_ptr + at2, mask=m2, other=0.0)
+            s1 += tl.sum(w[:, None] * tl.abs(vj), axis=0)
+            dv = tl.where(m2, vj - o[None, :], 0.0)
+            s2 += tl.sum(w[:, None] * (dv * dv), axis=0)
         km = tl.max(top, axis=0)
+        cen = o  # (not read)
     else:
-        km = tl.load(kr_ptr + kv64 * kn_sh + (p - first))
+        if walk:
+            k_lo = 0
+            if W > 0:
+                k_lo = tl.maximum(p - W + 1, 0)
+            k_lo = k_lo - first
+            k_hi = p + 1 - first
+            top = tl.zeros([BLOCK_K], dtype=tl.float64)  # norms are >= 0
+            for j0 in range(k_lo, k_hi, BLOCK_K):
+                j = j0 + tl.arange(0, BLOCK_K)
+                top = tl.maximum(top, tl.load(kn_ptr + kv64 * kn_sh + j, mask=j < k_hi, other=0.0))
+            km = tl.max(top, axis=0)
+        else:
+            km = tl.load(kr_ptr + kv64 * kn_sh + (p - first))
+        s1 = tl.load(s12_ptr + 2 * base + d, mask=dm, other=0.0).to(tl.float64)
+        s2 = tl.load(s12_ptr + 2 * base + D + d, mask=dm, other=0.0).to(tl.float64)
+        cen = tl.load(c_ptr + kv64 * D + d, mask=dm, other=0.0)
     rm = tl.load(rm_ptr + r)
     fl = tl.load(fl_ptr + r)
     ds = a * qn * km + U * (rm - 2.0 * tl.minimum(fl, 0.0)) + row_const
@@ -169,18 +203,16 @@ def verdict_kernel(
         seen = tl.minimum(seen, W)
     grow = 1.0 / (1.0 - (seen.to(tl.float64) + 3.0) * U)  # policy._visible_keys_grow
     sqrt_grow = tl.sqrt(grow)
-    o = tl.load(o_ptr + base + d, mask=dm, other=0.0)
-    s1 = tl.load(s12_ptr + 2 * base + d, mask=dm, other=0.0).to(tl.float64)
-    s2 = tl.load(s12_ptr + 2 * base + D + d, mask=dm, other=0.0).to(tl.float64)
-    cen = tl.load(c_ptr + kv.to(tl.int64) * D + d, mask=dm, other=0.0)
     dd = cen - o
     o_abs = tl.abs(o)
     lse_s = ds
     if has_sink:
         psk = tl.load(ps_ptr + r)
         share = tl.load(sh_ptr + r)
-        spread2 = s2 + (2.0 * dd * o * psk) / grow
-        spread2 = spread2 - (dd * dd * share) / grow
+        spread2 = s2
+        if inline == 0:
+            spread2 = s2 + (2.0 * dd * o * psk) / grow
+            spread2 = spread2 - (dd * dd * share) / grow
         e = tl.sqrt(tl.maximum(spread2, 0.0, propagate_nan=tl.PropagateNan.ALL) * share) * (ds * sqrt_grow)
         lse_s = ds * share
         sink = tl.load(sk_ptr + h)
@@ -188,7 +220,9 @@ def verdict_kernel(
         e = e + w_sink * o_abs
         lse_s = lse_s + w_sink
     else:
-        spread2 = s2 - (dd * dd) / grow
+        spread2 = s2
+        if inline == 0:
+            spread2 = s2 - (dd * dd) / grow
         e = tl.sqrt(tl.maximum(spread2, 0.0, propagate_nan=tl.PropagateNan.ALL)) * (ds * sqrt_grow)
     if has_extra:
         e = e + CW * tl.load(ex_ptr + base + d, mask=dm, other=0.0)

@@ -147,6 +147,13 @@ _POOL_SLICE = 1 << 22
 #: elements of a sequence's values whose deviations from their mean are squared at once
 #: (``_value_moments``, the torch path): a float64 temporary of 1 MiB
 _MOMENTS_SLICE = 1 << 17
+#: on the device path, a decode (a sequence with one new token) whose visible keys times the head
+#: dim are at most this many has its value sums formed directly (``_decode_sums``): in float64,
+#: about the row's own output, from its weights, values and keys, rather than from the float32
+#: product with the sequence's moments. On a GPU that is the verdict kernel's own work
+#: (``pagedattn.oracle.fused``: 5 launches a decode fewer on a host-bound check); the torch path
+#: forms the same sums, so that the two paths agree within ``FUSED_RTOL``
+DIRECT_DECODE_ELEMS = 1 << 19
 
 
 def _half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -228,6 +235,34 @@ def _spent(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.empty(0, dtype=dtype, device=scores.device).set_(
         scores.untyped_storage(), 0, scores.shape, scores.stride()
     )
+
+
+def direct_decode(case: PagedCase, c: Chunk, device_path: bool) -> bool:
+    """Whether block ``c`` is a decode whose value sums are formed directly (``DIRECT_DECODE_ELEMS``):
+    on the device path, its sequence's one block of one row over at most that many keys times D."""
+    loc = case.query_start_loc_list
+    return device_path and loc[c.seq + 1] - loc[c.seq] == 1 and c.k.shape[1] * case.head_dim <= DIRECT_DECODE_ELEMS
+
+
+def _decode_sums(c: Chunk, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decode's ``sum_j p_j |v_j|`` and ``sum_j p_j (v_j - o)^2``, each ``[1, Hq, D]`` float64, from
+    its weights and values in float64, about its own output ``o`` ``[1, Hq, D]`` float64: every term
+    is nonnegative, so the sums are their values to within a float64 rounding a key, in any order
+    (the verdict kernel's, ``pagedattn.oracle.fused``, and torch's). The squared deviations are
+    formed a slice of keys at a time, each at most the size of the values (the float32 moments
+    this replaces were as large)."""
+    Hkv, G, n, Lc = c.probs.shape
+    D = c.v.shape[2]
+    p = c.probs.view(Hkv, G, Lc)
+    s1 = torch.bmm(p, c.v.abs())  # [Hkv, G, D]
+    ov = o.view(Hkv, G, 1, D)
+    step = max(1, Lc // G)
+    s2 = torch.zeros(Hkv * G, 1, D, dtype=torch.float64, device=o.device)
+    for k0 in range(0, Lc, step):
+        dv = (c.v[:, None, k0 : k0 + step] - ov).square_()  # [Hkv, G, s, D]
+        s2.baddbmm_(p[:, :, k0 : k0 + step].reshape(Hkv * G, 1, -1), dv.view(Hkv * G, -1, D))
+        del dv
+    return s1.view(1, Hkv * G, D), s2.view(1, Hkv * G, D)
 
 
 def _weights_stay_normal(case: PagedCase, min_normal: float) -> bool:
@@ -443,32 +478,44 @@ def chunk_bounds(
                 reach_j.clamp_(max=case.sliding_window - 1)
             ds_max = ds_max + U_FP32 * slopes.abs()[..., 0] * reach_j
         # sum_j p_j |v_j| and sum_j p_j (v_j - c)^2, c the mean of the values the sequence's rows
-        # see (against cancellation): from its first block's first key, the smallest
+        # see (against cancellation): from its first block's first key, the smallest. A decode on
+        # the device path: both directly, in float64, about its output (c = o, d = 0 below)
+        direct = direct_decode(case, c, terms.device_path)
         if c.seq != seq:
             seq, first = c.seq, c.keys.start
-            centre, vv = _value_moments(c.v_all[:, first:])
-            centre = centre.repeat_interleave(G, dim=0).transpose(0, 1)  # [1, Hq, D]
-        seen = vv[:, c.keys.start - first : c.keys.stop - first]
-        s12 = c.output(seen, probs=_spent(c.scores, torch.float32).copy_(c.probs))  # [n, Hq, 2D] float32
+            if not direct:
+                centre, vv = _value_moments(c.v_all[:, first:])
+                centre = centre.repeat_interleave(G, dim=0).transpose(0, 1)  # [1, Hq, D]
         # both sums raised by their own float32 rounding allowance, so that they bound their values
+        # (the direct sums' float64 roundings are far inside it)
         grow = _visible_keys_grow(c, case.sliding_window)
         sqrt_grow = grow**0.5
-        abs_pv, s2 = s12[..., :D], s12[..., D:]
-        # sum_j p_j (v_j - o)^2 = S2 + 2 d o p_sink - d^2 (1 - p_sink), d = c - o; formed as
-        # grow (S2 - ...) / grow, so that the float32 S2 is promoted in the one subtraction
-        d = centre - o  # [n, Hq, D]
+        if direct:
+            abs_pv, s2 = _decode_sums(c, o)  # [1, Hq, D] float64 each
+            d = None
+        else:
+            seen = vv[:, c.keys.start - first : c.keys.stop - first]
+            s12 = c.output(seen, probs=_spent(c.scores, torch.float32).copy_(c.probs))  # [n, Hq, 2D] float32
+            abs_pv, s2 = s12[..., :D], s12[..., D:]
+            del seen, s12
+            # sum_j p_j (v_j - o)^2 = S2 + 2 d o p_sink - d^2 (1 - p_sink), d = c - o; formed as
+            # grow (S2 - ...) / grow, so that the float32 S2 is promoted in the one subtraction
+            d = centre - o  # [n, Hq, D]
         lse_scores = c.rows(ds_max)  # [n, Hq]
         ds_rows = lse_scores[..., None]  # [n, Hq, 1]
         o_abs = o.abs()
         if c.sink_probs is None:
-            spread2 = torch.sub(s2, d.square_().div_(grow))
+            spread2 = s2 if d is None else torch.sub(s2, d.square_().div_(grow))
             e_scores = spread2.clamp_min_(0.0).sqrt_().mul_(ds_rows * sqrt_grow)
         else:
             assert c.key_share is not None
             p_sink = c.rows(c.sink_probs)[..., None]  # [n, Hq, 1]
             share = c.rows(c.key_share)[..., None]  # P = sum_j p_j, not 1 - p_sink: that cancels
-            spread2 = torch.add(s2, (2.0 * d * o * p_sink).div_(grow))
-            spread2.sub_(d.square_().mul_(share).div_(grow))
+            if d is None:
+                spread2 = s2
+            else:
+                spread2 = torch.add(s2, (2.0 * d * o * p_sink).div_(grow))
+                spread2.sub_(d.square_().mul_(share).div_(grow))
             e_scores = spread2.clamp_min_(0.0).mul_(share).sqrt_().mul_(ds_rows * sqrt_grow)
             lse_scores = lse_scores * share[..., 0]
             # the sink's logit is exact; its exp and the max subtraction round like a key's,
@@ -505,7 +552,7 @@ def chunk_bounds(
         if c.last:  # the sequence's last block: its moments and key reach go
             centre = vv = key_max.reach = torch.empty(0)  # before the next one's history comes
             key_max.seq = -1
-        del c, s12, abs_pv, s2, d, spread2, seen, k_max  # k_max: a view of the reach
+        del c, abs_pv, s2, d, spread2, k_max  # k_max: a view of the reach
         if pending_elems >= merge_elems:
             yield _merged(pending, case.dtype)
             pending, pending_elems = [], 0
