@@ -422,8 +422,10 @@ def test_the_launch_key_is_spec_argument_by_argument():
         assert fused._key((value,), [flag]) == (fused._spec(value, *flag),), combo
 
 
-#: blocks of one row (the kernel walks the key norms, past its KEY_BLOCK of them too) and of many
-#: (a sliding maximum), with and without a window, keys before and after each row's
+#: blocks of one row (a decode: the kernel reads its keys, or past policy.DIRECT_DECODE_ELEMS walks
+#: the key norms, past its KEY_BLOCK of them too) and of many (a walk, or a sliding maximum), with and
+#: without a window, keys before and after each row's; a decode with sinks, ALiBi, a soft-cap and a
+#: head dim under its power-of-two tile
 KEY_NORM_CASES = {
     "decodes-window": CaseSpec("t", ((300, 1), (200, 1)), num_heads=4, num_kv_heads=2, sliding_window=64),
     "decodes-long": CaseSpec("t", ((1300, 1), (1100, 1)), num_heads=4, num_kv_heads=2),
@@ -431,17 +433,29 @@ KEY_NORM_CASES = {
     "prefill": CaseSpec("t", ((200, 40),), num_heads=4, num_kv_heads=2),
     "prefills-window": CaseSpec("t", ((300, 30), (90, 20)), num_heads=4, num_kv_heads=2, sliding_window=40),
     "prefill-long-window": CaseSpec("t", ((1400, 40),), num_heads=4, num_kv_heads=2, sliding_window=600),
+    "decodes-d40-variants": CaseSpec(
+        "t",
+        ((300, 1), (90, 3), (200, 1)),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=40,
+        sinks=True,
+        alibi_slopes=True,
+        logits_soft_cap=30.0,
+        sliding_window=150,
+    ),
 }
 
 
 @pytest.mark.parametrize(
     "name, walk, order",
     [(name, "walk", order) for name in KEY_NORM_CASES for order in ("rising", "falling")]
-    # blocks of several rows under a window read the sliding maximum instead (a decode always walks)
+    # blocks of several rows under a window read the sliding maximum instead
     + [("prefills-window", "reach", "rising"), ("prefills-window", "reach", "falling")]
     + [("prefill-long-window", "reach", "falling")]
     # decodes past policy.DIRECT_DECODE_ELEMS walk the sequence's norms, as blocks of several rows do
-    + [("decodes-long-window", "moments", "rising"), ("decodes-long-window", "moments", "falling")],
+    + [("decodes-long-window", "moments", "rising"), ("decodes-long-window", "moments", "falling")]
+    + [("decodes-long", "moments", "falling"), ("decodes-d40-variants", "moments", "rising")],
 )
 def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkeypatch):
     """Each row and head's bound at its worst element (the statistics' channel and bound) is the

@@ -507,6 +507,7 @@ def test_the_device_path_forms_the_same_bounds_and_verdicts(name, direct, monkey
             moved = b[decode] / a[decode] - 1.0
             assert not torch.equal(a[decode], b[decode]), f"{name}: the decodes' bounds are not the direct ones"
             assert float(moved.max()) <= policy.BLOCK_RTOL, f"{name}: a decode's bound {float(moved.max()):.3g} over"
+            assert float(moved.min()) >= -policy.BLOCK_RTOL, f"{name}: a decode's bound {float(moved.min()):.3g} under"
         else:
             assert torch.equal(a, b), f"{name}: the device path's {what} differs from the CPU path's"
 
@@ -712,7 +713,9 @@ def test_a_bound_past_float32s_range_judges_nothing(fused_path, monkeypatch):
     """Values of 1e20 make ``(v - c)^2`` overflow float32: the bound is infinite (or NaN under a
     window, ``0 * inf``). An infinite bound would pass any output; the check fails every element
     whose bound is not finite where its reference is, on both paths (a review found a doubled
-    output passing). The fused path runs under the interpreter here, compiled on a GPU."""
+    output passing). On the device path the decode's sums are float64 (``policy.direct_decode``):
+    its bound stays finite and the doubled output fails it. The fused path runs under the
+    interpreter here, compiled on a GPU."""
     from pagedattn.oracle import fused
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

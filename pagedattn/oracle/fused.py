@@ -4,7 +4,8 @@
 ``verdict._Verdict`` judges it with a few dozen more. On a GPU each is a launch (and a host's
 dispatch of ~8 us), so a check of milliseconds cost 2 to 5 times the oracle's own pass
 (``benchmarks/NOTES.md``). Here the oracle's pass is the same (``iter_chunks``, the same blocks),
-the score-sized work is the same one float32 product, and everything after it, element by
+the score-sized work is the same one float32 product (none for a short decode, below), and
+everything after it, element by
 element (the terms of ``docs/tolerance.md``, the output's rounding, the ratio of each error to its
 bound, the worst element and the counts) is one kernel launch a block, which writes a few
 statistics per row and head; the last program of the last launch reduces them, and one read per
@@ -12,16 +13,18 @@ check follows. The host's other costs are cut too, because on a GPU a check of m
 bound by its host: a sequence's value moments (bit for bit the torch path's) and its keys' norms
 are one kernel (beside the mean's product with ones, ``policy._centre``), and a short decode
 needs neither (``policy.direct_decode``: the verdict kernel sums over its keys and values
-itself), the verdict kernel finds a row's largest visible key norm by walking them (a decode's,
-or under a short window; a block of several rows otherwise reads each row's from their sliding
-maximum, formed once a sequence), the correction of subnormal weights is formed only where a row needs it
+itself, and its largest key norm from its keys), the verdict kernel finds another row's largest
+visible key norm by walking the sequence's norms (a longer decode's, or under a short window; a
+block of several rows otherwise reads each row's from their sliding maximum, formed once a
+sequence), the correction of subnormal weights is formed only where a row needs it
 (``verdict_rows``), and every launch after a kernel's first is the compiled kernel's own
 (``_launch``).
 
 The numbers are the torch path's: the same formulas in the same order, in float64
 (``tests/test_policy.py`` compares the two paths under the Triton interpreter; on a GPU the
 kernel may contract a multiply and an add into one rounding, a few float64 ulps of a bound; the
-keys' norms are summed in another order than torch's, a float64 rounding or two of theirs).
+keys' norms and a short decode's direct sums are summed in another order than torch's, a float64
+rounding or two of theirs: ``policy.FUSED_RTOL``).
 
 Used where it can run (``usable``): a CUDA tensor, Triton importable, its interpreter off, a
 half or single precision case (a float64 case keeps the torch path), and not turned off with
@@ -231,15 +234,16 @@ def _knobs() -> Any:
 
 
 def _verdict_key(output: torch.Tensor, lse: torch.Tensor | None, case: PagedCase) -> Any:
-    """The verdict kernel's launches' key for ``_launch`` in one check, or ``None`` (``_key``'s):
-    the kernel specializes none of its pointers on alignment nor any integer on its value
-    (``fused_kernels.verdict_kernel``), its other tensors are float64 or float32 by construction
-    (``_stats``; the log-sum-exp float32, checked by the caller, or the float32 product in its
-    place), so what the JIT specializes on is the output's dtype and whether an integer needs 64
-    bits. Every integer is below the largest of the output's and the log-sum-exp's strides, the
-    statistics' rows, the longest history times the head dim (a history's head stride) and the
-    window: where that is below 2**31 the key is the output's dtype (``tests/test_fused.py``
-    checks it against ``_key``)."""
+    """The verdict kernel's launches' key for ``_launch`` in one check, or ``None``
+    (``_key``'s): the kernel specializes none of its pointers on alignment nor any integer on
+    its value (``fused_kernels.verdict_kernel``), its other tensors are float64 or float32 by
+    construction (``_stats``; the log-sum-exp float32, checked by the caller, or the float32
+    product in its place; a decode's float32 placeholder for the product), so what the JIT
+    specializes on is the output's dtype and whether an integer needs 64 bits. Every integer is
+    below the largest of the output's and the log-sum-exp's strides, the statistics' rows, the
+    longest history times the head dim (a history's head stride) and the window: where that is
+    below 2**31 the key is the output's dtype (``tests/test_fused.py`` checks it against
+    ``_key``)."""
     strides = list(output.stride()) + (list(lse.stride()) if lse is not None else [])
     history = case.max_seq_len * case.head_dim
     if max(*strides, case.num_tokens * case.num_heads * ROW_STATS, history, case.sliding_window or 0) >= 2**31:
@@ -411,13 +415,14 @@ def _stats(
     # the log-sum-exp's strides, where there is none: never read (has_lse 0)
     lse_strides = lse.stride() if lse is not None else (0, 0)
     seq, first, centre, vv, kn = -1, 0, torch.empty(0), torch.empty(0), torch.empty(0)
+    query_lens = case.query_lens
     reach: torch.Tensor | None = None  # the sequence's sliding maximum of kn, at its first block of rows
     placeholder32: torch.Tensor | None = None  # a float32 pointer never read (inline: no s12)
     for c in iter_chunks(case, live=policy._live(case), score_floor=True):
         Hkv, G, n, Lc = c.probs.shape
         # a decode over a short history (policy.direct_decode): the kernel sums over its keys and
         # values itself, as the torch path's ``_decode_sums`` (no moments, no float32 product)
-        inline = policy.direct_decode(case, c, True)
+        inline = policy.direct_decode(c, query_lens, terms.device_path)
         if c.seq != seq:  # the values and keys the sequence's rows see (policy.chunk_bounds)
             seq, first = c.seq, c.keys.start
             if not inline:  # [Hkv, 1, D], [Hkv, L - first, 2D], [Hkv, L - first]
@@ -471,7 +476,7 @@ def _stats(
             c.key_share if sink else o,
             terms.sinks if sink else o,
             c.alibi[0] if alibi else o,  # type: ignore[index]
-            lse if lse is not None else s12,  # (float32 as a log-sum-exp: one compile for both checks)
+            lse if lse is not None else s12,  # (a float32 as a log-sum-exp: one compile for both checks)
             *lse_strides,
             stats,
             lstats if lstats is not None else stats,

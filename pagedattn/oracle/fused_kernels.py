@@ -144,11 +144,12 @@ def verdict_kernel(
     q = tl.load(q_ptr + base + d, mask=dm, other=0.0)
     qn = tl.sqrt(tl.sum(q * q, axis=0))
     # the largest norm among the keys the row sees, max(0, p - W + 1) .. p (policy._KeyMax). A
-    # block of one row (a decode), or of rows under a short window, walks the sequence's key
-    # norms; other blocks of several rows read each row's from the sequence's sliding maximum
-    # over the same norms (policy._key_reach), since a walk a row would read O(L) norms for
-    # each row and head of a long prefill. A NaN norm the row sees makes its scores, reference
-    # and bound NaN whatever this maximum is (a GPU's maximum, and the interpreter's, drop NaN)
+    # short decode (inline) takes it from its keys, below; a longer decode, or a block of rows
+    # under a short window, walks the sequence's key norms; other blocks of several rows read
+    # each row's from the sequence's sliding maximum over the same norms (policy._key_reach),
+    # since a walk a row would read O(L) norms for each row and head of a long prefill. A NaN
+    # norm the row sees makes its scores, reference and bound NaN whatever this maximum is (a
+    # GPU's maximum, and the interpreter's, drop NaN)
     kv64 = kv.to(tl.int64)
     o = tl.load(o_ptr + base + d, mask=dm, other=0.0)
     if inline:
@@ -172,7 +173,7 @@ def verdict_kernel(
             dv = tl.where(m2, vj - o[None, :], 0.0)
             s2 += tl.sum(w[:, None] * (dv * dv), axis=0)
         km = tl.max(top, axis=0)
-        cen = o  # (not read)
+        cen = o  # so that dd = 0 below (a non-finite o makes the row's ratio NaN either way)
     else:
         if walk:
             k_lo = 0
@@ -209,10 +210,8 @@ def verdict_kernel(
     if has_sink:
         psk = tl.load(ps_ptr + r)
         share = tl.load(sh_ptr + r)
-        spread2 = s2
-        if inline == 0:
-            spread2 = s2 + (2.0 * dd * o * psk) / grow
-            spread2 = spread2 - (dd * dd * share) / grow
+        spread2 = s2 + (2.0 * dd * o * psk) / grow  # (inline: dd is 0, the sums are about o)
+        spread2 = spread2 - (dd * dd * share) / grow
         e = tl.sqrt(tl.maximum(spread2, 0.0, propagate_nan=tl.PropagateNan.ALL) * share) * (ds * sqrt_grow)
         lse_s = ds * share
         sink = tl.load(sk_ptr + h)
@@ -220,9 +219,7 @@ def verdict_kernel(
         e = e + w_sink * o_abs
         lse_s = lse_s + w_sink
     else:
-        spread2 = s2
-        if inline == 0:
-            spread2 = s2 - (dd * dd) / grow
+        spread2 = s2 - (dd * dd) / grow
         e = tl.sqrt(tl.maximum(spread2, 0.0, propagate_nan=tl.PropagateNan.ALL)) * (ds * sqrt_grow)
     if has_extra:
         e = e + CW * tl.load(ex_ptr + base + d, mask=dm, other=0.0)

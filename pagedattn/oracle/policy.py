@@ -132,12 +132,16 @@ def _live(case: PagedCase) -> int:
 
 #: how far an element's bound may move with the blocks of rows the oracle walks: every term is
 #: the row's own, only the float32 product's rounding differs, and where ``sum_j p_j (v_j - o)^2``
-#: cancels to its rounding allowance a few parts in 10^4 show (``tests/test_policy.py``)
+#: cancels to its rounding allowance a few parts in 10^4 show (``tests/test_policy.py``); and how
+#: far a decode's bound on the device path (``direct_decode``: no float32 product, no allowance)
+#: may lie from the CPU path's, either way
 BLOCK_RTOL = 1e-2
 #: how far the fused check (``pagedattn.oracle.fused``, one Triton kernel a block) may put a
 #: bound or a ratio from the torch path's: the same float64 formulas in the same order, but a
-#: compiler may contract a multiply and an add into one rounding, and the keys' norms are summed
-#: in another order than torch's (``tests/test_policy.py``, ``tests/test_fused.py``)
+#: compiler may contract a multiply and an add into one rounding, and the keys' norms and a
+#: decode's direct sums (``_decode_sums``) are summed in another order than torch's: nonnegative
+#: terms, a float64 rounding a key at worst (2 Lc u, past 1e-12 only beyond ~4500 keys, where the
+#: errors' typical size, sqrt(Lc) u, is ~1e-14; ``tests/test_policy.py``, ``tests/test_fused.py``)
 FUSED_RTOL = 1e-12
 #: take the device path on the CPU too (tests and the op counter compare the two paths):
 #: no host read per block (``chunk_bounds``) nor per verdict block (``verdict._Verdict``)
@@ -211,7 +215,8 @@ def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``v`` ``[Hkv, L, D]`` float64 (a sequence's values from the first its rows see; rows of D
     contiguous): its mean over the keys ``c`` ``[Hkv, 1, D]`` and ``[|v|, (v - c)^2]``
     ``[Hkv, L, 2D]`` in float32, the right factor of the bound's product. Only the values the
-    rows see: a decode under a window of W holds W of them, not the whole history."""
+    rows see: a decode under a window of W holds W of them, not the whole history (on the device
+    path a decode up to ``DIRECT_DECODE_ELEMS`` has none: ``direct_decode``)."""
     centre = _centre(v)
     vv = torch.empty(*v.shape[:2], 2 * v.shape[2], dtype=torch.float32, device=v.device)
     D = v.shape[2]
@@ -237,11 +242,11 @@ def _spent(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     )
 
 
-def direct_decode(case: PagedCase, c: Chunk, device_path: bool) -> bool:
+def direct_decode(c: Chunk, query_lens: list[int], device_path: bool) -> bool:
     """Whether block ``c`` is a decode whose value sums are formed directly (``DIRECT_DECODE_ELEMS``):
-    on the device path, its sequence's one block of one row over at most that many keys times D."""
-    loc = case.query_start_loc_list
-    return device_path and loc[c.seq + 1] - loc[c.seq] == 1 and c.k.shape[1] * case.head_dim <= DIRECT_DECODE_ELEMS
+    on the device path, its sequence's one block of one row (``query_lens``: the case's, read once
+    a check) over at most that many keys times D."""
+    return device_path and query_lens[c.seq] == 1 and c.k.shape[1] * c.k.shape[2] <= DIRECT_DECODE_ELEMS
 
 
 def _decode_sums(c: Chunk, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -250,7 +255,8 @@ def _decode_sums(c: Chunk, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     is nonnegative, so the sums are their values to within a float64 rounding a key, in any order
     (the verdict kernel's, ``pagedattn.oracle.fused``, and torch's). The squared deviations are
     formed a slice of keys at a time, each at most the size of the values (the float32 moments
-    this replaces were as large)."""
+    this replaces were as large), or of one key a query head where the keys are fewer than the
+    GQA group (a window under G keys: the size of the output)."""
     Hkv, G, n, Lc = c.probs.shape
     D = c.v.shape[2]
     p = c.probs.view(Hkv, G, Lc)
@@ -444,13 +450,14 @@ def chunk_bounds(
     denominators and smallest logits). The score term is
     formed per row (``docs/tolerance.md``: the largest ``ds_j`` of the row bounds every
     key's), so the only work of the scores' size beyond the oracle's is one product of
-    the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64).
+    the weights with ``|v|`` and ``(v - c)^2``, in float32 (a bound needs no float64); a decode
+    on the device path forms its two sums directly instead (``direct_decode``).
     ``with_lse=False``: the log-sum-exp's fields are ``None`` (not formed: on a device every
     operation is a launch, and a check of the output alone has no use for them).
     ``pagedattn.oracle.fused`` forms the same numbers in one kernel a block, on a GPU."""
     terms = _terms(case, precision, qk_precision, tanh_precision)
     D = case.head_dim
-    seq_lens = case.seq_lens_list
+    seq_lens, query_lens = case.seq_lens_list, case.query_lens
     seq, first, centre, vv = -1, 0, torch.empty(0), torch.empty(0)
     # blocks of rows are yielded together up to this many output elements: an eighth of the
     # output (the oracle holds all of it; the check never does), and at least 64k
@@ -480,7 +487,7 @@ def chunk_bounds(
         # sum_j p_j |v_j| and sum_j p_j (v_j - c)^2, c the mean of the values the sequence's rows
         # see (against cancellation): from its first block's first key, the smallest. A decode on
         # the device path: both directly, in float64, about its output (c = o, d = 0 below)
-        direct = direct_decode(case, c, terms.device_path)
+        direct = direct_decode(c, query_lens, terms.device_path)
         if c.seq != seq:
             seq, first = c.seq, c.keys.start
             if not direct:
