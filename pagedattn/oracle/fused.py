@@ -368,7 +368,7 @@ class _Pass(NamedTuple):
 
 
 #: a decode's direct sums (``policy.direct_decode``) in the verdict kernel: keys at a time times the
-#: head dim's tile. A program a row and head reads its ``Lc D`` values and keys (8 MB at
+#: head dim's tile. A program a row and head reads its ``Lc D`` values and keys (2 MB at
 #: ``policy.DIRECT_DECODE_ELEMS``) in place of the moments kernel, the mean's two launches, the
 #: float32 weights and their product: 5 launches a decode on a host-bound check
 INLINE_TILE = 2048

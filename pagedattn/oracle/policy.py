@@ -157,8 +157,11 @@ _MOMENTS_SLICE = 1 << 17
 #: about the row's own output, from its weights, values and keys, rather than from the float32
 #: product with the sequence's moments. On a GPU that is the verdict kernel's own work
 #: (``pagedattn.oracle.fused``: 5 launches a decode fewer on a host-bound check); the torch path
-#: forms the same sums, so that the two paths agree within ``FUSED_RTOL``
-DIRECT_DECODE_ELEMS = 1 << 19
+#: forms the same sums, so that the two paths agree within ``FUSED_RTOL``. The kernel's program a
+#: head walks its keys alone, ~8 GB/s on the H200 (a 4000-key decode of D=128, 8 MB a program, took
+#: ~1 ms of device time): at this limit, 2 MB a program, ~0.25 ms a decode, under the oracle's host
+#: time for it, so that a batch of long decodes does not make the check wait for the device
+DIRECT_DECODE_ELEMS = 1 << 17
 
 
 def _half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
