@@ -119,7 +119,7 @@ def _sdpa_with_a_half_precision_bias(case):
     return out
 
 
-@pytest.mark.parametrize("backend", ["flex", "tlsim"])
+@pytest.mark.parametrize("backend", [b for b in _SLOW_PROFILES if b != "triton"])  # (the kernel: test_triton.py)
 def test_backend_passes_the_decode_family(pytester, backend):
     """The default run's FlexAttention and tlsim backends (their whole quick profiles are `slow`):
     the decode family, every case passed, none unsupported, none expected to fail."""
