@@ -1,6 +1,6 @@
 """The benchmark harness runs end to end in its CPU mode (tiny sizes, Triton interpreter),
-so it never rots. No timing is asserted. The two longest (about 17 s of a core each) are
-``slow``: CI runs them in its second step."""
+so it never rots. No timing is asserted. Every run of a harness (10-17 s of a core each) is
+``slow``: CI runs them in its second step; the default run plots from a recorded result."""
 
 import json
 import subprocess
@@ -43,6 +43,7 @@ def test_plots_from_a_result(tmp_path):
     assert (tmp_path / "h200-decode-time.png").stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_variant_bench_cpu_mode(tmp_path):
     triton = pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
     if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):

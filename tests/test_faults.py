@@ -311,6 +311,7 @@ def test_probe_unclaimed_reports_what_would_pass(pytester, bad):
     assert all(p["would_pass"] == p["probed"] for p in probes.values())
 
 
+@pytest.mark.slow  # a child process a case over the variants, ~14 s: CI's second step
 def test_isolation_carries_the_variants_and_the_lse(pytester):
     """A case's variant tensors and options cross into the child process, and the lse
     operation comes back from it: the same verdicts isolated as in process."""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_inprocess
 from tests.streamed import BUGS
 
 STREAMED = Path(__file__).parent / "streamed.py"
@@ -51,15 +52,19 @@ KILLER = {
 }
 
 
-def run_quick(pytester, factory: str, module: str | None = None, keyword: str | None = None) -> dict:
-    # a subprocess: in-process, the checkout's pagedattn/ (on sys.path for the tests) would
-    # shadow an installed package and its pagedattn.conformance
+def run_quick(
+    pytester, factory: str, module: str | None = None, keyword: str | None = None, in_process: bool = False
+) -> dict:
+    # a subprocess by default: in-process, the checkout's pagedattn/ (on sys.path for the tests)
+    # would shadow an installed package and its pagedattn.conformance. The default run's family
+    # runs take the tests' own pagedattn in-process (a planted bug computes wrong numbers, it
+    # does not crash), which saves each the ~3 s of a new interpreter importing torch
     target = "pagedattn.conformance" + (f".{module}" if module else "")
     args = ["-p", "no:cacheprovider", "-q", "--pyargs", target, f"--backend={STREAMED}:{factory}"]
     args.append("--report-json=r.json")
     if keyword:
         args += ["-k", keyword]
-    result = pytester.runpytest_subprocess(*args)
+    result = run_inprocess(pytester, *args) if in_process else pytester.runpytest_subprocess(*args)
     report = json.loads((pytester.path / "r.json").read_text())
     report["ret"] = result.ret
     return report
@@ -79,7 +84,7 @@ def test_every_bug_has_a_killer_family():
 
 
 def test_correct_baseline_passes(pytester):
-    report = run_quick(pytester, "correct")
+    report = run_quick(pytester, "correct", in_process=True)
     assert report["ret"] == 0 and not killers(report), killers(report)
 
 
@@ -101,7 +106,7 @@ REPRESENTATIVE = (
 @pytest.mark.parametrize("bug", REPRESENTATIVE)
 def test_planted_bug_fails_the_quick_profile(pytester, bug):
     module, keyword = KILLER[bug]
-    report = run_quick(pytester, f"bug_{bug}", module, keyword)
+    report = run_quick(pytester, f"bug_{bug}", module, keyword, in_process=True)
     caught = killers(report)
     assert report["ret"] != 0 and caught, (
         f"planted bug {bug!r} ({BUGS[bug]}) passed {module}{f' -k {keyword}' if keyword else ''} of the quick profile"

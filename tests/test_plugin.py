@@ -34,7 +34,12 @@ def _replay_path(result) -> str:
     return found.group(1)
 
 
-@pytest.mark.parametrize("route", ["entry", "module-class", "file-instance", "file-class", "file-factory"])
+#: the default run loads the suite by an entry point and from a file's factory (the two ends of
+#: the loader); the other routes are `slow` (CI's second step)
+_OTHER_ROUTES = [pytest.param(r, marks=pytest.mark.slow) for r in ("module-class", "file-instance", "file-class")]
+
+
+@pytest.mark.parametrize("route", ["entry", *_OTHER_ROUTES, "file-factory"])
 def test_every_loading_route_runs_the_suite(pytester, bad, route):
     backend = {
         "entry": "reference",
@@ -242,6 +247,7 @@ def pytest_xdist_setupnodes(config, specs):
     )
 
 
+@pytest.mark.slow  # an xdist run's processes, 9-16 s: CI's second step
 def test_the_controller_imports_in_the_background_where_a_core_is_spare(pytester):
     """-n 1 on a host of 2 cores or more: the controller's background imports start after the
     worker (``plugin.pytest_sessionstart``: nothing imported when xdist sets up its nodes) and
@@ -318,6 +324,7 @@ def test_a_claimed_variant_is_verified_and_its_failure_replays(pytester, bad):
     fixed.stdout.fnmatch_lines(["*variant sliding_window not claimed*"])
 
 
+@pytest.mark.slow  # an xdist run's processes, 9-16 s: CI's second step
 def test_jit_runs_one_configuration_per_worker_warmed_once_and_import_once(pytester, bad, monkeypatch):
     """Under -n 2 --isolate: the backend file is imported only in the isolation children
     (never in the controller or a worker), each configuration runs on one worker, and
@@ -428,6 +435,7 @@ def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
     assert base_record("::test_decode[decode-x-fp32]").operation == "attention"
 
 
+@pytest.mark.slow  # an xdist run's processes, 9-16 s: CI's second step
 def test_warmup_ahead_compiles_each_kernel_class_once_across_workers(pytester, bad, monkeypatch):
     """``--warmup-ahead=on`` under -n 2: each worker's background thread compiles later kernel
     classes (``pagedattn.ahead``); across both workers no class twice, and the report counts
@@ -580,6 +588,7 @@ def test_a_serial_crash_carries_the_hint_only_while_the_walk_is_on(tmp_path):
     assert CRASH_HINT not in book.records["m.py::test_decode[decode-x-fp32]"].message
 
 
+@pytest.mark.slow  # an xdist run's processes, 9-16 s: CI's second step
 def test_workers_killed_by_their_warmup_ahead_lose_no_case(pytester, bad):
     """Under -n 2 every worker's warm-up kills it after its second case (xdist replaces it,
     and the replacement dies the same way): every case is still accounted for, passed or
