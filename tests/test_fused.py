@@ -422,10 +422,10 @@ def test_the_launch_key_is_spec_argument_by_argument():
         assert fused._key((value,), [flag]) == (fused._spec(value, *flag),), combo
 
 
-#: blocks of one row (a decode: the kernel reads its keys, or past policy.DIRECT_DECODE_ELEMS walks
-#: the key norms, past its KEY_BLOCK of them too) and of many (a walk, or a sliding maximum), with and
-#: without a window, keys before and after each row's; a decode with sinks, ALiBi, a soft-cap and a
-#: head dim under its power-of-two tile
+#: blocks of one row (a decode: the kernel reads its keys, or a launch before it reads slices of
+#: them, or taking the moments it walks the key norms, past its KEY_BLOCK of them too) and of many
+#: (a walk, or a sliding maximum), with and without a window, keys before and after each row's; a
+#: decode with sinks, ALiBi, a soft-cap and a head dim under its power-of-two tile
 KEY_NORM_CASES = {
     "decodes-window": CaseSpec("t", ((300, 1), (200, 1)), num_heads=4, num_kv_heads=2, sliding_window=64),
     "decodes-long": CaseSpec("t", ((1300, 1), (1100, 1)), num_heads=4, num_kv_heads=2),
@@ -453,22 +453,38 @@ KEY_NORM_CASES = {
     # blocks of several rows under a window read the sliding maximum instead
     + [("prefills-window", "reach", "rising"), ("prefills-window", "reach", "falling")]
     + [("prefill-long-window", "reach", "falling")]
-    # decodes past policy.DIRECT_DECODE_ELEMS walk the sequence's norms, as blocks of several rows do
+    # decodes taking the moments (policy.DIRECT_DECODES off) walk the sequence's norms, as blocks
+    # of several rows do
     + [("decodes-long-window", "moments", "rising"), ("decodes-long-window", "moments", "falling")]
-    + [("decodes-long", "moments", "falling"), ("decodes-d40-variants", "moments", "rising")],
+    + [("decodes-long", "moments", "falling"), ("decodes-d40-variants", "moments", "rising")]
+    # decodes past fused.INLINE_DECODE_ELEMS: their sums over slices of their keys, a tail shorter
+    + [("decodes-long", "slices", "rising"), ("decodes-long-window", "slices", "falling")]
+    + [("decodes-d40-variants", "slices", "rising"), ("decodes-window", "slices", "falling")],
 )
 def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkeypatch):
     """Each row and head's bound at its worst element (the statistics' channel and bound) is the
     torch path's there within ``FUSED_RTOL``. The keys' norms rise (or fall) with their position,
     so a row's largest visible norm lies at an end of the keys it sees, where the kernel's walk
     over the sequence's norms starts and stops: a key too many or too few moves its bound. A decode
-    reads its own keys (``policy.direct_decode``), or past that size walks the norms too; blocks
-    of several rows under a window walk, or (``KEY_WALK`` 0, as under a window past it) read
-    the sequence's sliding maximum, as those without a window do."""
+    reads its own keys (``policy.direct_decode``), or past ``fused.INLINE_DECODE_ELEMS`` a launch
+    before it reads them in slices (here slices of 64 or 96 keys), or taking the moments it walks
+    the norms; blocks of several rows under a window walk, or (``KEY_WALK`` 0, as under a window
+    past it) read the sequence's sliding maximum, as those without a window do."""
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
     monkeypatch.setattr(fused, "KEY_WALK", 0 if walk == "reach" else fused.KEY_WALK)
     if walk == "moments":
-        monkeypatch.setattr(policy, "DIRECT_DECODE_ELEMS", 0)
+        monkeypatch.setattr(policy, "DIRECT_DECODES", False)
+    launched = []
+    if walk == "slices":
+        monkeypatch.setattr(fused, "INLINE_DECODE_ELEMS", 0)
+        monkeypatch.setattr(fused, "SLICE_DECODE_ELEMS", 1 << 12)  # 2 or 3 of BLOCK_J's 32 keys a slice
+        real_launch = fused._launch
+
+        def launch(kernel, grid, *args, **kwargs):
+            launched.append((kernel, grid))
+            return real_launch(kernel, grid, *args, **kwargs)
+
+        monkeypatch.setattr(fused, "_launch", launch)
     monkeypatch.setattr(fused, "ON_CPU", True)
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     case = KEY_NORM_CASES[name].build()
@@ -482,6 +498,11 @@ def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkey
     out = paged_attention_reference(case).to(case.dtype)
     terms = policy._terms(case, "ieee", "fp32", "ieee")
     stats = fused._stats(out, None, case, terms, 1.0).stats
+    if walk == "slices":  # each decode's sums over slices of its keys (one slice under a 64-key window)
+        sums = [grid for kernel, grid in launched if kernel is fused._compiled().decode_sums]
+        assert len(sums) == case.query_lens.count(1), sums
+        slices = [g[1] for g in sums]
+        assert slices == [1, 1] if name == "decodes-window" else min(slices) > 1, slices
     _, bound = policy.attention_error_bound(case)
     rows = case.num_tokens * case.num_heads
     at = bound.reshape(rows, case.head_dim)[torch.arange(rows), stats[:, 3].long()]
@@ -534,7 +555,7 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     monkeypatch.setattr(fused, "usable", lambda case: path == "fused")
     # the decodes take the moments too (their direct sums, policy.direct_decode, hold no sequence's terms)
-    monkeypatch.setattr(policy, "DIRECT_DECODE_ELEMS", 0)
+    monkeypatch.setattr(policy, "DIRECT_DECODES", False)
     spec = CaseSpec("t", ((300, 20), (50, 1), (280, 16), (80, 1)), num_heads=4, num_kv_heads=2)
     case = spec.build().to(DEVICE)
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)

@@ -482,7 +482,7 @@ def test_the_device_path_forms_the_same_bounds_and_verdicts(name, direct, monkey
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     monkeypatch.setattr(policy, "_POOL_SLICE", 1000)  # the pool's norms a few blocks at a time
     if not direct:  # the decodes take the moments on both paths
-        monkeypatch.setattr(policy, "DIRECT_DECODE_ELEMS", 0)
+        monkeypatch.setattr(policy, "DIRECT_DECODES", False)
     case = _device_path_case(name)
     outs = {"correct": streamed_attention(case, 16), "bug": streamed_attention(case, 16, bug="exp_bf16")}
     outs["nan"] = outs["correct"].clone()
@@ -677,7 +677,8 @@ def compile(kernel, consts, ptr_type):
 
 
 f64 = {"o_ptr", "ex_ptr", "c_ptr", "q_ptr", "rm_ptr", "fl_ptr", "lse_ptr", "kn_ptr", "kr_ptr", "ps_ptr", "sh_ptr",
-       "sk_ptr", "sl_ptr", "st_ptr", "ls_ptr", "rd_ptr", "v_ptr", "k_ptr", "out_ptr", "pp_ptr", "vb_ptr", "kb_ptr"}
+       "sk_ptr", "sl_ptr", "st_ptr", "ls_ptr", "rd_ptr", "v_ptr", "k_ptr", "out_ptr", "pp_ptr", "vb_ptr", "kb_ptr",
+       "pa_ptr"}
 results = []
 for out_type, block_d in json.loads(sys.argv[1]):
     consts = {"BLOCK_D": block_d, "BLOCK_K": fused.KEY_BLOCK, "BLOCK_J": max(1, fused.INLINE_TILE // block_d),
@@ -687,6 +688,9 @@ for out_type, block_d in json.loads(sys.argv[1]):
     moments = {"BLOCK_R": 4096 // block_d, "BLOCK_D": block_d}
     r = compile(kernels.moments, moments, lambda n: "fp64" if n in f64 else "fp32")
     results.append(dict(r, cfg=["moments", block_d]))
+    sums = {"BLOCK_J": consts["BLOCK_J"], "BLOCK_D": block_d}
+    r = compile(kernels.decode_sums, sums, lambda n: "fp64")
+    results.append(dict(r, cfg=["decode_sums", block_d]))
 r = compile(kernels.reduce, {"NS": fused.STATS, "BLOCK": 1024}, lambda n: "fp64")
 results.append(dict(r, cfg=["reduce"]))
 print(json.dumps(results))
@@ -705,7 +709,8 @@ def test_the_fused_check_compiles_for_hopper_without_a_gpu():
     )
     assert proc.returncode == 0, f"compiling the fused check for sm_90 failed:\n{proc.stderr[-4000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    expected = [cfg for t, d in configs for cfg in (["verdict", t, d], ["moments", d])] + [["reduce"]]
+    expected = [cfg for t, d in configs for cfg in (["verdict", t, d], ["moments", d], ["decode_sums", d])]
+    expected += [["reduce"]]
     assert [r["cfg"] for r in results] == expected
     for r in results:
         assert r["cubin"] > 0, r

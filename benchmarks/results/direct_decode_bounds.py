@@ -1,7 +1,9 @@
 """How far a decode's direct sums (``policy.direct_decode``, the device path) move its bound from the
-one formed with the float32 product about the values' mean (``DIRECT_DECODE_ELEMS`` 0), over every
+one formed with the float32 product about the values' mean (``DIRECT_DECODES`` off), over every
 attention case of a profile with a decode: per case, the extreme ratios direct / product over the
-decodes' elements, and that every other row is unchanged (issue 16, sixteenth stop).
+decodes' elements, and that every other row is unchanged (issue 16, sixteenth stop; its records
+were taken with the direct sums up to 2^19 keys times D, ``DIRECT_DECODE_ELEMS`` then, which
+``DIRECT_DECODES`` has replaced: every decode on the device path since the seventeenth).
 
     python benchmarks/results/direct_decode_bounds.py --profile quick [--device cuda]
 """
@@ -36,11 +38,10 @@ def main() -> int:
         decode[[loc[b] for b in range(case.num_seqs) if loc[b + 1] - loc[b] == 1]] = True
         if not decode.any():
             continue
-        saved = policy.DIRECT_DECODE_ELEMS
         _, direct = policy.attention_error_bound(case)
-        policy.DIRECT_DECODE_ELEMS = 0
+        policy.DIRECT_DECODES = False
         _, product = policy.attention_error_bound(case)
-        policy.DIRECT_DECODE_ELEMS = saved
+        policy.DIRECT_DECODES = True
         cases += 1
         other_moved += int(not torch.equal(direct[~decode], product[~decode]))
         r = (direct[decode] / product[decode]).flatten()

@@ -4,26 +4,26 @@
 ``verdict._Verdict`` judges it with a few dozen more. On a GPU each is a launch (and a host's
 dispatch of ~8 us), so a check of milliseconds cost 2 to 5 times the oracle's own pass
 (``benchmarks/NOTES.md``). Here the oracle's pass is the same (``iter_chunks``, the same blocks),
-the score-sized work is the same one float32 product (none for a short decode, below), and
+the score-sized work is the same one float32 product (none for a decode, below), and
 everything after it, element by
 element (the terms of ``docs/tolerance.md``, the output's rounding, the ratio of each error to its
 bound, the worst element and the counts) is one kernel launch a block, which writes a few
 statistics per row and head; the last program of the last launch reduces them, and one read per
 check follows. The host's other costs are cut too, because on a GPU a check of milliseconds is
 bound by its host: a sequence's value moments (bit for bit the torch path's) and its keys' norms
-are one kernel (beside the mean's product with ones, ``policy._centre``), and a short decode
-needs neither (``policy.direct_decode``: the verdict kernel sums over its keys and values
-itself, and its largest key norm from its keys), the verdict kernel finds another row's largest
-visible key norm by walking the sequence's norms (a longer decode's, or under a short window; a
-block of several rows otherwise reads each row's from their sliding maximum, formed once a
-sequence), the correction of subnormal weights is formed only where a row needs it
-(``verdict_rows``), and every launch after a kernel's first is the compiled kernel's own
-(``_launch``).
+are one kernel (beside the mean's product with ones, ``policy._centre``), and a decode needs
+neither (``policy.direct_decode``: the verdict kernel sums over its keys and values itself, and
+takes its largest key norm from its keys; a long decode's over slices of its keys in a launch
+before it, ``INLINE_DECODE_ELEMS``), the verdict kernel finds another row's largest visible key
+norm by walking the sequence's norms (under a short window; a block of several rows otherwise
+reads each row's from their sliding maximum, formed once a sequence), the correction of
+subnormal weights is formed only where a row needs it (``verdict_rows``), and every launch
+after a kernel's first is the compiled kernel's own (``_launch``).
 
 The numbers are the torch path's: the same formulas in the same order, in float64
 (``tests/test_policy.py`` compares the two paths under the Triton interpreter; on a GPU the
 kernel may contract a multiply and an add into one rounding, a few float64 ulps of a bound; the
-keys' norms and a short decode's direct sums are summed in another order than torch's, a float64
+keys' norms and a decode's direct sums are summed in another order than torch's, a float64
 rounding or two of theirs: ``policy.FUSED_RTOL``).
 
 Used where it can run (``usable``): a CUDA tensor, Triton importable, its interpreter off, a
@@ -91,6 +91,7 @@ class Kernels(NamedTuple):
 
     verdict: Any  # a block of rows: the bound, the ratios, each row's statistics
     moments: Any  # a sequence's ``[|v|, (v - c)^2]`` in float32 (``policy._value_moments``) and key norms
+    decode_sums: Any  # a long decode's value sums and largest key norm over its keys' slices
     reduce: Any  # the rows' statistics into one (``reduced``; the check's own are the verdict kernel's last program's)
 
 
@@ -104,7 +105,7 @@ def _compiled() -> Kernels:
 def _build() -> Kernels:
     from pagedattn.oracle import fused_kernels as k
 
-    return Kernels(k.verdict_kernel, k.moments_kernel, k.reduce_kernel)
+    return Kernels(k.verdict_kernel, k.moments_kernel, k.decode_sums_kernel, k.reduce_kernel)
 
 
 #: key norms the verdict kernel reads at a time (a row's largest visible one)
@@ -368,10 +369,19 @@ class _Pass(NamedTuple):
 
 
 #: a decode's direct sums (``policy.direct_decode``) in the verdict kernel: keys at a time times the
-#: head dim's tile. A program a row and head reads its ``Lc D`` values and keys (2 MB at
-#: ``policy.DIRECT_DECODE_ELEMS``) in place of the moments kernel, the mean's two launches, the
-#: float32 weights and their product: 5 launches a decode on a host-bound check
+#: head dim's tile. They replace the moments kernel, the mean's two launches, the float32 weights
+#: and their product: 5 launches a decode on a host-bound check
 INLINE_TILE = 2048
+
+#: a decode whose keys times D are at most this many has its direct sums formed in the verdict
+#: kernel itself, a program a head reading its ``Lc D`` keys and values (2 MB here). That program
+#: reads ~8 GB/s on the H200 (a 4000-key decode of D=128, 8 MB a program, took ~1 ms of device
+#: time), so a longer decode's sums are a launch of their own (``decode_sums_kernel``, a program
+#: a head and slice of ``SLICE_DECODE_ELEMS``), which the verdict kernel adds in order: one launch
+#: in place of five, with the device's time spread over the keys
+INLINE_DECODE_ELEMS = 1 << 17
+#: keys times D a program of ``decode_sums_kernel`` reads (512 KB of keys and values at D=128)
+SLICE_DECODE_ELEMS = 1 << 15
 
 #: a windowed block of several rows walks the key norms where the window is at most this many
 #: keys (a few of the kernel's KEY_BLOCK reads a row), in place of the sequence's sliding
@@ -402,10 +412,11 @@ def _stats(
     key = _verdict_key(output, lse, case)
     model = terms.model
     W = case.sliding_window or 0
+    block_j = max(1, INLINE_TILE // _pow2(D))  # keys a decode's sums read at a time
     consts = {
         "BLOCK_D": _pow2(D),
         "BLOCK_K": KEY_BLOCK,
-        "BLOCK_J": max(1, INLINE_TILE // _pow2(D)),
+        "BLOCK_J": block_j,
         "U": policy.U_FP32,
         "C_EXP": policy.C_EXP,
         "CW": policy.C_W,
@@ -420,9 +431,10 @@ def _stats(
     placeholder32: torch.Tensor | None = None  # a float32 pointer never read (inline: no s12)
     for c in iter_chunks(case, live=policy._live(case), score_floor=True):
         Hkv, G, n, Lc = c.probs.shape
-        # a decode over a short history (policy.direct_decode): the kernel sums over its keys and
-        # values itself, as the torch path's ``_decode_sums`` (no moments, no float32 product)
-        inline = policy.direct_decode(c, query_lens, terms.device_path)
+        # a decode (policy.direct_decode): its sums over its keys and values, as the torch path's
+        # ``_decode_sums`` (no moments, no float32 product), in the verdict kernel (inline 1) or,
+        # past INLINE_DECODE_ELEMS, over slices of its keys in a launch before it (inline 2)
+        inline = int(policy.direct_decode(c, query_lens, terms.device_path))
         if c.seq != seq:  # the values and keys the sequence's rows see (policy.chunk_bounds)
             seq, first = c.seq, c.keys.start
             if not inline:  # [Hkv, 1, D], [Hkv, L - first, 2D], [Hkv, L - first]
@@ -433,13 +445,25 @@ def _stats(
             reach = policy._key_reach(kn, case.sliding_window)  # [Hkv, L - first]
         assert c.q.is_contiguous()  # the kernel reads its rows as o's: [Hq, n, D], rows of D
         o = torch.bmm(c.probs.view(Hkv, G * n, Lc), c.v)  # [Hkv, G * n, D]: [Hq, n, D]
+        parts, slices = o, 0  # (a placeholder: not read)
         if inline:
-            # the kernel reads the weights [Hq, Lc] and the keys' and values' rows of D in place
+            # the kernels read the weights [Hq, Lc] and the keys' and values' rows of D in place
             assert c.probs.is_contiguous() and c.v.stride()[1:] == (D, 1) and c.k.stride() == c.v.stride()
             if placeholder32 is None:
                 placeholder32 = torch.empty(1, dtype=torch.float32, device=case.device)
             s12 = placeholder32
             centre = kn = o  # (placeholders: not read)
+            if Lc * D > INLINE_DECODE_ELEMS:
+                inline = 2
+                chunk = max(1, SLICE_DECODE_ELEMS // (D * block_j)) * block_j  # keys a slice
+                slices = _cdiv(Lc, chunk)
+                parts = torch.empty(Hq, slices, 2 * D + 1, **kw)
+                _launch(
+                    _compiled().decode_sums,
+                    (Hq, slices),
+                    (c.probs, c.v, c.k, c.v.stride(0), o, parts, Lc, G, D, chunk, slices),
+                    {"BLOCK_J": block_j, "BLOCK_D": consts["BLOCK_D"]},
+                )
         else:
             p32 = policy._spent(c.scores, torch.float32).copy_(c.probs)
             s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys.start - first : c.keys.stop - first])  # [Hq, n, 2D]
@@ -472,6 +496,8 @@ def _stats(
             c.k,
             c.v.stride(0),
             Lc,
+            parts,
+            slices,
             c.sink_probs if sink else o,
             c.key_share if sink else o,
             terms.sinks if sink else o,
@@ -494,7 +520,7 @@ def _stats(
             int(alibi),
             int(lse is not None),
             int(walk),
-            int(inline),
+            inline,
             int(c.last and c.seq == case.num_seqs - 1),  # (every sequence has a new token: PagedCase)
             T * Hq,
             terms.a,
@@ -511,7 +537,7 @@ def _stats(
         if c.last:  # the sequence's last block: its moments and key norms go before the next
             centre = vv = kn = torch.empty(0)  # one's history comes (the oracle holds none of them)
             reach = None
-        del c, o, s12, ex, args  # the block's tensors go before the next block's (args holds them too)
+        del c, o, s12, ex, parts, args  # the block's tensors go before the next block's (args holds them too)
     return _Pass(stats, lstats, rd, programs)
 
 

@@ -53,6 +53,32 @@ def reduce_rows(st_ptr, N, per_row, out_ptr, NS: tl.constexpr, BLOCK: tl.constex
         tl.store(out_ptr + 7, flagged)
 
 
+@triton.jit
+def slice_sums(pp_ptr, vb_ptr, kb_ptr, o, j_lo, j_hi, D, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
+    # a decode's keys j_lo .. j_hi - 1 (pp_ptr: its weights over its keys; vb_ptr, kb_ptr: its kv
+    # head's values and keys, rows of D): the largest key norm, sum_j p_j |v_j| and
+    # sum_j p_j (v_j - o)^2 in float64 about the row's output o (policy._decode_sums: every term
+    # nonnegative, so any order of summation is within a float64 rounding a key of another)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    top = tl.zeros([BLOCK_J], dtype=tl.float64)
+    s1 = tl.zeros([BLOCK_D], dtype=tl.float64)
+    s2 = tl.zeros([BLOCK_D], dtype=tl.float64)
+    for j0 in range(j_lo, j_hi, BLOCK_J):
+        j = j0 + tl.arange(0, BLOCK_J)
+        jm = j < j_hi
+        m2 = jm[:, None] & dm[None, :]
+        at2 = j[:, None].to(tl.int64) * D + d[None, :]
+        kk = tl.load(kb_ptr + at2, mask=m2, other=0.0)
+        top = tl.maximum(top, tl.sqrt(tl.sum(kk * kk, axis=1)))
+        w = tl.load(pp_ptr + j, mask=jm, other=0.0)
+        vj = tl.load(vb_ptr + at2, mask=m2, other=0.0)
+        s1 += tl.sum(w[:, None] * tl.abs(vj), axis=0)
+        dv = tl.where(m2, vj - o[None, :], 0.0)
+        s2 += tl.sum(w[:, None] * (dv * dv), axis=0)
+    return tl.max(top, axis=0), s1, s2
+
+
 # the integers and the tensors' alignment change from block to block: specialized, each
 # combination would be a compile of its own. No pointer is specialized on its alignment either
 # (a launch's key is then its tensors' dtypes: no address read for it, a launch a block on a
@@ -60,11 +86,11 @@ def reduce_rows(st_ptr, N, per_row, out_ptr, NS: tl.constexpr, BLOCK: tl.constex
 @triton.jit(
     do_not_specialize=(
         "row0 n p0 first W G Hq D out_st out_sh out_sd lo_st lo_sh kn_sh b_sh Lc has_extra has_sink has_alibi "
-        "has_lse walk inline fin N sig"
+        "has_lse walk inline fin N sig S"
     ).split(),
     do_not_specialize_on_alignment=(
         "out_ptr o_ptr s12_ptr ex_ptr c_ptr q_ptr rm_ptr fl_ptr lse_ptr kn_ptr kr_ptr pp_ptr vb_ptr kb_ptr ps_ptr "
-        "sh_ptr sk_ptr sl_ptr lo_ptr st_ptr ls_ptr rd_ptr"
+        "sh_ptr sk_ptr sl_ptr lo_ptr st_ptr ls_ptr rd_ptr pa_ptr"
     ).split(),
 )
 def verdict_kernel(
@@ -88,6 +114,8 @@ def verdict_kernel(
     kb_ptr,  # ...and the keys themselves...
     b_sh,  # ...heads this far apart
     Lc,  # the keys a decode sees (inline)
+    pa_ptr,  # [Hq, S, 2D + 1] float64: a longer decode's sums over its keys' slices (inline 2)
+    S,  # its slices
     ps_ptr,  # [Hq, n] float64: the sink's share (has_sink)
     sh_ptr,  # [Hq, n] float64: the keys' share (has_sink)
     sk_ptr,  # [Hq] float64: the sinks (has_sink)
@@ -112,7 +140,8 @@ def verdict_kernel(
     has_alibi,
     has_lse,
     walk,  # each row walks the key norms it sees (else reads kr)
-    inline,  # a decode: its key norms and value sums from its keys and values here (kn, kr, s12, c unread)
+    inline,  # a decode's key norms and value sums (kn, kr, s12, c unread): 1 from its keys and values
+    #          here, 2 from its slices' (pa)
     fin,  # the check's final launch: its last program reduces every row's statistics
     N,  # T * Hq: the statistics' rows (fin)
     a: tl.float64,  # the model's constants (policy._terms): float64 (a float argument is float32)
@@ -125,7 +154,7 @@ def verdict_kernel(
     flag_below: tl.float64,  # a row whose smallest logit lies below its largest plus this is flagged (-inf: none)
     BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr,  # key norms read at a time
-    BLOCK_J: tl.constexpr,  # keys and values read at a time (inline)
+    BLOCK_J: tl.constexpr,  # keys and values read at a time (inline 1)
     U: tl.constexpr,  # policy.U_FP32, C_EXP, C_W: exact in float32, as Triton takes a float constexpr
     C_EXP: tl.constexpr,
     CW: tl.constexpr,
@@ -144,36 +173,36 @@ def verdict_kernel(
     q = tl.load(q_ptr + base + d, mask=dm, other=0.0)
     qn = tl.sqrt(tl.sum(q * q, axis=0))
     # the largest norm among the keys the row sees, max(0, p - W + 1) .. p (policy._KeyMax). A
-    # short decode (inline) takes it from its keys, below; a longer decode, or a block of rows
-    # under a short window, walks the sequence's key norms; other blocks of several rows read
+    # decode whose value sums are direct (inline) takes it from its keys, below; another decode,
+    # or a block of rows under a short window, walks the sequence's key norms; other blocks of several rows read
     # each row's from the sequence's sliding maximum over the same norms (policy._key_reach),
     # since a walk a row would read O(L) norms for each row and head of a long prefill. A NaN
     # norm the row sees makes its scores, reference and bound NaN whatever this maximum is (a
     # GPU's maximum, and the interpreter's, drop NaN)
     kv64 = kv.to(tl.int64)
     o = tl.load(o_ptr + base + d, mask=dm, other=0.0)
-    if inline:
+    if inline == 1:
         # a decode (a block of one row that sees every key of its block) over a short history
-        # (policy.direct_decode): the largest key norm, sum_j p_j |v_j| and sum_j p_j (v_j - o)^2
-        # from the keys, values and weights themselves, in float64, about the row's own output
-        # (policy._decode_sums: no centre, no d terms below; every term nonnegative)
-        top = tl.zeros([BLOCK_J], dtype=tl.float64)
+        # (fused.INLINE_DECODE_ELEMS): the largest key norm, sum_j p_j |v_j| and
+        # sum_j p_j (v_j - o)^2 from its keys, values and weights here, about its own output
+        # (policy._decode_sums: no centre, no d terms below)
+        km, s1, s2 = slice_sums(
+            pp_ptr + r * Lc, vb_ptr + kv64 * b_sh, kb_ptr + kv64 * b_sh, o, 0, Lc, D, BLOCK_J, BLOCK_D
+        )
+        cen = o  # so that dd = 0 below (a non-finite o makes the row's ratio NaN either way)
+    elif inline == 2:
+        # a longer decode: the same sums over its keys' slices (decode_sums_kernel, a program a
+        # slice and head), added here in the slices' order
+        km = tl.full([], 0.0, tl.float64)  # norms are >= 0
         s1 = tl.zeros([BLOCK_D], dtype=tl.float64)
         s2 = tl.zeros([BLOCK_D], dtype=tl.float64)
-        for j0 in range(0, Lc, BLOCK_J):
-            j = j0 + tl.arange(0, BLOCK_J)
-            jm = j < Lc
-            m2 = jm[:, None] & dm[None, :]
-            at2 = kv64 * b_sh + j[:, None].to(tl.int64) * D + d[None, :]
-            kk = tl.load(kb_ptr + at2, mask=m2, other=0.0)
-            top = tl.maximum(top, tl.sqrt(tl.sum(kk * kk, axis=1)))
-            w = tl.load(pp_ptr + r * Lc + j, mask=jm, other=0.0)
-            vj = tl.load(vb_ptr + at2, mask=m2, other=0.0)
-            s1 += tl.sum(w[:, None] * tl.abs(vj), axis=0)
-            dv = tl.where(m2, vj - o[None, :], 0.0)
-            s2 += tl.sum(w[:, None] * (dv * dv), axis=0)
-        km = tl.max(top, axis=0)
-        cen = o  # so that dd = 0 below (a non-finite o makes the row's ratio NaN either way)
+        part = pa_ptr + h.to(tl.int64) * S * (2 * D + 1)
+        for i in range(0, S):
+            at = part + i * (2 * D + 1)
+            s1 += tl.load(at + d, mask=dm, other=0.0)
+            s2 += tl.load(at + D + d, mask=dm, other=0.0)
+            km = tl.maximum(km, tl.load(at + 2 * D))
+        cen = o
     else:
         if walk:
             k_lo = 0
@@ -286,6 +315,51 @@ def verdict_kernel(
             if has_lse:  # (its rows flag nothing: [1, 7] stays the count)
                 reduce_rows(ls_ptr, N, 1, rd_ptr + 8, NS, 1024, False)
             tl.store(rd_ptr + 15, done + 2.0)  # reduced: one past the programs' count
+
+
+@triton.jit(
+    do_not_specialize=["b_sh", "Lc", "G", "D", "CH", "S"],
+    do_not_specialize_on_alignment=["pp_ptr", "vb_ptr", "kb_ptr", "o_ptr", "pa_ptr"],
+)
+def decode_sums_kernel(
+    pp_ptr,  # [Hq, Lc] float64: a decode's weights over the keys it sees
+    vb_ptr,  # [Hkv, Lc, D] float64, rows of D contiguous: those keys' values...
+    kb_ptr,  # ...and the keys themselves...
+    b_sh,  # ...heads this far apart
+    o_ptr,  # [Hq, 1, D] float64: the decode's output (the oracle's)
+    pa_ptr,  # [Hq, S, 2D + 1] float64: each slice's sum_j p_j |v_j|, sum_j p_j (v_j - o)^2, largest key norm
+    Lc,
+    G,  # the GQA ratio
+    D,
+    CH,  # keys a slice (a multiple of BLOCK_J)
+    S,  # slices: cdiv(Lc, CH)
+    BLOCK_J: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
+    # a program a query head and slice of a long decode's keys: one program a head walking them
+    # all reads ~8 GB/s on the H200 (fused.INLINE_DECODE_ELEMS)
+    h = tl.program_id(0)
+    s = tl.program_id(1)
+    kv64 = (h // G).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    dm = d < D
+    o = tl.load(o_ptr + h.to(tl.int64) * D + d, mask=dm, other=0.0)
+    j_lo = s * CH
+    km, s1, s2 = slice_sums(
+        pp_ptr + h.to(tl.int64) * Lc,
+        vb_ptr + kv64 * b_sh,
+        kb_ptr + kv64 * b_sh,
+        o,
+        j_lo,
+        tl.minimum(j_lo + CH, Lc),
+        D,
+        BLOCK_J,
+        BLOCK_D,
+    )
+    at = pa_ptr + (h.to(tl.int64) * S + s) * (2 * D + 1)
+    tl.store(at + d, s1, mask=dm)
+    tl.store(at + D + d, s2, mask=dm)
+    tl.store(at + 2 * D, km)
 
 
 @triton.jit(do_not_specialize=["v_sh", "k_sh", "L", "D"])

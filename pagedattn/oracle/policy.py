@@ -152,16 +152,14 @@ _POOL_SLICE = 1 << 22
 #: elements of a sequence's values whose deviations from their mean are squared at once
 #: (``_value_moments``, the torch path): a float64 temporary of 1 MiB
 _MOMENTS_SLICE = 1 << 17
-#: on the device path, a decode (a sequence with one new token) whose visible keys times the head
-#: dim are at most this many has its value sums formed directly (``_decode_sums``): in float64,
-#: about the row's own output, from its weights, values and keys, rather than from the float32
-#: product with the sequence's moments. On a GPU that is the verdict kernel's own work
-#: (``pagedattn.oracle.fused``: 5 launches a decode fewer on a host-bound check); the torch path
-#: forms the same sums, so that the two paths agree within ``FUSED_RTOL``. The kernel's program a
-#: head walks its keys alone, ~8 GB/s on the H200 (a 4000-key decode of D=128, 8 MB a program, took
-#: ~1 ms of device time): at this limit, 2 MB a program, ~0.25 ms a decode, under the oracle's host
-#: time for it, so that a batch of long decodes does not make the check wait for the device
-DIRECT_DECODE_ELEMS = 1 << 17
+#: on the device path, a decode (a sequence with one new token) has its value sums formed directly
+#: (``_decode_sums``): in float64, about the row's own output, from its weights, values and keys,
+#: rather than from the float32 product with the sequence's moments. On a GPU that is the verdict
+#: kernel's own work, or for a long decode a launch's over slices of its keys
+#: (``pagedattn.oracle.fused``, ``INLINE_DECODE_ELEMS``: 4 or 5 launches a decode fewer on a
+#: host-bound check); the torch path forms the same sums, so that the two paths agree within
+#: ``FUSED_RTOL``. False: every decode takes the moments, as a block of several rows does (tests)
+DIRECT_DECODES = True
 
 
 def _half_ulp(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -220,7 +218,7 @@ def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     contiguous): its mean over the keys ``c`` ``[Hkv, 1, D]`` and ``[|v|, (v - c)^2]``
     ``[Hkv, L, 2D]`` in float32, the right factor of the bound's product. Only the values the
     rows see: a decode under a window of W holds W of them, not the whole history (on the device
-    path a decode up to ``DIRECT_DECODE_ELEMS`` has none: ``direct_decode``)."""
+    path a decode has none: ``direct_decode``)."""
     centre = _centre(v)
     vv = torch.empty(*v.shape[:2], 2 * v.shape[2], dtype=torch.float32, device=v.device)
     D = v.shape[2]
@@ -247,10 +245,10 @@ def _spent(scores: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def direct_decode(c: Chunk, query_lens: list[int], device_path: bool) -> bool:
-    """Whether block ``c`` is a decode whose value sums are formed directly (``DIRECT_DECODE_ELEMS``):
+    """Whether block ``c`` is a decode whose value sums are formed directly (``DIRECT_DECODES``):
     on the device path, its sequence's one block of one row (``query_lens``: the case's, read once
-    a check) over at most that many keys times D."""
-    return device_path and query_lens[c.seq] == 1 and c.k.shape[1] * c.k.shape[2] <= DIRECT_DECODE_ELEMS
+    a check)."""
+    return DIRECT_DECODES and device_path and query_lens[c.seq] == 1
 
 
 def _decode_sums(c: Chunk, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
