@@ -53,6 +53,9 @@ BUGS = {
 
 #: the history length above which the model splits a decode row (as the Triton kernel does)
 SPLIT_KEYS = 512
+#: the `nondeterministic` bug's own random order: a run in the tests' process (tests/test_planted_bugs.py)
+#: leaves torch's global generator where it was
+_ORDER_RNG = torch.Generator().manual_seed(0)
 
 
 def _slots(case: PagedCase, b: int, j: torch.Tensor, bug: str | None) -> torch.Tensor:
@@ -117,7 +120,7 @@ def streamed_attention(
             n_keys = case.num_blocks_used(b) * case.block_size
         order = torch.arange(0, n_keys, tile).tolist()
         if bug == "nondeterministic":
-            order = [order[i] for i in torch.randperm(len(order)).tolist()]
+            order = [order[i] for i in torch.randperm(len(order), generator=_ORDER_RNG).tolist()]
         m = torch.full((case.num_heads, n, 1), float("-inf"), device=dev)
         l_sum = torch.zeros(case.num_heads, n, 1, device=dev)
         if case.sinks is not None and not (bug == "sink_dropped_in_split" and n == 1 and L > SPLIT_KEYS):

@@ -11,6 +11,7 @@ interpreter on the CPU; compiled on a GPU.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import subprocess
@@ -250,13 +251,21 @@ def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
         plan = [(bool(p.do_not_specialize), bool(p.do_not_specialize_on_alignment)) for p in params]
     assert sum(dns for dns, _ in plan) >= 20 and sum(dnsa for _, dnsa in plan) >= 18, plan
 
+    sliced = []
+
     def capture(kernel, grid_, args, consts, key=None):
         if kernel is verdict:
             full = fused._key(args, plan)
             assert key is not None and seen.setdefault(key, full) == full, (key, full, seen.get(key))
+        else:
+            sliced.append(kernel is fused._compiled().decode_sums)
 
     monkeypatch.setattr(fused, "_launch", capture)
-    for spec, with_lse, strided in VERDICT_KEY_CASES:
+    # and on the device path, where the decodes' sums are direct: the 33-key decodes' in the
+    # verdict kernel, the 90-key ones' over slices (their parts in place of o, S an integer more)
+    monkeypatch.setattr(fused, "INLINE_DECODE_ELEMS", 40 * 64)
+    for (spec, with_lse, strided), device_path in itertools.product(VERDICT_KEY_CASES, (False, True)):
+        monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", device_path)
         case = spec.build()
         ref, lse = paged_attention_reference_lse(case)
         out = ref.to(case.dtype)
@@ -268,6 +277,7 @@ def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
     # the fp32 cases (plain, without the log-sum-exp; strided, ALiBi and a window, with it) share a
     # key and a kernel (the log-sum-exp's place float32 either way); each key its own kernel
     assert len(seen) == 3 and len(set(map(str, seen.values()))) == 3, seen
+    assert sliced.count(True) == 2, sliced  # the two 90-key decodes on the device path
 
 
 def test_the_interpreter_launches_through_the_jit(monkeypatch):

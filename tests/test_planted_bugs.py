@@ -56,9 +56,10 @@ def run_quick(
     pytester, factory: str, module: str | None = None, keyword: str | None = None, in_process: bool = False
 ) -> dict:
     # a subprocess by default: in-process, the checkout's pagedattn/ (on sys.path for the tests)
-    # would shadow an installed package and its pagedattn.conformance. The default run's family
-    # runs take the tests' own pagedattn in-process (a planted bug computes wrong numbers, it
-    # does not crash), which saves each the ~3 s of a new interpreter importing torch
+    # would shadow an installed package and its pagedattn.conformance. The default run's runs
+    # (each bug's family, the correct baseline's whole profile) take the tests' own pagedattn
+    # in-process (a planted bug computes wrong numbers, it does not crash), which saves each the
+    # ~3 s of a new interpreter importing torch
     target = "pagedattn.conformance" + (f".{module}" if module else "")
     args = ["-p", "no:cacheprovider", "-q", "--pyargs", target, f"--backend={STREAMED}:{factory}"]
     args.append("--report-json=r.json")

@@ -158,7 +158,8 @@ _MOMENTS_SLICE = 1 << 17
 #: kernel's own work, or for a long decode a launch's over slices of its keys
 #: (``pagedattn.oracle.fused``, ``INLINE_DECODE_ELEMS``: 4 or 5 launches a decode fewer on a
 #: host-bound check); the torch path forms the same sums, so that the two paths agree within
-#: ``FUSED_RTOL``. False: every decode takes the moments, as a block of several rows does (tests)
+#: ``FUSED_RTOL`` (on a device without the fused check, about 2G launches a decode where the
+#: moments took five). False: every decode takes the moments, as a block of several rows does (tests)
 DIRECT_DECODES = True
 
 
