@@ -211,10 +211,18 @@ def test_pace_estimates_from_the_large_draws():
 
 
 def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path, monkeypatch):
-    # the search's clock counts only the backend's time (its sleeps), so that the check and
-    # hypothesis, and the machine's load, change nothing: the same draws on any machine
+    # the search's clock counts the backend's time (its sleeps) and 0.1 ms each time it is read,
+    # so that the check and hypothesis, and the machine's load, change nothing: the same draws on
+    # any machine. The reads' ticks stand for the host's time between draws, which ends a real
+    # search whose budget is nearly spent; a clock that stood still would leave hypothesis drawing
+    # (and the search rejecting) thousands of draws too large for the little budget left.
     clock = [0.0]
-    monkeypatch.setattr(search, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+
+    def monotonic():
+        clock[0] += 1e-4
+        return clock[0]
+
+    monkeypatch.setattr(search, "time", types.SimpleNamespace(monotonic=monotonic))
     backend = _planted().SlowOnLargeCases()
     backend.sleep = lambda seconds: clock.__setitem__(0, clock[0] + seconds)
     node = _node()
