@@ -73,6 +73,15 @@ class Raises(Correct):
         raise RuntimeError("kernel launch failed: too many resources requested")
 
 
+class RaisesOnSingleSequence(Correct):
+    """Raises where ``SegfaultsOnLongDecode`` dies: on single-sequence cases only."""
+
+    def paged_attention(self, case):
+        if case.num_seqs == 1:
+            raise RuntimeError("kernel launch failed: an illegal memory access was encountered")
+        return super().paged_attention(case)
+
+
 def factory():
     return Correct()
 

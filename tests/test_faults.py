@@ -263,7 +263,15 @@ def test_an_adapter_skip_is_unsupported_with_its_reason(pytester, bad):
     result.stdout.fnmatch_lines(["*unsupported: this adapter runs one sequence per call*"])
 
 
-def test_expectations_xfail_xpass_and_stale(pytester, bad):
+@pytest.mark.parametrize(
+    "fault, isolate",
+    [
+        ("RaisesOnSingleSequence", False),  # in this process: the expectations' logic, ~1 s
+        pytest.param("SegfaultsOnLongDecode", True, marks=pytest.mark.slow),  # crashes under --isolate, ~9 s
+    ],
+    ids=["raises", "crashes-isolate"],
+)
+def test_expectations_xfail_xpass_and_stale(pytester, bad, fault, isolate):
     (pytester.path / "exp.json").write_text(
         json.dumps(
             {
@@ -275,9 +283,8 @@ def test_expectations_xfail_xpass_and_stale(pytester, bad):
             }
         )
     )
-    result, report = _run(
-        pytester, DECODE, f"--backend={bad}:SegfaultsOnLongDecode", "--isolate", "--expectations=exp.json"
-    )
+    args = (f"--backend={bad}:{fault}", "--expectations=exp.json") + (("--isolate",) if isolate else ())
+    result, report = _run(pytester, DECODE, *args, in_process=not isolate)
     result.assert_outcomes(passed=N_DECODE - N_SINGLE - 1, xfailed=N_SINGLE, xpassed=1)
     assert result.ret == 0
     result.stdout.fnmatch_lines(
