@@ -185,7 +185,7 @@ def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, A
     first launch (none is set by this package). ``consts`` are the kernel's last parameters, in
     order (its constexprs). ``key``: the caller's own key for ``args`` (``_verdict_key``), which
     must decide the JIT's specialization as ``_key`` would, in place of ``_key``."""
-    device = torch.cuda.current_device() if torch.cuda.is_available() else -1
+    device = torch.cuda.current_device() if _cuda_available() else -1
     if key is None:
         plan = _plan(kernel)
         flags = plan if len(plan) >= len(args) else [(False, False)] * len(args)
@@ -225,6 +225,18 @@ def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, A
             torch._C, "_cuda_getCurrentRawStream"
         )
         _RUNNERS[full] = (compiled, direct)  # a compiled kernel (the interpreter returns none)
+
+
+def _cuda_available() -> bool:
+    """``torch.cuda.is_available()``, asked once a process: it asks the driver each time (~20 us of
+    host a launch on the H200's host, 2% of a host-bound check; ``benchmarks/NOTES.md``)."""
+    global _CUDA
+    if _CUDA is None:
+        _CUDA = torch.cuda.is_available()
+    return _CUDA
+
+
+_CUDA: bool | None = None
 
 
 def _knobs() -> Any:
