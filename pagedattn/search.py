@@ -17,10 +17,11 @@ whatever stops the item, the smallest failing case found is on disk and in the r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,6 +75,37 @@ def spec_size(spec: CaseSpec) -> tuple:
     )
 
 
+@contextlib.contextmanager
+def _no_module_constants() -> Iterator[None]:
+    """Hypothesis (recent versions: 6.155 here) now and then draws a constant found in the source
+    of the "local" modules loaded, any module outside the standard library, site-packages and test
+    files: a backend's adapter, this package installed in place, whatever else the process has
+    imported. A seed's draws would then depend on the process's history and on the kernel's own
+    source (two runs of one item drew apart at the 38th case judged, one of them after a pytest
+    run in the same process): so none is drawn while an item searches (hypothesis' own constants
+    still are).
+    Its cache of the permitted constants is cleared on the way in and out, so that no pool leaks
+    into another's draws. A hypothesis without the feature is left as it is."""
+    providers: Any = None
+    try:
+        from hypothesis.internal.conjecture import providers
+        from hypothesis.internal.constants_ast import Constants
+
+        get, cache, none = providers._get_local_constants, providers.CONSTANTS_CACHE.cache, Constants()
+    except (ImportError, AttributeError):  # a hypothesis without the feature
+        providers = None
+    if providers is None:
+        yield
+        return
+    providers._get_local_constants = lambda: none
+    cache.clear()
+    try:
+        yield
+    finally:
+        providers._get_local_constants = get
+        cache.clear()
+
+
 class _BudgetSpent(BaseException):
     """Raised by a draw that would start after the budget: hypothesis lets a
     ``BaseException`` through at once, ending generation or shrinking alike."""
@@ -125,7 +157,8 @@ class SearchRun:
         reason = reason or (None if configs else why)
         if not reason:
             try:
-                self._hypothesis(dtypes, configs, axes)()
+                with _no_module_constants():
+                    self._hypothesis(dtypes, configs, axes)()
             except _BudgetSpent:
                 pass
             except Unsatisfiable:

@@ -2,11 +2,14 @@
 saved at once with its replay, items that xdist spreads, draws on the grid's configurations
 first, and a failure message in the suite's shape."""
 
+import importlib
 import json
 import re
+import sys
 import time
 import types
 
+import hypothesis
 import pytest
 import torch
 from hypothesis import given, settings
@@ -233,6 +236,33 @@ def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path, monkeypatch):
     # no noise on this clock: the share is kept to the draws' estimate (a draw run although
     # estimated too large took it to 0.77 s)
     assert clock[0] <= 1.2 * 0.5, f"a 0.5 s share took {clock[0]:.2f} s: a large draw overran it"
+
+
+def test_a_seeds_draws_do_not_depend_on_the_modules_loaded(tmp_path, monkeypatch):
+    """Hypothesis draws now and then a constant of the "local" modules loaded (a backend's adapter,
+    say); a seed's draws stay the same after a new module with constants of its own comes in."""
+
+    class Recorded(SearchRun):
+        def _draw(self, spec):  # every draw rejected: hypothesis draws until it gives up, ~1 ms each
+            drawn.append(spec)
+            hypothesis.reject()
+
+    def draws():
+        drawn.clear()
+        with pytest.raises(pytest.skip.Exception, match="no drawn case was claimed"):
+            Recorded(_suite(_planted().Correct(), tmp_path), _node(), SearchItem(1, 2, 100), budget_s=1e9).run()
+        return list(drawn)
+
+    drawn: list = []
+    before = draws()
+    source = "\n".join(f"C{i} = {i}" for i in range(1001, 4000, 7)) + "\nF = (0.371, 0.813, 1.73, 2.31, 7.3e-3)\n"
+    (tmp_path / "kernel_constants.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setitem(sys.modules, "kernel_constants", importlib.import_module("kernel_constants"))
+    after = draws()
+    assert len(before) >= 100, len(before)  # enough for a constant to be drawn (the 27th did, unmended)
+    diff = next(((i, a, b) for i, (a, b) in enumerate(zip(before, after)) if a != b), None)
+    assert diff is None and len(after) == len(before), (diff, len(before), len(after))
 
 
 @pytest.mark.filterwarnings("ignore:Using `reject` outside a property-based test")  # _draw, called directly
