@@ -80,26 +80,24 @@ def _no_module_constants() -> Iterator[None]:
     """Hypothesis (recent versions: 6.155 here) now and then draws a constant found in the source
     of the "local" modules loaded, any module outside the standard library, site-packages and test
     files: a backend's adapter, this package installed in place, whatever else the process has
-    imported. A seed's draws would then depend on the process's history and on the kernel's own
-    source (two runs of one item drew apart at the 38th case judged, one of them after a pytest
-    run in the same process): so none is drawn while an item searches (hypothesis' own constants
-    still are).
-    Its cache of the permitted constants is cleared on the way in and out, so that no pool leaks
-    into another's draws. A hypothesis without the feature is left as it is."""
-    providers: Any = None
+    imported. A seed's draws would then depend on the process's history (two runs of one item drew
+    apart at the 38th case judged, one of them after a pytest run in the same process) and change
+    with any edit of the kernel's source, where an author comparing before and after an edit wants
+    the same cases: so none is drawn while an item searches (hypothesis' own constants still are).
+    The patch is process-wide, and a search runs on the pytest session's thread, one item at a
+    time. Hypothesis' cache of the permitted constants is cleared on the way in and out, so that no
+    pool leaks into another's draws. A hypothesis without the feature is left as it is."""
     try:
         from hypothesis.internal.conjecture import providers
         from hypothesis.internal.constants_ast import Constants
 
         get, cache, none = providers._get_local_constants, providers.CONSTANTS_CACHE.cache, Constants()
     except (ImportError, AttributeError):  # a hypothesis without the feature
-        providers = None
-    if providers is None:
         yield
         return
-    providers._get_local_constants = lambda: none
-    cache.clear()
     try:
+        providers._get_local_constants = lambda: none
+        cache.clear()
         yield
     finally:
         providers._get_local_constants = get

@@ -266,7 +266,7 @@ def test_an_adapter_skip_is_unsupported_with_its_reason(pytester, bad):
 @pytest.mark.parametrize(
     "fault, isolate",
     [
-        ("RaisesOnSingleSequence", False),  # in this process: the expectations' logic, ~1 s
+        ("RaisesOnSingleSequence", False),  # in this process: the expectations' logic, 0.3 s
         pytest.param("SegfaultsOnLongDecode", True, marks=pytest.mark.slow),  # crashes under --isolate, ~9 s
     ],
     ids=["raises", "crashes-isolate"],

@@ -3,6 +3,7 @@ saved at once with its replay, items that xdist spreads, draws on the grid's con
 first, and a failure message in the suite's shape."""
 
 import importlib
+import importlib.util
 import json
 import re
 import sys
@@ -255,12 +256,20 @@ def test_a_seeds_draws_do_not_depend_on_the_modules_loaded(tmp_path, monkeypatch
 
     drawn: list = []
     before = draws()
-    source = "\n".join(f"C{i} = {i}" for i in range(1001, 4000, 7)) + "\nF = (0.371, 0.813, 1.73, 2.31, 7.3e-3)\n"
-    (tmp_path / "kernel_constants.py").write_text(source)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setitem(sys.modules, "kernel_constants", importlib.import_module("kernel_constants"))
+    path = tmp_path / "kernel_constants.py"
+    ints = "\n".join(f"C{i} = {i}" for i in range(1001, 4000, 7))
+    path.write_text(ints + "\nF = (0.371, 0.813, 1.73, 2.31, 7.3e-3)\n")
+    # hypothesis reads the constants of modules it takes for the project's own: not a test file's,
+    # nor any under a folder named test or tests (a --basetemp there would leave nothing to test)
+    local = getattr(importlib.import_module("hypothesis.internal.constants_ast"), "is_local_module_file", None)
+    assert local is None or local(str(path)), f"{path} is not a local module to hypothesis"
+    spec = importlib.util.spec_from_file_location("kernel_constants", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "kernel_constants", module)  # and out again at teardown
     after = draws()
-    assert len(before) >= 100, len(before)  # enough for a constant to be drawn (the 27th did, unmended)
+    assert len(before) >= 100, len(before)  # enough for a constant to be drawn (unmended, index 27 was)
     diff = next(((i, a, b) for i, (a, b) in enumerate(zip(before, after)) if a != b), None)
     assert diff is None and len(after) == len(before), (diff, len(before), len(after))
 

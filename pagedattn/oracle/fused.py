@@ -35,6 +35,7 @@ themselves (``attention_error_bound``), the torch path runs.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any, NamedTuple
@@ -227,16 +228,13 @@ def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, A
         _RUNNERS[full] = (compiled, direct)  # a compiled kernel (the interpreter returns none)
 
 
+@functools.cache
 def _cuda_available() -> bool:
-    """``torch.cuda.is_available()``, asked once a process: it asks the driver each time (~20 us of
-    host a launch on the H200's host, 2% of a host-bound check; ``benchmarks/NOTES.md``)."""
-    global _CUDA
-    if _CUDA is None:
-        _CUDA = torch.cuda.is_available()
-    return _CUDA
-
-
-_CUDA: bool | None = None
+    """``torch.cuda.is_available()``, asked once a process: its Python path cost ~20 us a launch
+    under cProfile on the H200's host, 21 times a combined check
+    (``benchmarks/results/check-issue16/h200-check-cprofile-23a-0fe5779.txt``), and the answer
+    does not change within a process."""
+    return torch.cuda.is_available()
 
 
 def _knobs() -> Any:
