@@ -10,7 +10,10 @@ shape), the second half draws new shapes too.
 
 Within an item, the budget covers finding and shrinking alike: a draw that would
 start after it stops the item, and a draw whose time, estimated from the draws so
-far, exceeds what is left is not run (a smaller one may still fit). Every failing
+far, exceeds what is left is not run (a smaller one may still fit). An item's first
+claimed draw may start until twice its share has passed, so that every item judges a case
+(on a slow or loaded machine hypothesis' own start can take a share); an item that has
+judged none by then is reported not run, with that reason. Every failing
 draw smaller than the smallest so far is saved at once, with its replay command, so
 whatever stops the item, the smallest failing case found is on disk and in the report.
 """
@@ -138,12 +141,15 @@ class SearchRun:
     pace: Pace = field(default_factory=Pace)
     warmed: set[Configuration] = field(default_factory=set)  # configurations the backend's warmup has seen
     fault: Exception | None = None  # the first error of the search itself (not a backend's), if any
+    starved: bool = False  # stopped by the budget before any claimed draw was judged
     _deadline: float = 0.0
+    _share: float = 0.0
 
     def run(self) -> None:
         """Search until the draws or the budget are spent; fail with the smallest failing case."""
         start = time.monotonic()
-        self._deadline = start + self.budget_s / self.item.count
+        self._share = self.budget_s / self.item.count
+        self._deadline = start + self._share
         # in the record from the start, so that a fault of the search itself is reported too
         note(self.node, id=self.item.id, family=FAMILY, dtype="mixed", operation="attention", status="error")
         caps, dtypes = self.suite.caps, self._dtypes()
@@ -168,6 +174,11 @@ class SearchRun:
                 raise self.fault  # met in a draw, then swallowed by the search's stop
             if not self.examples and self.smallest is None:
                 reason = "no drawn case was claimed by the backend"
+                if self.starved:
+                    reason = (
+                        f"no drawn case claimed by the backend was judged within twice the item's share of"
+                        f" --search-budget ({self._share:g} s): raise it"
+                    )
         self._report(reason, time.monotonic() - start, configs)
 
     # ----------------------------------------------------------- hypothesis
@@ -218,8 +229,10 @@ class SearchRun:
 
     def _draw(self, spec: CaseSpec) -> None:
         if spec not in self.seen:
-            left = self._deadline - time.monotonic()
+            # the time left; the first claimed draw may take a second share (every item judges a case)
+            left = self._deadline - time.monotonic() + (0.0 if self.examples else self._share)
             if left <= 0 or self.pace.estimate(0) > left:  # not even the smallest draw would fit
+                self.starved = not self.examples
                 raise _BudgetSpent
             work = spec_work(spec)
             if self.pace.estimate(work) > left:
@@ -297,7 +310,9 @@ class SearchRun:
             shapes=f"grid ({len(configs)} configurations)" if configs else "new",
         )
         check: AttentionCheck | None = None
-        if reason:
+        if reason and self.starved:
+            fields.update(status="not_run", reason=reason, not_run=reason)
+        elif reason:
             fields.update(status="unsupported", reason=reason)
         elif self.smallest is not None:
             spec, message, replay, check = self.smallest
@@ -309,7 +324,7 @@ class SearchRun:
             fields.update(status="passed")
         note(self.node, **fields, **({"metrics": check.metrics()} if check is not None else {}))
         if reason:
-            pytest.skip(f"unsupported: {reason}")
+            pytest.skip(f"{'not run' if self.starved else 'unsupported'}: {reason}")
         if self.smallest is not None:
             pytest.fail(f"{spec.id} [attention]: {message}\n  replay: {replay}", pytrace=False)
         if check is not None and check.status == "warned":

@@ -6,6 +6,7 @@ import importlib
 import math
 import os
 
+import pytest
 import torch
 
 from pagedattn.cases import grid
@@ -136,3 +137,13 @@ def make_case(
         query_start_loc=torch.tensor([0] + qlens).cumsum(0).to(torch.int32),
         scale=scale,
     )
+
+
+def searched(run) -> None:
+    """``run.run()`` of a ``pagedattn.search.SearchRun``, where a skip (the item unsupported or not
+    run) fails the test: a test that expects a verdict must not pass by skipping (and
+    ``pytest.raises`` of a failure lets a skip through)."""
+    try:
+        run.run()
+    except pytest.skip.Exception as exc:
+        raise AssertionError(f"the search item was skipped: {exc}") from None

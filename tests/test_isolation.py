@@ -23,6 +23,7 @@ from pagedattn.record import noted
 from pagedattn.search import SearchRun
 from pagedattn.search_plan import SearchItem
 from pagedattn.suite import Suite
+from tests.helpers import searched
 
 OPTIONAL = (SupportsGather, SupportsLse, SupportsWarmup, SupportsWriteCache)
 CORRECT = os.path.join(os.path.dirname(__file__), "bad_backends.py") + ":Correct"
@@ -80,7 +81,7 @@ def test_the_search_runs_under_isolation(tmp_path):
     try:
         suite = Suite(backend=proxy, backend_spec="reference", device="cpu", profile="quick", replay_dir=str(tmp_path))
         node = types.SimpleNamespace(user_properties=[])
-        SearchRun(suite, node, SearchItem(0, 2, 3), budget_s=20.0).run()
+        searched(SearchRun(suite, node, SearchItem(0, 2, 3), budget_s=20.0))
     finally:
         proxy.close()
     rec = noted(node)

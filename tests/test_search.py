@@ -27,7 +27,7 @@ from pagedattn.record import noted
 from pagedattn.search import SearchRun, spec_size
 from pagedattn.search_plan import SearchItem, grid_configurations, search_items
 from pagedattn.suite import Suite
-from tests.helpers import run_inprocess
+from tests.helpers import run_inprocess, searched
 
 # Planted backends, written into each pytester directory (tests/bad_backends.py is another helper's).
 PLANTED = '''
@@ -179,7 +179,7 @@ def test_every_smaller_failure_is_saved_at_once_and_the_smallest_reported(tmp_pa
     node = _node()
     run = SearchRun(_suite(_planted().OffForWideGroups(), tmp_path), node, SearchItem(1, 2, 300), budget_s=60.0)
     with pytest.raises(pytest.fail.Exception) as info:
-        run.run()
+        searched(run)
     assert run.smallest is not None
     spec = run.smallest[0]
     rec = noted(node)
@@ -197,7 +197,7 @@ def test_every_smaller_failure_is_saved_at_once_and_the_smallest_reported(tmp_pa
 def test_budget_bounds_the_search(tmp_path):
     node = _node()
     start = time.monotonic()
-    SearchRun(_suite(_planted().Slow(), tmp_path), node, SearchItem(0, 2, 1000), budget_s=2.0).run()
+    searched(SearchRun(_suite(_planted().Slow(), tmp_path), node, SearchItem(0, 2, 1000), budget_s=2.0))
     elapsed = time.monotonic() - start
     rec = noted(node)
     assert rec["status"] == "passed" and rec["budget_s"] == 1.0 and rec["examples"] >= 1, rec
@@ -212,6 +212,31 @@ def test_pace_estimates_from_the_large_draws():
     pace.add(100, 0.1)
     pace.add(1000, 1.0)
     assert pace.estimate(10_000) == pytest.approx(0.1 + 0.9 / 1100 * 10_000)
+
+
+@pytest.mark.parametrize("late, status", [(1.5, "passed"), (2.5, "not_run")])
+def test_an_items_first_claimed_draw_runs_late_but_not_past_twice_its_share(tmp_path, monkeypatch, late, status):
+    """On a loaded machine hypothesis' own start can take an item's share: its first claimed draw
+    still runs (every item judges a case) until twice the share has passed; past that the item is
+    not run and says why (it was reported unsupported, "no drawn case was claimed", which is false,
+    and a test calling the search then passed by skipping)."""
+    reads = [0]
+
+    def monotonic():  # the item's start, then every read `late` shares (seconds) on
+        reads[0] += 1
+        return 0.0 if reads[0] == 1 else late
+
+    monkeypatch.setattr(search, "time", types.SimpleNamespace(monotonic=monotonic))
+    node = _node()
+    run = SearchRun(_suite(_planted().Correct(), tmp_path), node, SearchItem(1, 2, 50), budget_s=2.0)
+    if status == "passed":
+        searched(run)
+    else:
+        with pytest.raises(pytest.skip.Exception, match=r"^not run: no drawn case claimed .* share .*\(1 s\)"):
+            run.run()
+    rec = noted(node)
+    assert rec["status"] == status and rec["examples"] == (status == "passed"), rec
+    assert ("not_run" in rec) == (status == "not_run"), rec
 
 
 def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path, monkeypatch):
@@ -230,7 +255,7 @@ def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path, monkeypatch):
     backend = _planted().SlowOnLargeCases()
     backend.sleep = lambda seconds: clock.__setitem__(0, clock[0] + seconds)
     node = _node()
-    SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 1000), budget_s=1.0).run()
+    searched(SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 1000), budget_s=1.0))
     rec = noted(node)
     assert rec["status"] == "passed" and rec["skipped_too_large"] >= 1, rec
     assert rec["examples"] >= 5, rec  # the share was spent on draws, not given up at once
@@ -284,7 +309,7 @@ def test_a_draw_rejected_as_too_large_stays_rejected_when_replayed(tmp_path):
 
     backend = _planted().Correct()
     run = SearchRun(_suite(backend, tmp_path), _node(), SearchItem(1, 2, 10), budget_s=100.0)
-    run._deadline = time.monotonic() + 10.0
+    run._deadline, run.examples = time.monotonic() + 10.0, 1  # an item under way: its first case judged
     spec = CaseSpec("search", ((30, 1),))
     run.pace.add(1, 0.1)  # the smallest draws fit, this one's estimate does not
     run.pace.add(2, 5.0)
@@ -297,7 +322,7 @@ def test_a_draw_rejected_as_too_large_stays_rejected_when_replayed(tmp_path):
     run._deadline = time.monotonic() - 1.0  # ... or the budget is spent: still the same rejection
     with pytest.raises(UnsatisfiedAssumption):
         run._draw(spec)
-    assert run.examples == 0 and run.too_large == 1
+    assert run.examples == 1 and run.too_large == 1  # none run
 
 
 def test_a_fault_of_the_search_itself_is_raised_even_when_the_budget_ends_the_search(tmp_path, monkeypatch):
@@ -314,14 +339,14 @@ def test_a_fault_of_the_search_itself_is_raised_even_when_the_budget_ends_the_se
     monkeypatch.setattr(search, "check_attention", broken_check)
     run = SearchRun(_suite(_planted().Correct(), tmp_path), _node(), SearchItem(1, 2, 50), budget_s=0.3)
     with pytest.raises(RuntimeError, match="a bug in the check"):
-        run.run()
+        searched(run)
 
 
 def test_a_raising_backend_is_a_failure_with_a_replay(tmp_path):
     node = _node()
     run = SearchRun(_suite(_planted().RaisesOnLongHistories(), tmp_path), node, SearchItem(1, 2, 200), budget_s=30.0)
     with pytest.raises(pytest.fail.Exception, match=r"the backend raised RuntimeError: kernel launch failed"):
-        run.run()
+        searched(run)
     assert run.smallest is not None and run.smallest[0].seqs == ((41, 1),), run.smallest[0]
     assert "--replay" in noted(node)["replay"]
 
@@ -383,7 +408,7 @@ def test_fresh_draws_take_only_claimed_axes(tmp_path):
     warmed = []
     backend.warmup = lambda c: warmed.append((c.dtype, c.head_dim, c.block_size, c.num_heads, c.num_kv_heads))
     node = _node()
-    SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 6), budget_s=60.0).run()
+    searched(SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 6), budget_s=60.0))
     assert noted(node)["status"] == "passed" and noted(node)["examples"] == 6, noted(node)
     # the optional warmup: once per configuration, so a JIT compiles outside --case-timeout
     assert warmed and len(warmed) == len(set(warmed)) and all(w[1:3] == (128, 16) for w in warmed), warmed
