@@ -230,8 +230,8 @@ def _launch(kernel: Any, grid: tuple[int, ...], args: tuple, consts: dict[str, A
 
 @functools.cache
 def _cuda_available() -> bool:
-    """``torch.cuda.is_available()``, asked once a process: its Python path cost ~20 us a launch
-    under cProfile on the H200's host, 21 times a combined check
+    """``torch.cuda.is_available()``, asked once a process: its Python path cost ~20 us a call
+    under cProfile on the H200's host, at each of a combined check's 20 launches
     (``benchmarks/results/check-issue16/h200-check-cprofile-23a-0fe5779.txt``), and the answer
     does not change within a process."""
     return torch.cuda.is_available()
