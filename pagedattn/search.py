@@ -13,7 +13,8 @@ start after it stops the item, and a draw whose time, estimated from the draws s
 far, exceeds what is left is not run (a smaller one may still fit). An item's first
 claimed draw may start until twice its share has passed, so that every item judges a case
 (on a slow or loaded machine hypothesis' own start can take a share); an item that has
-judged none by then is reported not run, with that reason. Every failing
+judged none by then is reported not run, with that reason, unless the backend declined
+every draw it was given (then it is unsupported, as the backend says). Every failing
 draw smaller than the smallest so far is saved at once, with its replay command, so
 whatever stops the item, the smallest failing case found is on disk and in the report.
 """
@@ -142,6 +143,7 @@ class SearchRun:
     warmed: set[Configuration] = field(default_factory=set)  # configurations the backend's warmup has seen
     fault: Exception | None = None  # the first error of the search itself (not a backend's), if any
     starved: bool = False  # stopped by the budget before any claimed draw was judged
+    declined: int = 0  # draws the backend did not claim (its capabilities, or a skip at run time)
     _deadline: float = 0.0
     _share: float = 0.0
 
@@ -174,11 +176,13 @@ class SearchRun:
                 raise self.fault  # met in a draw, then swallowed by the search's stop
             if not self.examples and self.smallest is None:
                 reason = "no drawn case was claimed by the backend"
-                if self.starved:
+                if self.starved and not self.declined:
                     reason = (
-                        f"no drawn case claimed by the backend was judged within twice the item's share of"
-                        f" --search-budget ({self._share:g} s): raise it"
+                        f"no draw was judged within twice the item's share of --search-budget"
+                        f" ({self._share:g} s): raise it"
                     )
+                else:  # the backend declined every draw it was given: unsupported, as it says
+                    self.starved = False
         self._report(reason, time.monotonic() - start, configs)
 
     # ----------------------------------------------------------- hypothesis
@@ -263,6 +267,7 @@ class SearchRun:
         """Run one draw: ``None`` when the backend does not claim it."""
         case = spec.build().to(self.suite.device)
         if self.suite.caps.case_reason(case, "attention"):
+            self.declined += 1
             return None
         self.examples += 1
         pristine = case.clone()
@@ -275,6 +280,7 @@ class SearchRun:
             out = backend.paged_attention(case)
         except pytest.skip.Exception:  # the backend declined this case at run time
             self.examples -= 1
+            self.declined += 1
             return None
         except BackendFault as exc:
             return self._failed(spec, pristine, f"backend fault: {exc}")

@@ -232,11 +232,34 @@ def test_an_items_first_claimed_draw_runs_late_but_not_past_twice_its_share(tmp_
     if status == "passed":
         searched(run)
     else:
-        with pytest.raises(pytest.skip.Exception, match=r"^not run: no drawn case claimed .* share .*\(1 s\)"):
+        with pytest.raises(pytest.skip.Exception, match=r"^not run: no draw was judged within twice .* \(1 s\)"):
             run.run()
     rec = noted(node)
     assert rec["status"] == status and rec["examples"] == (status == "passed"), rec
     assert ("not_run" in rec) == (status == "not_run"), rec
+
+
+def test_a_backend_that_declines_every_draw_is_unsupported_however_the_budget_ends(tmp_path, monkeypatch):
+    """A backend that declines every case it is given (a skip at run time) is unsupported, as it
+    says, also when the budget ends the item before any draw was judged: not "not run"."""
+    clock = [0.0]
+
+    def monotonic():  # every read 0.1 shares on: twice the share passes within 20 reads
+        clock[0] += 0.1
+        return clock[0]
+
+    monkeypatch.setattr(search, "time", types.SimpleNamespace(monotonic=monotonic))
+    backend = _planted().Correct()
+
+    def declines(case):
+        pytest.skip("this kernel runs no case drawn here")
+
+    backend.paged_attention = declines
+    node = _node()
+    with pytest.raises(pytest.skip.Exception, match="^unsupported: no drawn case was claimed by the backend$"):
+        SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 50), budget_s=2.0).run()
+    rec = noted(node)
+    assert rec["status"] == "unsupported" and "not_run" not in rec, rec
 
 
 def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path, monkeypatch):
