@@ -10,11 +10,12 @@ shape), the second half draws new shapes too.
 
 Within an item, the budget covers finding and shrinking alike: a draw that would
 start after it stops the item, and a draw whose time, estimated from the draws so
-far, exceeds what is left is not run (a smaller one may still fit). An item's first
-claimed draw may start until twice its share has passed, so that every item judges a case
-(on a slow or loaded machine hypothesis' own start can take a share); an item that has
-judged none by then is reported not run, with that reason, unless the backend declined
-every draw it was given (then it is unsupported, as the backend says). Every failing
+far, exceeds what is left is not run (a smaller one may still fit). An item that has
+judged no case yet keeps drawing until twice its share has passed, so that an item whose
+share went before its first draw (hypothesis' own start, on a slow or loaded machine) still
+judges one: the family may then take up to a share more per such item. An item the budget
+stops with no case judged is reported not run, with that reason (and how many draws the
+backend declined); one that hypothesis ends with none claimed is unsupported. Every failing
 draw smaller than the smallest so far is saved at once, with its replay command, so
 whatever stops the item, the smallest failing case found is on disk and in the report.
 """
@@ -176,13 +177,12 @@ class SearchRun:
                 raise self.fault  # met in a draw, then swallowed by the search's stop
             if not self.examples and self.smallest is None:
                 reason = "no drawn case was claimed by the backend"
-                if self.starved and not self.declined:
+                if self.starved:  # the budget ended the item, not hypothesis: no verdict either way
+                    declined = f"; the backend declined the {self.declined} drawn before" if self.declined else ""
                     reason = (
-                        f"no draw was judged within twice the item's share of --search-budget"
-                        f" ({self._share:g} s): raise it"
+                        f"no draw was judged within {2 * self._share:g} s, twice the item's share"
+                        f" ({self._share:g} s) of --search-budget{declined}: raise it"
                     )
-                else:  # the backend declined every draw it was given: unsupported, as it says
-                    self.starved = False
         self._report(reason, time.monotonic() - start, configs)
 
     # ----------------------------------------------------------- hypothesis
@@ -233,10 +233,11 @@ class SearchRun:
 
     def _draw(self, spec: CaseSpec) -> None:
         if spec not in self.seen:
-            # the time left; the first claimed draw may take a second share (every item judges a case)
+            # the time left; until a case is judged, a second share (an item whose share went
+            # before its first draw still judges one)
             left = self._deadline - time.monotonic() + (0.0 if self.examples else self._share)
             if left <= 0 or self.pace.estimate(0) > left:  # not even the smallest draw would fit
-                self.starved = not self.examples
+                self.starved = not self.examples  # read only then: no case judged
                 raise _BudgetSpent
             work = spec_work(spec)
             if self.pace.estimate(work) > left:
@@ -311,7 +312,7 @@ class SearchRun:
             seed=self.item.index,
             examples=self.examples,
             skipped_too_large=self.too_large,
-            budget_s=round(self.budget_s / self.item.count, 3),
+            budget_s=round(self._share, 3),
             elapsed_s=round(elapsed, 3),
             shapes=f"grid ({len(configs)} configurations)" if configs else "new",
         )

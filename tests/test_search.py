@@ -232,34 +232,50 @@ def test_an_items_first_claimed_draw_runs_late_but_not_past_twice_its_share(tmp_
     if status == "passed":
         searched(run)
     else:
-        with pytest.raises(pytest.skip.Exception, match=r"^not run: no draw was judged within twice .* \(1 s\)"):
+        with pytest.raises(pytest.skip.Exception, match=r"^not run: no draw was judged within 2 s, twice .*\(1 s\)"):
             run.run()
     rec = noted(node)
-    assert rec["status"] == status and rec["examples"] == (status == "passed"), rec
+    assert rec["status"] == status and rec["examples"] == (1 if status == "passed" else 0), rec
     assert ("not_run" in rec) == (status == "not_run"), rec
 
 
-def test_a_backend_that_declines_every_draw_is_unsupported_however_the_budget_ends(tmp_path, monkeypatch):
-    """A backend that declines every case it is given (a skip at run time) is unsupported, as it
-    says, also when the budget ends the item before any draw was judged: not "not run"."""
+@pytest.mark.parametrize(
+    "how, ends",
+    [
+        ("skip", "budget"),
+        ("capabilities", "budget"),
+        ("capabilities", "hypothesis"),  # hypothesis draws until it gives up: 2-5 s
+        pytest.param("skip", "hypothesis", marks=pytest.mark.slow),
+    ],
+)
+def test_a_backend_that_declines_every_draw(tmp_path, monkeypatch, how, ends):
+    """A backend that declines every draw (a skip at run time, or its capabilities) is unsupported
+    when hypothesis ends the item; when the budget does, the item is not run, and says how many
+    draws were declined (no budget would mend a backend that takes none, but none can tell)."""
     clock = [0.0]
 
-    def monotonic():  # every read 0.1 shares on: twice the share passes within 20 reads
-        clock[0] += 0.1
+    def monotonic():  # "budget": every read 0.1 s on, so the item's two shares (2 s) pass within 20
+        clock[0] += 0.1 if ends == "budget" else 0.0
         return clock[0]
 
     monkeypatch.setattr(search, "time", types.SimpleNamespace(monotonic=monotonic))
     backend = _planted().Correct()
+    if how == "skip":
 
-    def declines(case):
-        pytest.skip("this kernel runs no case drawn here")
+        def declines(case):
+            pytest.skip("this kernel runs no case drawn here")
 
-    backend.paged_attention = declines
+        backend.paged_attention = declines
+    else:
+        backend.capabilities = Capabilities(case_filter=lambda case, op: "no case drawn here")
     node = _node()
-    with pytest.raises(pytest.skip.Exception, match="^unsupported: no drawn case was claimed by the backend$"):
-        SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 50), budget_s=2.0).run()
+    want = r"^not run: no draw was judged .*; the backend declined the \d+ drawn before: raise it$"
+    if ends == "hypothesis":
+        want = "^unsupported: no drawn case was claimed by the backend$"
+    with pytest.raises(pytest.skip.Exception, match=want):
+        SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 5), budget_s=2.0).run()
     rec = noted(node)
-    assert rec["status"] == "unsupported" and "not_run" not in rec, rec
+    assert rec["status"] == ("not_run" if ends == "budget" else "unsupported"), rec
 
 
 def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path, monkeypatch):
