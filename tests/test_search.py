@@ -100,6 +100,20 @@ def _node():
     return types.SimpleNamespace(user_properties=[])
 
 
+def _fake_clock(monkeypatch, tick: float = 0.0) -> list[float]:
+    """The search's clock in the test's hands: ``[seconds]``, which moves by ``tick`` each time the
+    search reads it and by whatever the test adds to it, so that no machine's speed changes what
+    the search does."""
+    clock = [0.0]
+
+    def monotonic():
+        clock[0] += tick
+        return clock[0]
+
+    monkeypatch.setattr(search, "time", types.SimpleNamespace(monotonic=monotonic))
+    return clock
+
+
 # ---------------------------------------------------------------- in process
 def test_items_split_the_draws_and_half_stay_on_the_grid():
     for profile, count in search_plan.ITEMS.items():
@@ -252,13 +266,8 @@ def test_a_backend_that_declines_every_draw(tmp_path, monkeypatch, how, ends):
     """A backend that declines every draw (a skip at run time, or its capabilities) is unsupported
     when hypothesis ends the item; when the budget does, the item is not run, and says how many
     draws were declined (no budget would mend a backend that takes none, but none can tell)."""
-    clock = [0.0]
-
-    def monotonic():  # "budget": every read 0.1 s on, so the item's two shares (2 s) pass within 20
-        clock[0] += 0.1 if ends == "budget" else 0.0
-        return clock[0]
-
-    monkeypatch.setattr(search, "time", types.SimpleNamespace(monotonic=monotonic))
+    # "budget": every read 0.1 s on, so the item's two shares (2 s) pass within 20 reads
+    _fake_clock(monkeypatch, tick=0.1 if ends == "budget" else 0.0)
     backend = _planted().Correct()
     if how == "skip":
 
@@ -284,13 +293,7 @@ def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path, monkeypatch):
     # any machine. The reads' ticks stand for the host's time between draws, which ends a real
     # search whose budget is nearly spent; a clock that stood still would leave hypothesis drawing
     # (and the search rejecting) thousands of draws too large for the little budget left.
-    clock = [0.0]
-
-    def monotonic():
-        clock[0] += 1e-4
-        return clock[0]
-
-    monkeypatch.setattr(search, "time", types.SimpleNamespace(monotonic=monotonic))
+    clock = _fake_clock(monkeypatch, tick=1e-4)
     backend = _planted().SlowOnLargeCases()
     backend.sleep = lambda seconds: clock.__setitem__(0, clock[0] + seconds)
     node = _node()
@@ -368,8 +371,7 @@ def test_a_fault_of_the_search_itself_is_raised_even_when_the_budget_ends_the_se
     """An error in a draw that is not the backend's (here the check's) is the search's own fault:
     raised, not reported as a pass, even when hypothesis' replay of that draw meets the end of the
     budget (which stops the search quietly)."""
-    clock = [0.0]
-    monkeypatch.setattr(search, "time", types.SimpleNamespace(monotonic=lambda: clock[0]))
+    clock = _fake_clock(monkeypatch)
 
     def broken_check(out, case, **kw):
         clock[0] += 0.2  # the draw's time: past the 0.15 s share below
