@@ -163,14 +163,14 @@ def make(B, L, fp8, device, Hkv=8, seed=0):
     return q, k, v, tab
 
 
-def launch(q, k, v, tab, out, swap, L):
+def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3):
     B, Hq, D = q.shape
     Hkv = k.shape[2]
     n_splits = L // CONSTS["SPLIT"]
     fp8 = k.dtype != torch.bfloat16
     dec_kernel[(B * Hkv, n_splits)](
         q, k, v, tab, out, Hkv, tab.stride(0), k.stride(0), k.stride(1), k.stride(2), n_splits, D**-0.5,
-        FP8=fp8, SWAP=swap, num_warps=4, num_stages=3, **CONSTS,
+        FP8=fp8, SWAP=swap, num_warps=warps, num_stages=stages, **dict(CONSTS, BLOCK_N=block_n),
     )
 
 
@@ -228,8 +228,52 @@ def timing(path):
     json.dump({"rows": rows, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}, open(path, "w"), indent=1)
 
 
+def sweep(path):
+    """fp8 and bf16 at B=32 L=4k over tiles, warps and stages, both forms; each judged first."""
+    sys.path.insert(0, "benchmarks")
+    from bench_paged_attention import bench, graph_replay
+
+    dev, B, L = "cuda", 32, 4096
+    rows = []
+    data = {fp8: make(B, L, fp8, dev) for fp8 in (False, True)}
+    small = {fp8: make(2, 1024, fp8, dev) for fp8 in (False, True)}
+    graphs = {}
+    for fp8 in (False, True):
+        for swap in (False, True):
+            for block_n in (32, 64, 128):
+                for warps in (4, 8):
+                    for stages in (2, 3, 4):
+                        cfg = (fp8, swap, block_n, warps, stages)
+                        try:
+                            q, k, v, tab = small[fp8]
+                            out = torch.zeros(2, 8, 2, CONSTS["GROUP_PAD"], CONSTS["D"], device=dev)
+                            launch(q, k, v, tab, out, swap, 1024, block_n, warps, stages)
+                            err = (out[:, :, :, : CONSTS["GROUP"]].double() - reference(q, k, v, tab, 1024)).abs().max().item()
+                            if not err < 2e-2:
+                                print(cfg, "wrong", err, flush=True)
+                                continue
+                            q, k, v, tab = data[fp8]
+                            out = torch.empty(B, 8, L // CONSTS["SPLIT"], CONSTS["GROUP_PAD"], CONSTS["D"], device=dev)
+                            fn = lambda q=q, k=k, v=v, tab=tab, out=out, c=cfg: launch(q, k, v, tab, out, c[1], L, *c[2:])
+                            graphs[cfg] = (graph_replay(fn, dev), out)
+                        except Exception as e:  # a configuration that does not compile (shared memory)
+                            print(cfg, "failed:", type(e).__name__, str(e)[:100], flush=True)
+    times = {c: [] for c in graphs}
+    for _ in range(2):
+        for c, (g, _) in graphs.items():
+            times[c].append(bench(g, dev) * 1e3)
+    base = min(min(t) for c, t in times.items() if not c[0] and not c[1])
+    for c, t in sorted(times.items(), key=lambda kv: min(kv[1])):
+        row = dict(zip(("fp8", "swap", "block_n", "warps", "stages"), c), us=round(min(t), 2), speed_vs_best_bf16_normal=round(base / min(t), 3))
+        rows.append(row)
+        print(row, flush=True)
+    json.dump({"rows": rows, "B": B, "L": L, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}, open(path, "w"), indent=1)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "compile":
         compile_stats()
+    elif sys.argv[1] == "sweep":
+        sweep(sys.argv[2])
     else:
         timing(sys.argv[2])
