@@ -76,7 +76,9 @@ def dec_kernel(
     d = tl.arange(0, D)
     dp = tl.arange(0, D // 2)
     head = kv_head * GROUP + g
-    q = tl.load(q_ptr + (seq * n_kv_heads * GROUP + head)[:, None] * D + d[None, :], mask=(g < GROUP)[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + (seq * n_kv_heads * GROUP + head)[:, None] * D + d[None, :], mask=(g < GROUP)[:, None], other=0.0
+    )
     q, qk_scale = _query_rows(q, scale, FP8)
     s_scale = qk_scale * 1.4426950408889634
     m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
@@ -132,10 +134,26 @@ def compile_stats() -> None:
     for fp8 in (False, True):
         for swap in (False, True):
             consts = dict(CONSTS, FP8=fp8, SWAP=swap)
-            types = {"q_ptr": "*bf16", "k_ptr": "*fp8e4nv" if fp8 else "*bf16", "v_ptr": "*fp8e4nv" if fp8 else "*bf16", "tab_ptr": "*i32", "out_ptr": "*fp32", "scale": "fp32"}
+            types = {
+                "q_ptr": "*bf16",
+                "k_ptr": "*fp8e4nv" if fp8 else "*bf16",
+                "v_ptr": "*fp8e4nv" if fp8 else "*bf16",
+                "tab_ptr": "*i32",
+                "out_ptr": "*fp32",
+                "scale": "fp32",
+            }
             sig = {n: "constexpr" if n in consts else types.get(n, "i32") for n in names}
-            aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n in ("stride_bt", "stride_kb", "stride_ks", "stride_kh")]
-            src = ASTSource(fn=dec_kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()}, attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+            aligned = [
+                i
+                for i, n in enumerate(names)
+                if n.endswith("_ptr") or n in ("stride_bt", "stride_kb", "stride_ks", "stride_kh")
+            ]
+            src = ASTSource(
+                fn=dec_kernel,
+                signature=sig,
+                constexprs={(names.index(c),): v for c, v in consts.items()},
+                attrs={(i,): [["tt.divisibility", 16]] for i in aligned},
+            )
             c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": 3})
             tmp = tempfile.mkdtemp()
             cubin, ptx = os.path.join(tmp, "k.cubin"), os.path.join(tmp, "k.ptx")
@@ -143,7 +161,12 @@ def compile_stats() -> None:
             open(ptx, "w").write(c.asm["ptx"])
             mma = sorted(set(re.findall(r"#mma\d* = #ttg\.nvidia_mma<\{versionMajor = (\d)", c.asm["ttgir"])))
             print(f"fp8={fp8} swap={swap}: mma versions {mma}, shared {c.metadata.shared}, {registers(ptx)}")
-            print("   wgmma in ptx:", len(re.findall(r"wgmma\.mma_async", c.asm["ptx"])), " mma.sync:", len(re.findall(r"mma\.sync", c.asm["ptx"])))
+            print(
+                "   wgmma in ptx:",
+                len(re.findall(r"wgmma\.mma_async", c.asm["ptx"])),
+                " mma.sync:",
+                len(re.findall(r"mma\.sync", c.asm["ptx"])),
+            )
             for i, loop in enumerate(loop_stats(disassemble(cubin))):
                 print(f"   loop {i}: " + ", ".join(f"{k} {v}" for k, v in loop.items()))
 
@@ -169,8 +192,23 @@ def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3):
     n_splits = L // CONSTS["SPLIT"]
     fp8 = k.dtype != torch.bfloat16
     dec_kernel[(B * Hkv, n_splits)](
-        q, k, v, tab, out, Hkv, tab.stride(0), k.stride(0), k.stride(1), k.stride(2), n_splits, D**-0.5,
-        FP8=fp8, SWAP=swap, num_warps=warps, num_stages=stages, **dict(CONSTS, BLOCK_N=block_n),
+        q,
+        k,
+        v,
+        tab,
+        out,
+        Hkv,
+        tab.stride(0),
+        k.stride(0),
+        k.stride(1),
+        k.stride(2),
+        n_splits,
+        D**-0.5,
+        FP8=fp8,
+        SWAP=swap,
+        num_warps=warps,
+        num_stages=stages,
+        **dict(CONSTS, BLOCK_N=block_n),
     )
 
 
@@ -225,10 +263,19 @@ def timing(path):
             rows.append(row)
             print(row, flush=True)
         del graphs, keep
-    json.dump({"rows": rows, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}, open(path, "w"), indent=1)
+    json.dump(
+        {
+            "rows": rows,
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+        },
+        open(path, "w"),
+        indent=1,
+    )
 
 
-def sweep(path):
+def sweep(path, configs=None):
     """fp8 and bf16 at B=32 L=4k over tiles, warps and stages, both forms; each judged first."""
     sys.path.insert(0, "benchmarks")
     from bench_paged_attention import bench, graph_replay
@@ -236,38 +283,59 @@ def sweep(path):
     dev, B, L = "cuda", 32, 4096
     rows = []
     data = {fp8: make(B, L, fp8, dev) for fp8 in (False, True)}
-    small = {fp8: make(2, 1024, fp8, dev) for fp8 in (False, True)}
+    lc = 2 * CONSTS["SPLIT"]  # the check's history: two splits
+    small = {fp8: make(2, lc, fp8, dev) for fp8 in (False, True)}
     graphs = {}
-    for fp8 in (False, True):
-        for swap in (False, True):
-            for block_n in (32, 64, 128):
-                for warps in (4, 8):
-                    for stages in (2, 3, 4):
-                        cfg = (fp8, swap, block_n, warps, stages)
-                        try:
-                            q, k, v, tab = small[fp8]
-                            out = torch.zeros(2, 8, 2, CONSTS["GROUP_PAD"], CONSTS["D"], device=dev)
-                            launch(q, k, v, tab, out, swap, 1024, block_n, warps, stages)
-                            err = (out[:, :, :, : CONSTS["GROUP"]].double() - reference(q, k, v, tab, 1024)).abs().max().item()
-                            if not err < 2e-2:
-                                print(cfg, "wrong", err, flush=True)
-                                continue
-                            q, k, v, tab = data[fp8]
-                            out = torch.empty(B, 8, L // CONSTS["SPLIT"], CONSTS["GROUP_PAD"], CONSTS["D"], device=dev)
-                            fn = lambda q=q, k=k, v=v, tab=tab, out=out, c=cfg: launch(q, k, v, tab, out, c[1], L, *c[2:])
-                            graphs[cfg] = (graph_replay(fn, dev), out)
-                        except Exception as e:  # a configuration that does not compile (shared memory)
-                            print(cfg, "failed:", type(e).__name__, str(e)[:100], flush=True)
+    every = [
+        (f, s, b, w, st)
+        for f in (False, True)
+        for s in (False, True)
+        for b in (32, 64, 128)
+        for w in (4, 8)
+        for st in (2, 3, 4)
+    ]
+    for cfg in configs or every:
+        fp8 = cfg[0]
+        try:
+            q, k, v, tab = small[fp8]
+            out = torch.zeros(2, 8, 2, CONSTS["GROUP_PAD"], CONSTS["D"], device=dev)
+            launch(q, k, v, tab, out, cfg[1], lc, *cfg[2:])
+            err = (out[:, :, :, : CONSTS["GROUP"]].double() - reference(q, k, v, tab, lc)).abs().max().item()
+            if not err < 2e-2:
+                print(cfg, "wrong", err, flush=True)
+                continue
+            q, k, v, tab = data[fp8]
+            out = torch.empty(B, 8, L // CONSTS["SPLIT"], CONSTS["GROUP_PAD"], CONSTS["D"], device=dev)
+            fn = lambda q=q, k=k, v=v, tab=tab, out=out, c=cfg: launch(q, k, v, tab, out, c[1], L, *c[2:])
+            graphs[cfg] = (graph_replay(fn, dev), out)
+        except Exception as e:  # a configuration that does not compile (shared memory)
+            print(cfg, "failed:", type(e).__name__, str(e)[:100], flush=True)
     times = {c: [] for c in graphs}
     for _ in range(2):
         for c, (g, _) in graphs.items():
             times[c].append(bench(g, dev) * 1e3)
     base = min(min(t) for c, t in times.items() if not c[0] and not c[1])
     for c, t in sorted(times.items(), key=lambda kv: min(kv[1])):
-        row = dict(zip(("fp8", "swap", "block_n", "warps", "stages"), c), us=round(min(t), 2), speed_vs_best_bf16_normal=round(base / min(t), 3))
+        row = dict(
+            zip(("fp8", "swap", "block_n", "warps", "stages"), c),
+            us=round(min(t), 2),
+            speed_vs_best_bf16_normal=round(base / min(t), 3),
+        )
         rows.append(row)
         print(row, flush=True)
-    json.dump({"rows": rows, "B": B, "L": L, "device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__}, open(path, "w"), indent=1)
+    json.dump(
+        {
+            "rows": rows,
+            "B": B,
+            "L": L,
+            "split": CONSTS["SPLIT"],
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+        },
+        open(path, "w"),
+        indent=1,
+    )
 
 
 if __name__ == "__main__":
@@ -275,5 +343,19 @@ if __name__ == "__main__":
         compile_stats()
     elif sys.argv[1] == "sweep":
         sweep(sys.argv[2])
+    elif sys.argv[1] == "splits":
+        # the sweep's best forms at longer splits (fewer, longer programs; fewer partial states)
+        CONSTS["SPLIT"] = int(sys.argv[3])
+        sweep(
+            sys.argv[2],
+            configs=(
+                (False, False, 32, 4, 2),
+                (False, False, 128, 4, 3),
+                (False, False, 64, 4, 2),
+                (True, True, 64, 4, 2),
+                (True, False, 128, 4, 2),
+                (True, False, 64, 4, 2),
+            ),
+        )
     else:
         timing(sys.argv[2])
