@@ -67,6 +67,7 @@ def dec_kernel(
     SPLIT: tl.constexpr,
     FP8: tl.constexpr,
     SWAP: tl.constexpr,
+    LOAD_ONLY: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     kv_head = pid % n_kv_heads
@@ -90,6 +91,23 @@ def dec_kernel(
         acc = tl.zeros([GROUP_PAD, D], tl.float32)
     t = tl.arange(0, BLOCK_N)
     lo = split * SPLIT
+    if LOAD_ONLY:  # the same pages read as 16-bit words and folded by xor: the loads alone
+        W: tl.constexpr = D // 2 if FP8 else D
+        w = tl.arange(0, W)
+        bits = tl.zeros([W], tl.int32)
+        for j0 in range(lo, lo + SPLIT, BLOCK_N):
+            j = j0 + t
+            blk = tl.load(tab_ptr + seq * stride_bt + (j.to(tl.uint32) // BLOCK_SIZE).to(tl.int32))
+            off = blk * stride_kb + (j.to(tl.uint32) % BLOCK_SIZE).to(tl.int32) * stride_ks + kv_head * stride_kh
+            if FP8:
+                off = off >> 1
+            off = tl.multiple_of(off, 8)  # rows of whole 16-byte words: vector loads
+            kw = tl.load(k_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + off[:, None] + w[None, :])
+            vw = tl.load(v_ptr.to(tl.pointer_type(tl.uint16), bitcast=True) + off[:, None] + w[None, :])
+            bits ^= tl.xor_sum((kw ^ vw).to(tl.int32), 0)
+        base = out_ptr + ((seq * n_kv_heads + kv_head) * n_splits + split) * GROUP_PAD * D
+        tl.store(base + w, bits.to(tl.float32))
+        return
     for j0 in range(lo, lo + SPLIT, BLOCK_N):
         j = j0 + t
         blk = tl.load(tab_ptr + seq * stride_bt + (j.to(tl.uint32) // BLOCK_SIZE).to(tl.int32))
@@ -186,7 +204,7 @@ def make(B, L, fp8, device, Hkv=8, seed=0):
     return q, k, v, tab
 
 
-def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3):
+def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3, load_only=False):
     B, Hq, D = q.shape
     Hkv = k.shape[2]
     n_splits = L // CONSTS["SPLIT"]
@@ -206,6 +224,7 @@ def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3):
         D**-0.5,
         FP8=fp8,
         SWAP=swap,
+        LOAD_ONLY=load_only,
         num_warps=warps,
         num_stages=stages,
         **dict(CONSTS, BLOCK_N=block_n),
@@ -338,9 +357,63 @@ def sweep(path, configs=None):
     )
 
 
+def ceiling(path):
+    """What the loads alone reach (B=32 L=4k, 64-key tiles, 4 warps, 2 stages): the decode's
+    pages read and folded by xor, in the benchmark's layout ``[N, page, Hkv, D]`` (a kv head's
+    row 128 B apart of 1 KB for fp8 at D=128) and head-major ``[N, Hkv, page, D]`` (a page of a
+    head contiguous), beside the full decode in both layouts and torch's copy of the cache."""
+    sys.path.insert(0, "benchmarks")
+    from bench_paged_attention import bench, graph_replay
+
+    dev, B, L = "cuda", 32, 4096
+    rows, graphs, keep = [], {}, []
+    for fp8 in (False, True):
+        q, k, v, tab = make(B, L, fp8, dev)
+        nbytes = 2 * k.numel() * k.element_size()
+        hk = k.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)  # head-major storage, same view
+        hv = v.permute(0, 2, 1, 3).contiguous().permute(0, 2, 1, 3)
+        for layout, (kk, vv) in (("token-major", (k, v)), ("head-major", (hk, hv))):
+            for load_only in (False, True):
+                out = torch.zeros(B, 8, L // CONSTS["SPLIT"], CONSTS["GROUP_PAD"], CONSTS["D"], device=dev)
+                keep.append((kk, vv, out))
+                fn = lambda q=q, kk=kk, vv=vv, tab=tab, out=out, lo=load_only: launch(
+                    q, kk, vv, tab, out, fp8, L, 64, 4, 2, lo
+                )
+                graphs[(fp8, layout, "loads" if load_only else "decode")] = (graph_replay(fn, dev), nbytes)
+        kc = k.clone()
+        graphs[(fp8, "torch copy (read + write)", "copy")] = (
+            graph_replay(lambda kc=kc, k=k: kc.copy_(k), dev),
+            2 * k.numel() * k.element_size(),
+        )
+        keep.append(kc)
+    times = {c: [] for c in graphs}
+    for _ in range(3):
+        for c, (g, _) in graphs.items():
+            times[c].append(bench(g, dev) * 1e3)
+    for c, t in times.items():
+        us = min(t)
+        row = dict(zip(("fp8", "layout", "what"), c), us=round(us, 2), tb_s=round(graphs[c][1] / us / 1e6, 3))
+        rows.append(row)
+        print(row, flush=True)
+    json.dump(
+        {
+            "rows": rows,
+            "B": B,
+            "L": L,
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "triton": triton.__version__,
+        },
+        open(path, "w"),
+        indent=1,
+    )
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "compile":
         compile_stats()
+    elif sys.argv[1] == "ceiling":
+        ceiling(sys.argv[2])
     elif sys.argv[1] == "sweep":
         sweep(sys.argv[2])
     elif sys.argv[1] == "splits":
