@@ -204,12 +204,12 @@ def make(B, L, fp8, device, Hkv=8, seed=0):
     return q, k, v, tab
 
 
-def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3, load_only=False):
+def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3, load_only=False, maxnreg=None):
     B, Hq, D = q.shape
     Hkv = k.shape[2]
     n_splits = L // CONSTS["SPLIT"]
     fp8 = k.dtype != torch.bfloat16
-    dec_kernel[(B * Hkv, n_splits)](
+    return dec_kernel[(B * Hkv, n_splits)](
         q,
         k,
         v,
@@ -225,6 +225,7 @@ def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3, load_only=
         FP8=fp8,
         SWAP=swap,
         LOAD_ONLY=load_only,
+        **({} if maxnreg is None else {"maxnreg": maxnreg}),
         num_warps=warps,
         num_stages=stages,
         **dict(CONSTS, BLOCK_N=block_n),
@@ -304,7 +305,7 @@ def sweep(path, configs=None):
     data = {fp8: make(B, L, fp8, dev) for fp8 in (False, True)}
     lc = 2 * CONSTS["SPLIT"]  # the check's history: two splits
     small = {fp8: make(2, lc, fp8, dev) for fp8 in (False, True)}
-    graphs = {}
+    graphs, regs = {}, {}
     every = [
         (f, s, b, w, st)
         for f in (False, True)
@@ -318,7 +319,8 @@ def sweep(path, configs=None):
         try:
             q, k, v, tab = small[fp8]
             out = torch.zeros(2, 8, 2, CONSTS["GROUP_PAD"], CONSTS["D"], device=dev)
-            launch(q, k, v, tab, out, cfg[1], lc, *cfg[2:])
+            ck = launch(q, k, v, tab, out, cfg[1], lc, *cfg[2:])
+            regs[cfg] = (getattr(ck, "n_regs", None), getattr(ck, "n_spills", None))
             err = (out[:, :, :, : CONSTS["GROUP"]].double() - reference(q, k, v, tab, lc)).abs().max().item()
             if not err < 2e-2:
                 print(cfg, "wrong", err, flush=True)
@@ -339,6 +341,7 @@ def sweep(path, configs=None):
             zip(("fp8", "swap", "block_n", "warps", "stages"), c),
             us=round(min(t), 2),
             speed_vs_best_bf16_normal=round(base / min(t), 3),
+            regs_spills=regs.get(c),
         )
         rows.append(row)
         print(row, flush=True)
@@ -412,6 +415,14 @@ def ceiling(path):
 if __name__ == "__main__":
     if sys.argv[1] == "compile":
         compile_stats()
+    elif sys.argv[1] == "regs":
+        # the fp8 forms under register caps (more programs an SM), with fewer warps for the normal form
+        configs = [(False, False, 32, 4, 2), (False, False, 64, 4, 2)]
+        for reg in (None, 128, 96, 80, 72, 64):
+            configs += [(True, True, 64, 4, st, False, reg) for st in (2, 3)]
+            configs += [(True, False, bn, 4, 2, False, reg) for bn in (64, 128)]
+            configs += [(True, False, bn, 2, 2, False, reg) for bn in (32, 64)]
+        sweep(sys.argv[2], configs=configs)
     elif sys.argv[1] == "ceiling":
         ceiling(sys.argv[2])
     elif sys.argv[1] == "sweep":
