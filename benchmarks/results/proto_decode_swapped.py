@@ -338,7 +338,7 @@ def sweep(path, configs=None):
     base = min(min(t) for c, t in times.items() if not c[0] and not c[1])
     for c, t in sorted(times.items(), key=lambda kv: min(kv[1])):
         row = dict(
-            zip(("fp8", "swap", "block_n", "warps", "stages"), c),
+            zip(("fp8", "swap", "block_n", "warps", "stages", "load_only", "maxnreg"), c),
             us=round(min(t), 2),
             speed_vs_best_bf16_normal=round(base / min(t), 3),
             regs_spills=regs.get(c),
