@@ -423,6 +423,15 @@ if __name__ == "__main__":
             configs += [(True, False, bn, 4, 2, False, reg) for bn in (64, 128)]
             configs += [(True, False, bn, 2, 2, False, reg) for bn in (32, 64)]
         sweep(sys.argv[2], configs=configs)
+    elif sys.argv[1] == "small":
+        # small programs (one or two warps, 16- or 32-key tiles) under register caps, both caches
+        configs = [(False, False, 32, 4, 2), (False, False, 64, 4, 2)]
+        for fp8 in (False, True):
+            for warps, bn in ((1, 16), (1, 32), (2, 16), (2, 32)):
+                for st in (2, 3, 4):
+                    for reg in (None, 128, 112):
+                        configs.append((fp8, False, bn, warps, st, False, reg))
+        sweep(sys.argv[2], configs=configs)
     elif sys.argv[1] == "ceiling":
         ceiling(sys.argv[2])
     elif sys.argv[1] == "sweep":
