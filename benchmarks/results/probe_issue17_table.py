@@ -13,6 +13,10 @@ Every configuration is judged by the oracle first (both fp8 formats, a window an
 prefill beside them); the defaults' outputs must be bit-identical to the previous kernel's.
 
     PYTHONPATH=.dev/old24:. python benchmarks/results/probe_issue17_table.py OUT_JSON
+
+It ran once, on 637ca76's tree (call 24h); the kernel changes it times (``_table_entries`` and the
+decode's mask switches) were reverted after it, the defaults being no faster (``NOTES.md``,
+nineteenth stop), so it needs that tree.
 """
 
 import json

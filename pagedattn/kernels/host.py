@@ -382,9 +382,6 @@ def plan_launch(
             SPLIT_WHOLE=whole,
             FOLD_PARTS=DECODE_FOLD_PARTS,
             LOOP_PARTS=loop_parts,
-            MASK_SPLIT=(DECODE_MASK_SPLIT if FP8_DECODE_MASK_SPLIT is None else FP8_DECODE_MASK_SPLIT)
-            if kv_fp8
-            else DECODE_MASK_SPLIT,
             GROUP_PAD=max(MIN_DOT, group_pad),
             BLOCK_Q=1,
             BLOCK_N=block_n,
@@ -666,10 +663,6 @@ FP32_TILE_INTERPRETER = 32
 #: prefill's longest causal tiles launched first. False gives the kernel of the first round.
 EXP2_SOFTMAX = True
 PREFILL_MASK_SPLIT = True
-#: ... and in the decode's programs of one split: off since the second round (slower at every
-#: B >= 8 point then, bf16, four warps); ``FP8_DECODE_MASK_SPLIT`` over an fp8 cache (None: this)
-DECODE_MASK_SPLIT = False
-FP8_DECODE_MASK_SPLIT: bool | None = None
 PREFILL_HEAVY_FIRST = True
 #: The decode grid's orders of programs: ``sequences_first`` (sequences, splits, kv heads: the
 #: first rounds'), ``heads_fast`` (one axis, kv heads fastest, then splits, then sequences: the
