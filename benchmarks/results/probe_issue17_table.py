@@ -14,9 +14,9 @@ prefill beside them); the defaults' outputs must be bit-identical to the previou
 
     PYTHONPATH=.dev/old24:. python benchmarks/results/probe_issue17_table.py OUT_JSON
 
-It ran once, on 637ca76's tree (call 24h); the kernel changes it times (``_table_entries`` and the
-decode's mask switches) were reverted after it, the defaults being no faster (``NOTES.md``,
-nineteenth stop), so it needs that tree.
+Round 1 ran on 637ca76's tree (call 24h), round 2 (``PROBE_ROUND=2``) on dfe6db5's (call 24i); the
+kernel changes they time (``_table_entries``, round 1's mask switches) were reverted after each, the
+defaults being no faster (``NOTES.md``, nineteenth stop), so each needs its tree.
 """
 
 import json

@@ -171,19 +171,6 @@ def _page_of(j, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
-def _table_entries(table_ptr, j, end, BLOCK_SIZE: tl.constexpr):
-    """The block-table entries [BLOCK_N] (int32) of the keys ``j`` (>= 0) of one sequence's row at
-    ``table_ptr``: those of the pages holding keys below ``end``, 0 past them. Masked a page at a
-    time, not a key at a time: keys of one page then share one load (the mask is as constant
-    along the keys as the address), where a key's own mask made each thread load each key's
-    entry (sm_90, triton 3.9: 12 scalar loads and their predicates a 16-key decode step, against
-    2). A key at or past ``end`` in ``end``'s own page gets its page's real entry; every load of
-    such a key is masked by the caller."""
-    page = _page_of(j, BLOCK_SIZE)
-    return tl.load(table_ptr + page, mask=page < _page_of(end + (BLOCK_SIZE - 1), BLOCK_SIZE), other=0)
-
-
-@triton.jit
 def _slot_of(j, BLOCK_SIZE: tl.constexpr):
     """``j % BLOCK_SIZE`` for key indices ``j >= 0`` (see ``_page_of``)."""
     return (j.to(tl.uint32) % BLOCK_SIZE).to(tl.int32)
@@ -389,9 +376,9 @@ def _attend_tiles(
         if TABLE_AHEAD:
             blk = blk_next
             j_next = j + BLOCK_N
-            blk_next = _table_entries(table_ptr, j_next, hi, BLOCK_SIZE)
+            blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
         else:
-            blk = _table_entries(table_ptr, j, hi, BLOCK_SIZE)
+            blk = tl.load(table_ptr + _page_of(j, BLOCK_SIZE), mask=kmask, other=0)
         m, l_sum, acc = _step(
             q,
             m,
@@ -482,7 +469,7 @@ def _attend(
     With ``EXP2`` the returned max ``m`` is in base 2 (natural-log units times log2(e))."""
     s_scale = _folded_scale(qk_scale, EXP2, USE_SOFTCAP, USE_ALIBI)
     j_next = lo + tl.arange(0, BLOCK_N)
-    blk_next = _table_entries(table_ptr, j_next, hi, BLOCK_SIZE)
+    blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
     if MASK_SPLIT:  # without it, every tile takes the masked path (full_hi is ignored)
         m, l_sum, acc, blk_next = _attend_tiles(
             q,
@@ -1051,7 +1038,7 @@ def _decode_kernel(
             rest_lo = sa * split_size + split_size
             n_tiles += tl.maximum(rest_hi - rest_lo + BLOCK_N - 1, 0) // BLOCK_N
             j_next = j0 + tl.arange(0, BLOCK_N)
-            blk_next = _table_entries(table_ptr, j_next, end, BLOCK_SIZE)
+            blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < end, other=0)
             if SPLIT_WHOLE:  # the merged state so far, from the merge's identity (``_combine``)
                 m_all, l_all, acc_all = _identity(GROUP_PAD, HEAD_DIM_PAD)
             if FOLD_PARTS > 0 and (SPLIT_WHOLE or LOOP_PARTS):  # the current part (index, last split), its state
@@ -1069,7 +1056,7 @@ def _decode_kernel(
                 # switch: this loop has no single-buffered form)
                 blk = blk_next
                 j_next = next_j0 + tl.arange(0, BLOCK_N)
-                blk_next = _table_entries(table_ptr, j_next, next_end, BLOCK_SIZE)
+                blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < next_end, other=0)
                 m, l_sum, acc = _step(
                     q,
                     m,
