@@ -68,6 +68,7 @@ def dec_kernel(
     FP8: tl.constexpr,
     SWAP: tl.constexpr,
     LOAD_ONLY: tl.constexpr = False,
+    SUM_DOT: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     kv_head = pid % n_kv_heads
@@ -126,7 +127,11 @@ def dec_kernel(
             m_new = tl.maximum(m, tl.max(s, 1) * s_scale)
             alpha = tl.exp2(m - m_new)
             p = tl.exp2(s * s_scale[:, None] - m_new[:, None])
-            l_sum = l_sum * alpha + tl.sum(p, 1)
+            if SUM_DOT:  # the row sums by the tensor cores (the weights as the P.V dot takes them)
+                ones = tl.full([BLOCK_N, 16], 1.0, v.dtype)
+                l_sum = l_sum * alpha + tl.max(tl.dot(p.to(v.dtype), ones), 1)
+            else:
+                l_sum = l_sum * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m = m_new
     base = out_ptr + ((seq * n_kv_heads + kv_head) * n_splits + split) * GROUP_PAD * D
@@ -204,7 +209,7 @@ def make(B, L, fp8, device, Hkv=8, seed=0):
     return q, k, v, tab
 
 
-def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3, load_only=False, maxnreg=None):
+def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3, load_only=False, maxnreg=None, sum_dot=False):
     B, Hq, D = q.shape
     Hkv = k.shape[2]
     n_splits = L // CONSTS["SPLIT"]
@@ -225,6 +230,7 @@ def launch(q, k, v, tab, out, swap, L, block_n=64, warps=4, stages=3, load_only=
         FP8=fp8,
         SWAP=swap,
         LOAD_ONLY=load_only,
+        SUM_DOT=sum_dot,
         **({} if maxnreg is None else {"maxnreg": maxnreg}),
         num_warps=warps,
         num_stages=stages,
@@ -412,6 +418,74 @@ def ceiling(path):
     )
 
 
+def warps_bits(path):
+    """Whether one-warp and four-warp programs of 16-key tiles compute the same bits (fp8, the
+    normal form), with the row sums by ``tl.sum`` and by a dot with ones (``SUM_DOT``); and the
+    four-warp 16-key form's speed at small batches beside the one-warp form and the 64-key one."""
+    sys.path.insert(0, "benchmarks")
+    from bench_paged_attention import bench, graph_replay
+
+    dev = "cuda"
+    res = {
+        "bits": [],
+        "rows": [],
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+    }
+    q, k, v, tab = make(4, 2048, True, dev, seed=3)
+    ref = reference(q, k, v, tab, 2048)
+    for sum_dot in (False, True):
+        outs = {}
+        for warps in (1, 2, 4):
+            out = torch.zeros(4, 8, 4, CONSTS["GROUP_PAD"], CONSTS["D"], device=dev)
+            launch(q, k, v, tab, out, False, 2048, 16, warps, 2, False, 128 if warps == 1 else None, sum_dot)
+            outs[warps] = out
+        err = (outs[1][:, :, :, : CONSTS["GROUP"]].double() - ref).abs().max().item()
+        row = {
+            "sum_dot": sum_dot,
+            "max_abs_err_1warp": err,
+            "same_1_4": bool(torch.equal(outs[1], outs[4])),
+            "same_1_2": bool(torch.equal(outs[1], outs[2])),
+        }
+        row["differ_1_4"] = int((outs[1] != outs[4]).sum())
+        res["bits"].append(row)
+        print(row, flush=True)
+    configs = {
+        "bf16 4w 64": (False, 64, 4, 3, None, False),
+        "fp8 4w 64": (True, 64, 4, 3, None, False),
+        "fp8 4w 16 sumdot": (True, 16, 4, 2, None, True),
+        "fp8 4w 16": (True, 16, 4, 2, None, False),
+        "fp8 1w 16 sumdot": (True, 16, 1, 2, 128, True),
+        "fp8 1w 16": (True, 16, 1, 2, 128, False),
+    }
+    for B, L in ((1, 4096), (8, 2048), (8, 8192), (32, 4096), (128, 4096)):
+        data = {fp8: make(B, L, fp8, dev) for fp8 in (False, True)}
+        graphs = {}
+        for name, (fp8, bn, w, st, reg, sd) in configs.items():
+            qq, kk, vv, tt = data[fp8]
+            out = torch.empty(B, 8, L // CONSTS["SPLIT"], CONSTS["GROUP_PAD"], CONSTS["D"], device=dev)
+            fn = lambda qq=qq, kk=kk, vv=vv, tt=tt, out=out, bn=bn, w=w, st=st, reg=reg, sd=sd: launch(
+                qq, kk, vv, tt, out, False, L, bn, w, st, False, reg, sd
+            )
+            graphs[name] = (graph_replay(fn, dev), out)
+        times = {n: [] for n in graphs}
+        for _ in range(3):
+            for n, (g, _) in graphs.items():
+                times[n].append(bench(g, dev) * 1e3)
+        best = {n: min(t) for n, t in times.items()}
+        row = {
+            "B": B,
+            "L": L,
+            "us": {n: round(t, 2) for n, t in best.items()},
+            "x_bf16": {n: round(best["bf16 4w 64"] / t, 3) for n, t in best.items()},
+        }
+        res["rows"].append(row)
+        print(row, flush=True)
+        del graphs, data
+    json.dump(res, open(path, "w"), indent=1)
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "compile":
         compile_stats()
@@ -432,6 +506,8 @@ if __name__ == "__main__":
                     for reg in (None, 128, 112):
                         configs.append((fp8, False, bn, warps, st, False, reg))
         sweep(sys.argv[2], configs=configs)
+    elif sys.argv[1] == "warps":
+        warps_bits(sys.argv[2])
     elif sys.argv[1] == "ceiling":
         ceiling(sys.argv[2])
     elif sys.argv[1] == "sweep":
