@@ -146,12 +146,15 @@ class SearchRun:
     starved: bool = False  # stopped by the budget before any claimed draw was judged
     declined: int = 0  # draws the backend did not claim (its capabilities, or a skip at run time)
     _deadline: float = 0.0
-    _share: float = 0.0
+
+    @property
+    def _share(self) -> float:
+        """This item's share of the search's budget, in seconds."""
+        return self.budget_s / self.item.count
 
     def run(self) -> None:
         """Search until the draws or the budget are spent; fail with the smallest failing case."""
         start = time.monotonic()
-        self._share = self.budget_s / self.item.count
         self._deadline = start + self._share
         # in the record from the start, so that a fault of the search itself is reported too
         note(self.node, id=self.item.id, family=FAMILY, dtype="mixed", operation="attention", status="error")
