@@ -5,6 +5,7 @@ first, and a failure message in the suite's shape."""
 import importlib
 import importlib.util
 import json
+import os
 import re
 import sys
 import time
@@ -26,8 +27,16 @@ from pagedattn.options import positive_seconds
 from pagedattn.record import noted
 from pagedattn.search import SearchRun, spec_size
 from pagedattn.search_plan import SearchItem, grid_configurations, search_items
+from pagedattn.session import SUITE_DIR
 from pagedattn.suite import Suite
 from tests.helpers import run_inprocess, searched
+
+#: how the runs below name the suite: by its directory (``conformance/`` in a checkout, the installed
+#: package's in a wheel: ``session.SUITE_DIR``), not ``--pyargs pagedattn.conformance``, and with the
+#: plugin by its module's name, which its entry point shares (never registered twice), so that they
+#: run in a checkout that is not installed too (``PYTHONPATH=.``, as the GPU machine runs the tree)
+SUITE_RUN = ("-p", "pagedattn.plugin")
+SEARCH_MODULE = os.path.join(SUITE_DIR, "test_search.py")
 
 # Planted backends, written into each pytester directory (tests/bad_backends.py is another helper's).
 PLANTED = '''
@@ -408,12 +417,12 @@ def test_search_items_find_save_and_replay(pytester):
     warning, and a replay that fails again."""
     pytester.makepyfile(planted=PLANTED)
     args = [
+        *SUITE_RUN,
         "-p",
         "no:cacheprovider",
         "-W",
         "error::hypothesis.errors.HypothesisWarning",
-        "--pyargs",
-        "pagedattn.conformance.test_search",
+        SEARCH_MODULE,
         "--report-json=report.json",
         "--search-budget=10",
     ]
@@ -431,7 +440,7 @@ def test_search_items_find_save_and_replay(pytester):
     assert "seqs=((41, 1),)" in rec["worst_case"], rec["worst_case"]
     replay = re.search(r"replay: (pytest .*)", out).group(1)
     assert replay == rec["replay"]
-    again = run_inprocess(pytester, "-p", "no:cacheprovider", *replay.split()[1:])
+    again = run_inprocess(pytester, *SUITE_RUN, "-p", "no:cacheprovider", *replay.split()[1:])
     again.assert_outcomes(failed=1)
 
     passing = run_inprocess(pytester, *args, "--backend=planted.py:Correct", "--search-budget=2", "-v")
@@ -460,8 +469,8 @@ def test_fresh_draws_take_only_claimed_axes(tmp_path):
 
 def test_items_per_profile_each_in_its_own_xdist_group(pytester):
     items, _ = pytester.inline_genitems(
-        "--pyargs",
-        "pagedattn.conformance.test_search",
+        *SUITE_RUN,
+        SEARCH_MODULE,
         "--backend=reference",
         "--profile=standard",
         "--search-examples=10",
@@ -479,7 +488,7 @@ def test_items_run_among_the_last_cases_a_stride_apart(pytester):
     from pagedattn.record import noted as facts
 
     for select in ([], ["-k", "search or decode"]):  # spread among what is left after -k
-        args = ("--pyargs", "pagedattn.conformance", "--backend=reference", "--profile=standard", "--co", *select)
+        args = (*SUITE_RUN, SUITE_DIR, "--backend=reference", "--profile=standard", "--co", *select)
         rec = pytester.inline_run(*args)
         items = rec.getcalls("pytest_collection_finish")[0].session.items  # in the run's order
         where = [n for n, i in enumerate(items) if i.name.startswith("test_search[")]
