@@ -37,6 +37,9 @@ from tests.helpers import run_inprocess, searched
 #: run in a checkout that is not installed too (``PYTHONPATH=.``, as the GPU machine runs the tree)
 SUITE_RUN = ("-p", "pagedattn.plugin")
 SEARCH_MODULE = os.path.join(SUITE_DIR, "test_search.py")
+#: the reference backend by its path, not its name: the names are entry points, which a tree that
+#: is not installed lacks
+REFERENCE = "--backend=pagedattn.adapters.reference:ReferenceBackend"
 
 # Planted backends, written into each pytester directory (tests/bad_backends.py is another helper's).
 PLANTED = '''
@@ -471,7 +474,7 @@ def test_items_per_profile_each_in_its_own_xdist_group(pytester):
     items, _ = pytester.inline_genitems(
         *SUITE_RUN,
         SEARCH_MODULE,
-        "--backend=reference",
+        REFERENCE,
         "--profile=standard",
         "--search-examples=10",
     )
@@ -488,7 +491,7 @@ def test_items_run_among_the_last_cases_a_stride_apart(pytester):
     from pagedattn.record import noted as facts
 
     for select in ([], ["-k", "search or decode"]):  # spread among what is left after -k
-        args = (*SUITE_RUN, SUITE_DIR, "--backend=reference", "--profile=standard", "--co", *select)
+        args = (*SUITE_RUN, SUITE_DIR, REFERENCE, "--profile=standard", "--co", *select)
         rec = pytester.inline_run(*args)
         items = rec.getcalls("pytest_collection_finish")[0].session.items  # in the run's order
         where = [n for n, i in enumerate(items) if i.name.startswith("test_search[")]
