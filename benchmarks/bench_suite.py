@@ -61,7 +61,7 @@ SMOKE_CASES = [
 ]
 
 
-#: ``pagedattn.oracle.fused.ENV``: ``0`` turns the check's fused path off
+#: ``pagedattn.verdict_kernel.host.ENV``: ``0`` turns the check's fused path off
 FUSED_ENV = "PAGEDATTN_FUSED_CHECK"
 #: set by ``--device-path`` for the measuring processes
 DEVICE_PATH_ENV = "PAGEDATTN_BENCH_DEVICE_PATH"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pagedattn.cases import grid
-from pagedattn.properties import PROPERTIES
+from pagedattn.runner.properties import PROPERTIES
 
 FAMILY = "properties"
 

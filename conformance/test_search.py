@@ -5,13 +5,13 @@ minimal case that is saved, with the command that replays it.
 
 Split into items ``test_search[seed0]`` ... (their number per profile) that xdist spreads;
 each has its own fixed seed and its share of the budget and of ``--search-examples``.
-Regressions found once are pinned in ``pagedattn.search.PINNED``; the bookkeeping
-lives in ``pagedattn.search``.
+Regressions found once are pinned in ``pagedattn.runner.search.PINNED``; the bookkeeping
+lives in ``pagedattn.runner.search``.
 """
 
 import pytest
 
-from pagedattn.search_plan import budget_seconds, search_items
+from pagedattn.runner.search_plan import budget_seconds, search_items
 
 FAMILY = "search"
 
@@ -30,7 +30,7 @@ def pytest_generate_tests(metafunc):
 def test_search(pagedattn_suite, search_item, request):
     # hypothesis is imported here, not when the suite is collected: ~1 s of every xdist
     # worker's start, before any case runs (the budget's clock starts inside SearchRun.run)
-    from pagedattn.search import SearchRun
+    from pagedattn.runner.search import SearchRun
 
     budget = budget_seconds(request.config.getoption("--search-budget"), pagedattn_suite.device)
     SearchRun(pagedattn_suite, request.node, search_item, budget).run()

@@ -58,8 +58,8 @@ def print_report(path: str) -> int:
     unsupported or expected to fail) and the run had no error, 1 if not (a failing case, the
     run's ``error``: a backend that could not be loaded or built, or its exit status), 2 if
     the file is not a report."""
-    from pagedattn.status import FAILING
-    from pagedattn.table import summary_lines
+    from pagedattn.runner.status import FAILING
+    from pagedattn.runner.table import summary_lines
 
     try:
         with open(path) as f:

@@ -3,10 +3,10 @@
 Registered through the ``pytest11`` entry point (``-p pagedattn.plugin`` from a
 checkout without an install). It does nothing unless a test asks for the
 ``conformance_spec`` fixture or ``--backend`` is given. The work is done elsewhere:
-``pagedattn.collection`` (which cases, in what order), ``pagedattn.suite`` and
-``pagedattn.properties`` (what a case does), ``pagedattn.recorder`` and
-``pagedattn.record`` (one record per case), ``pagedattn.report`` (header, summary, JSON),
-``pagedattn.expectations`` (known failures) and ``pagedattn.replay`` (saved cases).
+``pagedattn.runner.collection`` (which cases, in what order), ``pagedattn.runner.suite`` and
+``pagedattn.runner.properties`` (what a case does), ``pagedattn.runner.recording`` and
+``pagedattn.runner.case_record`` (one record per case), ``pagedattn.runner.report`` (header, summary, JSON),
+``pagedattn.runner.expectations`` (known failures) and ``pagedattn.runner.replay`` (saved cases).
 """
 
 from __future__ import annotations
@@ -23,17 +23,18 @@ import pytest
 # torch-free on purpose: this module is imported by every pytest session where pagedattn is
 # installed; torch, the cases, the suite and the backend loaders are imported by the hooks
 # that need them, once --backend is given
-from pagedattn import collection, recorder, report
-from pagedattn.book import CRASH_HINT, RecordBook
-from pagedattn.expectations import load_expectations
-from pagedattn.options import DEFAULT_TIMEOUT_S, NO_LIMIT, PROFILES, case_timeout, positive_seconds
-from pagedattn.record import note, noted
-from pagedattn.replay import ReplaySpec, rerun_command
-from pagedattn.session import RUN_KEY, SUITE_DIR, SUITE_KEY, Run
+from pagedattn.runner import collection, report
+from pagedattn.runner import recording as recorder
+from pagedattn.runner.case_record import note, noted
+from pagedattn.runner.expectations import load_expectations
+from pagedattn.runner.options import DEFAULT_TIMEOUT_S, NO_LIMIT, PROFILES, case_timeout, positive_seconds
+from pagedattn.runner.record_book import CRASH_HINT, RecordBook
+from pagedattn.runner.replay import ReplaySpec, rerun_command
+from pagedattn.runner.session import RUN_KEY, SUITE_DIR, SUITE_KEY, Run
 
 if TYPE_CHECKING:
     from pagedattn.adapters.protocol import Backend
-    from pagedattn.suite import Suite
+    from pagedattn.runner.suite import Suite
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -158,7 +159,7 @@ def pytest_configure(config: pytest.Config) -> None:
         run.controller = True
         if config.getoption("dist") == "load" and run.isolate:
             config.option.dist = "loadgroup"
-        from pagedattn.backend_spec import spec_problem
+        from pagedattn.runner.backend_spec import spec_problem
 
         # before the workers start (each would fail to load it), where they see what this process sees
         problem = spec_problem(spec) if workers_share_this_process(config.getoption("tx", None)) else None
@@ -181,7 +182,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if backend is None:
         return
     from pagedattn.adapters.loading import backend_info
-    from pagedattn.suite import Suite
+    from pagedattn.runner.suite import Suite
 
     run.info = backend_info(backend)
     suite_path = os.path.relpath(SUITE_DIR)
@@ -220,8 +221,8 @@ def _construct(run: Run, spec: str, device: str) -> tuple[Backend | None, list[s
     """The backend (in this process, or isolated in a child) and the arguments a replay
     command repeats; ``None`` when it crashed while being constructed (``run.broken``)."""
     from pagedattn.adapters.loading import BackendLoadError, load_backend
-    from pagedattn.faults import BackendFault
-    from pagedattn.isolation import isolated_backend
+    from pagedattn.runner.faults import BackendFault
+    from pagedattn.runner.isolation import isolated_backend
 
     extra = [f"--profile={run.profile}"]
     if run.book is not None:
@@ -372,7 +373,7 @@ def warmup_ahead_wanted(config: pytest.Config, run: Run) -> bool:
 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """After deselection (``-k``, ``-m``): start this process's warm-up ahead
-    (``pagedattn.ahead``) over the items it may run, where ``--warmup-ahead`` and the
+    (``pagedattn.runner.warmup``) over the items it may run, where ``--warmup-ahead`` and the
     backend allow; the choice goes into ``run.info``."""
     config = session.config
     run, suite = config.stash.get(RUN_KEY, None), config.stash.get(SUITE_KEY, None)
@@ -384,8 +385,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     run.info["warmup_ahead"] = on
     if not on:
         return
-    from pagedattn import ahead
     from pagedattn.cases.spec import CaseSpec
+    from pagedattn.runner import warmup as ahead
 
     cases = []
     for item in session.items:
@@ -425,7 +426,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         suite.ahead.stop()
         run.info["warmup_ahead_stats"] = suite.ahead.stats()
     if run.controller and run.testrunuid:
-        from pagedattn.ahead import remove_claims
+        from pagedattn.runner.warmup import remove_claims
 
         remove_claims(run.testrunuid)  # the workers' claim files
     if hasattr(config, "workerinput"):

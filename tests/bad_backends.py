@@ -249,7 +249,7 @@ class WarmsUp(Correct):
     def warmup(self, case):
         import os
 
-        from pagedattn.suite import case_configuration
+        from pagedattn.runner.suite import case_configuration
 
         with open(os.environ["PAGEDATTN_TEST_WARMLOG"], "a") as f:
             f.write(f"{os.getpid()} {case_configuration(case, 'attention')}\n")
@@ -271,7 +271,7 @@ class WarmsUpAhead(Correct):
         import os
         import threading
 
-        from pagedattn.suite import case_configuration
+        from pagedattn.runner.suite import case_configuration
 
         regimes = "+".join(sorted({"decode" if q == 1 else "prefill" for q in case.query_lens}))
         with open(os.environ["PAGEDATTN_TEST_WARMLOG"], "a") as f:

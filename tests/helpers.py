@@ -15,15 +15,15 @@ from pagedattn.oracle import PagedCase
 #: What a conformance session imports (the plugin's hooks import most of it lazily).
 SESSION_MODULES = (
     "pagedattn.adapters.loading",
-    "pagedattn.book",
-    "pagedattn.collection",
-    "pagedattn.faults",
-    "pagedattn.isolation",
-    "pagedattn.properties",
-    "pagedattn.recorder",
-    "pagedattn.replay",
-    "pagedattn.report",
-    "pagedattn.suite",
+    "pagedattn.runner.record_book",
+    "pagedattn.runner.collection",
+    "pagedattn.runner.faults",
+    "pagedattn.runner.isolation",
+    "pagedattn.runner.properties",
+    "pagedattn.runner.recording",
+    "pagedattn.runner.replay",
+    "pagedattn.runner.report",
+    "pagedattn.runner.suite",
 )
 
 
@@ -140,7 +140,7 @@ def make_case(
 
 
 def searched(run) -> None:
-    """``run.run()`` of a ``pagedattn.search.SearchRun``, where a skip (the item unsupported or not
+    """``run.run()`` of a ``pagedattn.runner.search.SearchRun``, where a skip (the item unsupported or not
     run) fails the test: a test that expects a verdict must not pass by skipping (and
     ``pytest.raises`` of a failure lets a skip through)."""
     try:

@@ -11,7 +11,7 @@ import torch
 from pagedattn import PagedCase
 from pagedattn.cases import CaseSpec, load_case, save_case
 from pagedattn.cases.io import CaseFileError
-from pagedattn.expectations import glob_match
+from pagedattn.runner.expectations import glob_match
 from tests.helpers import import_session_modules, make_case, run_inprocess
 
 import_session_modules()  # before the in-process runs below (see its docstring)

@@ -18,11 +18,11 @@ from pagedattn.adapters.protocol import (
     SupportsWarmup,
     SupportsWriteCache,
 )
-from pagedattn.isolation import IsolatedBackend, isolated_backend
-from pagedattn.record import noted
-from pagedattn.search import SearchRun
-from pagedattn.search_plan import SearchItem
-from pagedattn.suite import Suite
+from pagedattn.runner.case_record import noted
+from pagedattn.runner.isolation import IsolatedBackend, isolated_backend
+from pagedattn.runner.search import SearchRun
+from pagedattn.runner.search_plan import SearchItem
+from pagedattn.runner.suite import Suite
 from tests.helpers import searched
 
 OPTIONAL = (SupportsGather, SupportsLse, SupportsWarmup, SupportsWriteCache)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import pagedattn
-from pagedattn import options
+from pagedattn.runner import options
 
 HEAVY = ("torch", "triton", "numpy", "hypothesis")
 
@@ -75,7 +75,7 @@ def test_public_names_resolve_lazily():
 def test_the_grid_takes_its_profiles_from_the_torch_free_options():
     grid = importlib.import_module("pagedattn.cases.grid")  # the module: pagedattn.cases.grid is also a function
 
-    assert grid.PROFILES is options.PROFILES, "grid.PROFILES must be pagedattn.options.PROFILES"
+    assert grid.PROFILES is options.PROFILES, "grid.PROFILES must be pagedattn.runner.options.PROFILES"
 
 
 def test_collecting_the_suite_imports_no_hypothesis(pytester):

@@ -172,8 +172,8 @@ def test_python_m_pagedattn_lists_an_absent_package_as_not_installed(monkeypatch
 
 def test_python_m_pagedattn_report_prints_a_report_table(tmp_path, capsys):
     from pagedattn import __main__ as main
-    from pagedattn.book import RecordBook
-    from pagedattn.record import CaseRecord, Status
+    from pagedattn.runner.case_record import CaseRecord, Status
+    from pagedattn.runner.record_book import RecordBook
 
     book = RecordBook(str(tmp_path / "r.json"), header={"target": {"backend": "x", "runs_on": "x (cpu)"}})
     book.records["a"] = CaseRecord(

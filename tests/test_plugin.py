@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from pagedattn.ahead import claim_dir
+from pagedattn.runner.warmup import claim_dir
 from tests.helpers import N_DECODE, N_DECODE_FP32, import_session_modules, run_inprocess
 
 import_session_modules()  # before the in-process runs below (see its docstring)
@@ -216,7 +216,7 @@ def test_json_report_schema(pytester):
 def test_xdist_gives_the_serial_outcome(pytester):
     import torch
 
-    from pagedattn import report
+    from pagedattn.runner import report
 
     args = (DECODE, "pagedattn.conformance.test_properties", "--backend=reference")
     # the controller starts its workers before it imports torch (Run.device, the header):
@@ -261,7 +261,7 @@ import json, sys
 def pytest_xdist_setupnodes(config, specs):
     open("at-setup.json", "w").write(json.dumps([m for m in ("torch", "hypothesis") if m in sys.modules]))
 def pytest_unconfigure(config):
-    from pagedattn.session import RUN_KEY
+    from pagedattn.runner.session import RUN_KEY
     run = config.stash.get(RUN_KEY, None)
     if run is not None and run.controller:
         thread = run.preload
@@ -376,8 +376,8 @@ def _report(nodeid, when, outcome, facts=None, longrepr=None, **extra):
 def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
     """The one owner of the records: pytest's outcome and the suite's facts decide the
     status (a ``status`` fact is ignored); the file is valid JSON at every step."""
-    from pagedattn.book import RecordBook
-    from pagedattn.record import base_record
+    from pagedattn.runner.case_record import base_record
+    from pagedattn.runner.record_book import RecordBook
 
     path = tmp_path / "r.json"
     book = RecordBook(str(path), header={"schema": "test"})
@@ -438,7 +438,7 @@ def test_the_record_book_decides_every_status_from_reports_and_facts(tmp_path):
 @pytest.mark.slow  # an xdist run's processes, 9-16 s: CI's second step
 def test_warmup_ahead_compiles_each_kernel_class_once_across_workers(pytester, bad, monkeypatch):
     """``--warmup-ahead=on`` under -n 2: each worker's background thread compiles later kernel
-    classes (``pagedattn.ahead``); across both workers no class twice, and the report counts
+    classes (``pagedattn.runner.warmup``); across both workers no class twice, and the report counts
     what they did. The verdicts are the serial run's."""
     warm = pytester.path / "warm.log"
     monkeypatch.setenv("PAGEDATTN_TEST_WARMLOG", str(warm))
@@ -480,8 +480,8 @@ def test_warmup_ahead_is_off_on_the_cpu_by_default_and_under_isolate(pytester, b
 def test_the_record_book_writes_only_changed_cases_anew_and_the_same_json(tmp_path):
     """A flush in progress re-encodes only the records changed since the last one; the file
     is exactly the report encoded whole (non-finite metrics as strings included)."""
-    from pagedattn.book import RecordBook
-    from pagedattn.record import clean
+    from pagedattn.runner.case_record import clean
+    from pagedattn.runner.record_book import RecordBook
 
     path = tmp_path / "r.json"
     book = RecordBook(str(path), header=lambda: {"schema": "test", "cases_seen": len(book.case_dicts())})
@@ -540,10 +540,10 @@ def test_a_worker_crash_says_the_warmup_ahead_was_on_only_where_it_was(tmp_path)
     a start placeholder goes when its case finishes, hint or not."""
     from types import SimpleNamespace
 
-    from pagedattn.book import CRASH_HINT, RecordBook
-    from pagedattn.record import AHEAD_KEY
-    from pagedattn.recorder import Recorder
-    from pagedattn.session import Run
+    from pagedattn.runner.case_record import AHEAD_KEY
+    from pagedattn.runner.record_book import CRASH_HINT, RecordBook
+    from pagedattn.runner.recording import Recorder
+    from pagedattn.runner.session import Run
 
     book = RecordBook(str(tmp_path / "r.json"), header={"schema": "test"})
     recorder = Recorder.__new__(Recorder)
@@ -574,8 +574,8 @@ def test_a_worker_crash_says_the_warmup_ahead_was_on_only_where_it_was(tmp_path)
 def test_a_serial_crash_carries_the_hint_only_while_the_walk_is_on(tmp_path):
     """In one process the plugin sets the hint when the walk starts and the walk's end
     clears it: a crash after the walk is worded like any other."""
-    from pagedattn import ahead
-    from pagedattn.book import CRASH_HINT, RecordBook
+    from pagedattn.runner import warmup as ahead
+    from pagedattn.runner.record_book import CRASH_HINT, RecordBook
 
     book = RecordBook(str(tmp_path / "r.json"), header={"schema": "test"})
     book.crash_hint = CRASH_HINT
@@ -656,7 +656,7 @@ def test_a_backend_that_cannot_load_is_a_usage_error_in_the_report_too(pytester,
 def test_a_workers_failed_start_is_told_in_one_line():
     """What a pytest-xdist worker's failed start leaves (its traceback) as the report's error: the
     usage error's message, with the exception of an import it wraps, else the last line."""
-    from pagedattn.recorder import _startup_failure
+    from pagedattn.runner.recording import _startup_failure
 
     tb = (
         'Traceback (most recent call last):\n  File "x.py", line 1, in f\n'
@@ -696,10 +696,10 @@ def test_a_workers_failed_start_is_the_runs_error_only_where_no_worker_started()
     exit status are the cases'. A healthy worker's finish does not erase a failure seen before."""
     from types import SimpleNamespace
 
-    from pagedattn.book import RecordBook
-    from pagedattn.recorder import Recorder, finish
-    from pagedattn.session import Run
-    from pagedattn.status import Status
+    from pagedattn.runner.record_book import RecordBook
+    from pagedattn.runner.recording import Recorder, finish
+    from pagedattn.runner.session import Run
+    from pagedattn.runner.status import Status
 
     config = SimpleNamespace(getoption=lambda name, default=None: "load")
     tb = "Traceback (most recent call last):\n_pytest.config.exceptions.UsageError: --backend=m:B: CUDA error\n"
@@ -752,7 +752,7 @@ def test_a_backend_spec_is_checked_without_importing_the_backend(tmp_path):
     entry point, a missing file and an unknown top-level module, and imports nothing to do so."""
     import sys
 
-    from pagedattn.backend_spec import spec_problem
+    from pagedattn.runner.backend_spec import spec_problem
 
     assert spec_problem("reference") is None and spec_problem("pagedattn.adapters.reference:ReferenceBackend") is None
     assert "unknown backend. Available:" in spec_problem("nosuch")

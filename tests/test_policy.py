@@ -380,7 +380,7 @@ def test_the_suite_judges_a_backend_by_its_declared_qk_precision():
     """``Capabilities.qk_precision`` reaches the checks through ``Suite.policy``: the
     input-dtype-products kernel passes when declared, and the same output fails as fp32."""
     from pagedattn import Capabilities
-    from pagedattn.suite import Suite
+    from pagedattn.runner.suite import Suite
 
     class Declares:
         name = "input-products"
@@ -617,11 +617,11 @@ _FUSED_SLOW = {"fp32-window", "bf16-softcap-alibi"}
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy on NaN
 def test_the_fused_check_judges_as_the_torch_path(name, monkeypatch):
     """On a GPU the check forms the bound and the verdict in one Triton kernel a block
-    (``pagedattn.oracle.fused``); here under the Triton interpreter (compiled, on a GPU). Its
+    (``pagedattn.verdict_kernel.host``); here under the Triton interpreter (compiled, on a GPU). Its
     verdicts are the torch path's, the output's and the log-sum-exp's, over several blocks:
     a precision bug's, and NaN, infinite and finite errors together (the first NaN stays the
     worst, however the blocks fall)."""
-    from pagedattn.oracle import fused
+    from pagedattn.verdict_kernel import host as gpu_check
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
@@ -636,13 +636,13 @@ def test_the_fused_check_judges_as_the_torch_path(name, monkeypatch):
     lse_nan[case.num_tokens - 1, 0] = float("nan")
     results = []
     for on in (False, True):
-        monkeypatch.setattr(fused, "ON_CPU", on)
+        monkeypatch.setattr(gpu_check, "ON_CPU", on)
         monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
         if not on:
-            monkeypatch.setenv(fused.ENV, "0")
+            monkeypatch.setenv(gpu_check.ENV, "0")
         else:
-            monkeypatch.delenv(fused.ENV, raising=False)
-        assert fused.usable(case) == on
+            monkeypatch.delenv(gpu_check.ENV, raising=False)
+        assert gpu_check.usable(case) == on
         results.append([check_attention(bug, case), *check_attention_lse(nan, lse_nan, case)])
     for torch_path, fused_path in zip(*results):
         assert _same_verdict(torch_path, fused_path), f"{name}:\n{torch_path}\n{fused_path}"
@@ -654,9 +654,10 @@ import json, re, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import triton
-from pagedattn.oracle import fused, policy
+from pagedattn.oracle import policy
+from pagedattn.verdict_kernel import host as gpu_check
 
-kernels = fused._compiled()
+kernels = gpu_check._compiled()
 
 
 def compile(kernel, consts, ptr_type):
@@ -683,8 +684,8 @@ f64 = {"o_ptr", "ex_ptr", "c_ptr", "q_ptr", "rm_ptr", "fl_ptr", "lse_ptr", "kn_p
        "pa_ptr"}
 results = []
 for out_type, block_d in json.loads(sys.argv[1]):
-    consts = {"BLOCK_D": block_d, "BLOCK_K": fused.KEY_BLOCK, "BLOCK_J": max(1, fused.INLINE_TILE // block_d),
-              "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W, "NS": fused.ROW_STATS}
+    consts = {"BLOCK_D": block_d, "BLOCK_K": gpu_check.KEY_BLOCK, "BLOCK_J": max(1, gpu_check.INLINE_TILE // block_d),
+              "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W, "NS": gpu_check.ROW_STATS}
     r = compile(kernels.verdict, consts, lambda n: out_type if n == "out_ptr" else "fp64" if n in f64 else "fp32")
     results.append(dict(r, cfg=["verdict", out_type, block_d]))
     moments = {"BLOCK_R": 4096 // block_d, "BLOCK_D": block_d}
@@ -693,7 +694,7 @@ for out_type, block_d in json.loads(sys.argv[1]):
     sums = {"BLOCK_J": consts["BLOCK_J"], "BLOCK_D": block_d}
     r = compile(kernels.decode_sums, sums, lambda n: "fp64")
     results.append(dict(r, cfg=["decode_sums", block_d]))
-r = compile(kernels.reduce, {"NS": fused.STATS, "BLOCK": 1024}, lambda n: "fp64")
+r = compile(kernels.reduce, {"NS": gpu_check.STATS, "BLOCK": 1024}, lambda n: "fp64")
 results.append(dict(r, cfg=["reduce"]))
 print(json.dumps(results))
 """
@@ -730,16 +731,16 @@ def test_a_bound_past_float32s_range_judges_nothing(fused_path, monkeypatch):
     output passing). On the device path the decode's sums are float64 (``policy.direct_decode``):
     its bound stays finite and the doubled output fails it. The fused path runs under the
     interpreter here, compiled on a GPU."""
-    from pagedattn.oracle import fused
+    from pagedattn.verdict_kernel import host as gpu_check
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    monkeypatch.setattr(fused, "ON_CPU", fused_path)
+    monkeypatch.setattr(gpu_check, "ON_CPU", fused_path)
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", fused_path)
-    monkeypatch.setenv(fused.ENV, "1" if fused_path else "0")
+    monkeypatch.setenv(gpu_check.ENV, "1" if fused_path else "0")
     for window in (None, 8):
         case = CaseSpec("t", ((40, 1), (30, 5)), num_heads=4, num_kv_heads=2, sliding_window=window).build()
         case = case.replace(value_cache=case.value_cache * 1e20).to(device)
-        assert fused.usable(case) == fused_path
+        assert gpu_check.usable(case) == fused_path
         ref = paged_attention_reference(case).to(case.dtype)
         check = check_attention(ref * 2, case)
         assert not check.passed and not check.bound < float("inf"), str(check)

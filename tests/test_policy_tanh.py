@@ -12,8 +12,8 @@ from pagedattn.adapters.loading import backend_info
 from pagedattn.cases import CaseSpec
 from pagedattn.oracle import check_attention, check_attention_lse
 from pagedattn.oracle.policy import U_RCP_APPROX, U_TANH_APPROX, attention_lse_error_bounds
-from pagedattn.report import _claims_lines
-from pagedattn.suite import Suite
+from pagedattn.runner.report import _claims_lines
+from pagedattn.runner.suite import Suite
 from tests.approx_tanh import BUGS, PTX_TANH_REL, ApproxTanhBackend, approx_softcap_attention
 
 #: small caps the scores saturate, fp32 output and lse; and the quick profile's lse case that

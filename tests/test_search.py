@@ -17,18 +17,18 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pagedattn.search as search
-import pagedattn.search_plan as search_plan
+import pagedattn.runner.search as search
+import pagedattn.runner.search_plan as search_plan
 from pagedattn import Capabilities
 from pagedattn.cases import CaseSpec, load_case, strategies
 from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.strategies import case_specs
-from pagedattn.options import positive_seconds
-from pagedattn.record import noted
-from pagedattn.search import SearchRun, spec_size
-from pagedattn.search_plan import SearchItem, grid_configurations, search_items
-from pagedattn.session import SUITE_DIR
-from pagedattn.suite import Suite
+from pagedattn.runner.case_record import noted
+from pagedattn.runner.options import positive_seconds
+from pagedattn.runner.search import SearchRun, spec_size
+from pagedattn.runner.search_plan import SearchItem, grid_configurations, search_items
+from pagedattn.runner.session import SUITE_DIR
+from pagedattn.runner.suite import Suite
 from tests.helpers import run_inprocess, searched
 
 #: how the runs below name the suite: by its directory (``conformance/`` in a checkout, the installed
@@ -487,8 +487,8 @@ def test_items_per_profile_each_in_its_own_xdist_group(pytester):
 def test_items_run_among_the_last_cases_a_stride_apart(pytester):
     """xdist's ``load`` keeps each worker two items ahead: the search's items, each seconds
     long, go among the last cases (``collection.spread_search``) so that no worker queues two."""
-    from pagedattn.collection import SEARCH_STRIDE
-    from pagedattn.record import noted as facts
+    from pagedattn.runner.case_record import noted as facts
+    from pagedattn.runner.collection import SEARCH_STRIDE
 
     for select in ([], ["-k", "search or decode"]):  # spread among what is left after -k
         args = (*SUITE_RUN, SUITE_DIR, REFERENCE, "--profile=standard", "--co", *select)
@@ -507,7 +507,7 @@ def test_items_run_among_the_last_cases_a_stride_apart(pytester):
     "rest, search, expected", [(7, 2, "cccSccScc"), (2, 3, "SSScc"), (3, 3, "SScScc"), (0, 2, "SS"), (4, 0, "cccc")]
 )
 def test_spread_search_places_each_item_a_stride_before_the_end(rest, search, expected, monkeypatch):
-    from pagedattn import collection
+    from pagedattn.runner import collection
 
     monkeypatch.setattr(collection, "SEARCH_STRIDE", 2)
     cases, found = [f"c{k}" for k in range(rest)], [f"S{k}" for k in range(search)]

@@ -9,9 +9,9 @@ import torch
 from pagedattn.cases import grid
 from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.spec import CaseSpec, case_seed
-from pagedattn.properties import permute_blocks
-from pagedattn.record import OPERATIONS
-from pagedattn.suite import PLACEMENT_STREAM, case_configuration
+from pagedattn.runner.case_record import OPERATIONS
+from pagedattn.runner.properties import permute_blocks
+from pagedattn.runner.suite import PLACEMENT_STREAM, case_configuration
 
 
 @pytest.mark.parametrize("family", sorted({s.family for s in grid("quick")}))

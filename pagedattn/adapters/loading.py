@@ -19,7 +19,7 @@ from typing import Any, cast
 from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.adapters.exclusion import INVARIANCES
 from pagedattn.adapters.protocol import Backend, SupportsGather, SupportsLse, SupportsWarmup, SupportsWriteCache
-from pagedattn.backend_spec import GROUP, available_backends  # noqa: F401  (GROUP: re-exported)
+from pagedattn.runner.backend_spec import GROUP, available_backends  # noqa: F401  (GROUP: re-exported)
 
 
 def _protocol_methods(protocol: type) -> tuple[str, ...]:

@@ -37,7 +37,7 @@ __all__ = [
 class Claims(Protocol):
     """What the suite reads of a backend's ``capabilities``: a ``Capabilities``, or the
     isolated backend's view of one that lives in its child process
-    (``pagedattn.isolation.RemoteCapabilities``). Adapter writers give a ``Capabilities``."""
+    (``pagedattn.runner.isolation.RemoteCapabilities``). Adapter writers give a ``Capabilities``."""
 
     @property
     def dtypes(self) -> frozenset[torch.dtype]: ...
@@ -198,7 +198,7 @@ class SupportsWarmupAhead(Protocol):
         """Compile what ``case`` needs as ``operation`` (``"attention"`` or ``"lse"``) and
         launch none of the kernels under test (torch work on the case's tensors is
         fine). Called from a background thread while other cases run on the
-        backend (``pagedattn.ahead``), at most once per kernel class, for cases that run
+        backend (``pagedattn.runner.warmup``), at most once per kernel class, for cases that run
         later; it must be safe to call concurrently with every other method. Its result
         is ignored, and what it raises too (the case meets the error itself)."""
         ...

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from pagedattn.cases.spec import CaseSpec
-from pagedattn.options import PROFILES
 from pagedattn.problem import ProblemError
+from pagedattn.runner.options import PROFILES
 
 #: the core families, then one family per attention variant (capability-gated) and their
 #: combinations; ``lse`` checks the log-sum-exp output (an optional operation)

@@ -28,7 +28,7 @@ def case_seed(case_id: str, stream: int = 0) -> int:
     """The one seeding scheme of the project: a case's random stream ``stream`` is seeded by
     its id (``crc32``, stable across processes and Python versions, unlike ``hash``), so a
     case id names the same tensors everywhere. ``CaseSpec.build(seed)`` draws stream
-    ``seed``; the suite's own draws for a case take the streams of ``pagedattn.suite``."""
+    ``seed``; the suite's own draws for a case take the streams of ``pagedattn.runner.suite``."""
     return zlib.crc32(case_id.encode()) * 1000 + stream
 
 

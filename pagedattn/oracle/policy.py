@@ -137,12 +137,12 @@ def _live(case: PagedCase) -> int:
 #: product, no allowance for it) lies from the CPU path's either way (over the standard profile's
 #: decodes it lay up to 1.3% below, never more than 2e-6 above: ``benchmarks/NOTES.md``)
 BLOCK_RTOL = 1e-2
-#: how far the fused check (``pagedattn.oracle.fused``, one Triton kernel a block) may put a
+#: how far the fused check (``pagedattn.verdict_kernel.host``, one Triton kernel a block) may put a
 #: bound or a ratio from the torch path's: the same float64 formulas in the same order, but a
 #: compiler may contract a multiply and an add into one rounding, and the keys' norms and a
 #: decode's direct sums (``_decode_sums``) are summed in another order than torch's: nonnegative
 #: terms, a float64 rounding a key at worst (2 Lc u, past 1e-12 only beyond ~4500 keys, where the
-#: errors' typical size, sqrt(Lc) u, is ~1e-14; ``tests/test_policy.py``, ``tests/test_fused.py``)
+#: errors' typical size, sqrt(Lc) u, is ~1e-14; ``tests/test_policy.py``, ``tests/test_verdict_kernel.py``)
 FUSED_RTOL = 1e-12
 #: take the device path on the CPU too (tests and the op counter compare the two paths):
 #: no host read per block (``chunk_bounds``) nor per verdict block (``verdict._Verdict``)
@@ -156,7 +156,7 @@ _MOMENTS_SLICE = 1 << 17
 #: (``_decode_sums``): in float64, about the row's own output, from its weights, values and keys,
 #: rather than from the float32 product with the sequence's moments. On a GPU that is the verdict
 #: kernel's own work, or for a long decode a launch's over slices of its keys
-#: (``pagedattn.oracle.fused``, ``INLINE_DECODE_ELEMS``: 4 or 5 launches a decode fewer on a
+#: (``pagedattn.verdict_kernel.host``, ``INLINE_DECODE_ELEMS``: 4 or 5 launches a decode fewer on a
 #: host-bound check); the torch path forms the same sums, so that the two paths agree within
 #: ``FUSED_RTOL`` (on a device without the fused check, about 2G launches a decode where the
 #: moments took five). False: every decode takes the moments, as a block of several rows does (tests)
@@ -256,7 +256,7 @@ def _decode_sums(c: Chunk, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     """A decode's ``sum_j p_j |v_j|`` and ``sum_j p_j (v_j - o)^2``, each ``[1, Hq, D]`` float64, from
     its weights and values in float64, about its own output ``o`` ``[1, Hq, D]`` float64: every term
     is nonnegative, so the sums are their values to within a float64 rounding a key, in any order
-    (the verdict kernel's, ``pagedattn.oracle.fused``, and torch's). The squared deviations are
+    (the verdict kernel's, ``pagedattn.verdict_kernel.host``, and torch's). The squared deviations are
     formed a slice of keys at a time, each at most the size of the values (the float32 moments
     this replaces were as large), or of one key a query head where the keys are fewer than the
     GQA group (a window under G keys: the size of the output)."""
@@ -351,7 +351,7 @@ class _Terms(NamedTuple):
 def _terms(case: PagedCase, precision: str, qk_precision: str, tanh_precision: str, guard: bool = True) -> _Terms:
     """The model's constants for ``case``. ``guard=False``: the case's subnormal guard is not
     read (``subnormal_free`` False, undecided): the fused check flags the rows that need the
-    correction instead (``pagedattn.oracle.fused``)."""
+    correction instead (``pagedattn.verdict_kernel.host``)."""
     validate_precisions(precision, qk_precision, tanh_precision=tanh_precision)
     model = DTYPE_TABLE[case.dtype]
     tf32 = precision == "tf32" and case.dtype == torch.float32
@@ -457,7 +457,7 @@ def chunk_bounds(
     on the device path forms its two sums directly instead (``direct_decode``).
     ``with_lse=False``: the log-sum-exp's fields are ``None`` (not formed: on a device every
     operation is a launch, and a check of the output alone has no use for them).
-    ``pagedattn.oracle.fused`` forms the same numbers in one kernel a block, on a GPU."""
+    ``pagedattn.verdict_kernel.host`` forms the same numbers in one kernel a block, on a GPU."""
     terms = _terms(case, precision, qk_precision, tanh_precision)
     D = case.head_dim
     seq_lens, query_lens = case.seq_lens_list, case.query_lens

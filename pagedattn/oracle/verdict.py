@@ -11,9 +11,10 @@ from typing import Any
 
 import torch
 
-from pagedattn.oracle import fused, policy
+from pagedattn.oracle import policy
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.policy import WARN_FACTOR, chunk_bounds, validate_precisions
+from pagedattn.verdict_kernel import host as gpu_check
 
 
 @dataclass
@@ -154,8 +155,8 @@ def check_attention(
     problem = _output_problem(output, case)
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
-    if fused.usable(case):  # on a GPU: one kernel a block for the bound and the verdict
-        (row,) = fused.verdict_rows(output, None, case, precision, qk_precision, tanh_precision, tolerance_factor)
+    if gpu_check.usable(case):  # on a GPU: one kernel a block for the bound and the verdict
+        (row,) = gpu_check.verdict_rows(output, None, case, precision, qk_precision, tanh_precision, tolerance_factor)
         return _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim)).check(case, common)
     verdict = _Verdict()
     for blk in chunk_bounds(case, precision, qk_precision, tanh_precision, with_lse=False):
@@ -203,9 +204,9 @@ def check_attention_lse(
             **common,
         )
         return out_check, lse_check
-    if fused.usable(case):  # on a GPU: one kernel a block for the bounds and the verdicts
+    if gpu_check.usable(case):  # on a GPU: one kernel a block for the bounds and the verdicts
         policy_args = (precision, qk_precision, tanh_precision, tolerance_factor)
-        row, lrow = fused.verdict_rows(output, lse, case, *policy_args)
+        row, lrow = gpu_check.verdict_rows(output, lse, case, *policy_args)
         v_out = _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim))
         v_lse = _Verdict.of(lrow, (case.num_tokens, case.num_heads))
         return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))

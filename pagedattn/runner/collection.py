@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from pagedattn.expectations import expected_failure
-from pagedattn.record import OPERATIONS, note, noted
-from pagedattn.replay import ReplaySpec
-from pagedattn.session import Run
+from pagedattn.runner.case_record import OPERATIONS, note, noted
+from pagedattn.runner.expectations import expected_failure
+from pagedattn.runner.replay import ReplaySpec
+from pagedattn.runner.session import Run
 
 
 def need_backend() -> str:

@@ -1,4 +1,4 @@
-"""The fused check's helper kernels and its launcher (``pagedattn.oracle.fused``).
+"""The fused check's helper kernels and its launcher (``pagedattn.verdict_kernel.host``).
 
 The verdicts themselves are compared with the torch path's in ``tests/test_policy.py``; here the
 pieces each give their torch counterpart's numbers on their own, where a test can reach every
@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from pagedattn.cases import CaseSpec
-from pagedattn.oracle import fused, paged_attention_reference, policy
+from pagedattn.oracle import paged_attention_reference, policy
+from pagedattn.verdict_kernel import host as gpu_check
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -44,7 +45,7 @@ def test_sequence_moments_are_the_torch_paths(shape, first):
     k[-1, -2, 0] = float("inf")
     v, k = v[:, first:], k[:, first:]
     centre, vv = policy._value_moments(v)
-    f_centre, f_vv, f_kn = fused.sequence_moments(v, k)
+    f_centre, f_vv, f_kn = gpu_check.sequence_moments(v, k)
     assert torch.equal(centre, f_centre)
     assert f_vv.dtype == torch.float32 and f_vv.shape == vv.shape
     assert torch.equal(vv, f_vv), f"{int((vv != f_vv).sum())} of {vv.numel()} elements differ"
@@ -65,7 +66,7 @@ def _torch_reduced(stats: torch.Tensor, per_row: int) -> list[float]:
 
 def _stats(n: int, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
-    stats = torch.rand(n, fused.STATS, generator=g, dtype=torch.float64)
+    stats = torch.rand(n, gpu_check.STATS, generator=g, dtype=torch.float64)
     stats[:, 1:3] = torch.randint(0, 5, (n, 2), generator=g).double()
     stats[:, 3] = torch.randint(0, 64, (n,), generator=g).double()
     stats[::3, 0] = -1.0  # rows with no finite ratio
@@ -108,9 +109,9 @@ def test_the_reduction_keeps_the_first_nan_or_first_largest(where, rows):
     if where == "all-nan":
         stats[:, 0] = float("nan")
     stats = stats.to(DEVICE)
-    got = fused.reduced(stats, 128).tolist()
+    got = gpu_check.reduced(stats, 128).tolist()
     want = _torch_reduced(stats.cpu(), 128)
-    assert len(got) == fused.STATS
+    assert len(got) == gpu_check.STATS
     for i, (a, b) in enumerate(zip(got, want)):
         assert a == b or (a != a and b != b), f"statistic {i}: {a} against {b} ({where})"
 
@@ -146,21 +147,21 @@ def test_the_launcher_reuses_a_kernel_only_where_triton_would_specialize_alike(m
     """A launch goes through the compiled kernel's runner only with the same constexprs, tensor
     dtypes and 16-byte alignment, and integer widths (1, divisible by 16) as a launch the JIT made;
     the runner takes every argument, constexprs last, and a 1-D grid as three axes."""
-    monkeypatch.setattr(fused, "_RUNNERS", {})
+    monkeypatch.setattr(gpu_check, "_RUNNERS", {})
     jit = _FakeJit()
     buf = torch.zeros(64)
     consts = {"BLOCK": 16}
-    fused._launch(jit, (4,), (buf, 3, 2.5), consts)
-    fused._launch(jit, (5,), (buf, 7, 1.5), consts)  # same widths: the runner
-    fused._launch(jit, (5,), (buf[2:], 7, 1.5), consts)  # 8 bytes off: not aligned
-    fused._launch(jit, (5,), (buf[1:], 7, 1.5), consts)  # 4 bytes off: not aligned either
-    fused._launch(jit, (5,), (buf[4:], 7, 1.5), consts)  # 16 bytes off: aligned, the runner
-    fused._launch(jit, (5,), (buf.double(), 7, 1.5), consts)  # another dtype
-    fused._launch(jit, (5,), (buf, 1, 1.5), consts)  # an integer of 1
-    fused._launch(jit, (5,), (buf, 32, 1.5), consts)  # divisible by 16
-    fused._launch(jit, (5,), (buf, 2**40, 1.5), consts)  # int64
-    fused._launch(jit, (5,), (buf, 7, 1.5), {"BLOCK": 32})  # another constexpr
-    fused._launch(jit, (6,), (buf, 9, 0.5), consts)  # the first specialization again
+    gpu_check._launch(jit, (4,), (buf, 3, 2.5), consts)
+    gpu_check._launch(jit, (5,), (buf, 7, 1.5), consts)  # same widths: the runner
+    gpu_check._launch(jit, (5,), (buf[2:], 7, 1.5), consts)  # 8 bytes off: not aligned
+    gpu_check._launch(jit, (5,), (buf[1:], 7, 1.5), consts)  # 4 bytes off: not aligned either
+    gpu_check._launch(jit, (5,), (buf[4:], 7, 1.5), consts)  # 16 bytes off: aligned, the runner
+    gpu_check._launch(jit, (5,), (buf.double(), 7, 1.5), consts)  # another dtype
+    gpu_check._launch(jit, (5,), (buf, 1, 1.5), consts)  # an integer of 1
+    gpu_check._launch(jit, (5,), (buf, 32, 1.5), consts)  # divisible by 16
+    gpu_check._launch(jit, (5,), (buf, 2**40, 1.5), consts)  # int64
+    gpu_check._launch(jit, (5,), (buf, 7, 1.5), {"BLOCK": 32})  # another constexpr
+    gpu_check._launch(jit, (6,), (buf, 9, 0.5), consts)  # the first specialization again
     kinds = [entry[0] for entry in jit.log]
     assert kinds == ["jit", "runner", "jit", "runner", "runner", "jit", "jit", "jit", "jit", "jit", "runner"], kinds
     assert jit.log[1][1] == (5, 1, 1) and jit.log[1][2] == (buf, 7, 1.5, 16)
@@ -175,16 +176,16 @@ def test_the_launcher_follows_a_kernels_do_not_specialize_flags(monkeypatch):
     """Where the kernel says Triton does not specialize a parameter (``do_not_specialize``: an
     integer's value; ``..._on_alignment``: a pointer's alignment), launches that differ only there
     share the runner; an integer's width and a tensor's dtype still part them."""
-    monkeypatch.setattr(fused, "_RUNNERS", {})
+    monkeypatch.setattr(gpu_check, "_RUNNERS", {})
     jit = _FakeJit()
     jit.params = [_Param(False, True), _Param(True, False), _Param(False, False), _Param(False, False)]
     buf = torch.zeros(64)
     consts = {"BLOCK": 16}
-    fused._launch(jit, (4,), (buf, 3, 2.5), consts)
-    fused._launch(jit, (4,), (buf[1:], 1, 2.5), consts)  # unaligned, 1: neither specialized
-    fused._launch(jit, (4,), (buf[1:], 32, 2.5), consts)  # divisible by 16: not specialized
-    fused._launch(jit, (4,), (buf, 2**40, 2.5), consts)  # int64: another kernel
-    fused._launch(jit, (4,), (buf.double(), 3, 2.5), consts)  # another dtype
+    gpu_check._launch(jit, (4,), (buf, 3, 2.5), consts)
+    gpu_check._launch(jit, (4,), (buf[1:], 1, 2.5), consts)  # unaligned, 1: neither specialized
+    gpu_check._launch(jit, (4,), (buf[1:], 32, 2.5), consts)  # divisible by 16: not specialized
+    gpu_check._launch(jit, (4,), (buf, 2**40, 2.5), consts)  # int64: another kernel
+    gpu_check._launch(jit, (4,), (buf.double(), 3, 2.5), consts)  # another dtype
     kinds = [entry[0] for entry in jit.log]
     assert kinds == ["jit", "runner", "runner", "jit", "jit"], kinds
 
@@ -206,15 +207,15 @@ def test_a_kept_kernel_is_launched_as_its_runner_would(monkeypatch):
     passes: the three grid axes, the current stream, its function and packed metadata, the launch
     metadata for the same grid, stream and arguments, the launch hooks, then every argument with
     the constexprs last."""
-    monkeypatch.setattr(fused, "_RUNNERS", {})
+    monkeypatch.setattr(gpu_check, "_RUNNERS", {})
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
     hooks = type("Runtime", (), {"launch_enter_hook": "enter", "launch_exit_hook": "exit"})
-    monkeypatch.setattr(fused, "_knobs", lambda: type("Knobs", (), {"runtime": hooks}))
+    monkeypatch.setattr(gpu_check, "_knobs", lambda: type("Knobs", (), {"runtime": hooks}))
     jit = _FakeJit()
     jit.compiled = _FakeCompiledWithRun(jit.log)
     buf = torch.zeros(64)
-    fused._launch(jit, (4,), (buf, 3, 2.5), {"BLOCK": 16})
-    fused._launch(jit, (5, 2), (buf, 7, 1.5), {"BLOCK": 16})
+    gpu_check._launch(jit, (4,), (buf, 3, 2.5), {"BLOCK": 16})
+    gpu_check._launch(jit, (5, 2), (buf, 7, 1.5), {"BLOCK": 16})
     assert [entry[0] for entry in jit.log] == ["jit", "run"], jit.log
     c = jit.compiled
     args = (buf, 7, 1.5, 16)
@@ -241,9 +242,9 @@ def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
 
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
     seen: dict = {}
-    verdict = fused._compiled().verdict
+    verdict = gpu_check._compiled().verdict
     if hasattr(verdict, "params"):  # compiled: the kernel's own flags
-        plan = fused._plan(verdict)
+        plan = gpu_check._plan(verdict)
     else:  # the interpreter's kernel keeps its decorator's flags: the JIT's parameters from them
         from triton.runtime.jit import JITFunction
 
@@ -255,15 +256,15 @@ def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
 
     def capture(kernel, grid_, args, consts, key=None):
         if kernel is verdict:
-            full = fused._key(args, plan)
+            full = gpu_check._key(args, plan)
             assert key is not None and seen.setdefault(key, full) == full, (key, full, seen.get(key))
         else:
-            sliced.append(kernel is fused._compiled().decode_sums)
+            sliced.append(kernel is gpu_check._compiled().decode_sums)
 
-    monkeypatch.setattr(fused, "_launch", capture)
+    monkeypatch.setattr(gpu_check, "_launch", capture)
     # and on the device path, where the decodes' sums are direct: the 33-key decodes' in the
     # verdict kernel, the 90-key ones' over slices (their parts in place of o, S an integer more)
-    monkeypatch.setattr(fused, "INLINE_DECODE_ELEMS", 40 * 64)
+    monkeypatch.setattr(gpu_check, "INLINE_DECODE_ELEMS", 40 * 64)
     for (spec, with_lse, strided), device_path in itertools.product(VERDICT_KEY_CASES, (False, True)):
         monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", device_path)
         case = spec.build()
@@ -273,7 +274,7 @@ def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
             wide = torch.zeros(case.num_tokens, case.num_heads, case.head_dim + 8, dtype=case.dtype)
             out = wide[..., : case.head_dim].copy_(out)
         terms = policy._terms(case, "ieee", "fp32", "ieee")
-        fused._stats(out, lse.float() if with_lse else None, case, terms, 1.0)
+        gpu_check._stats(out, lse.float() if with_lse else None, case, terms, 1.0)
     # the fp32 cases (plain, without the log-sum-exp; strided, ALiBi and a window, with it) share a
     # key and a kernel (the log-sum-exp's place float32 either way); each key its own kernel
     assert len(seen) == 3 and len(set(map(str, seen.values()))) == 3, seen
@@ -283,12 +284,12 @@ def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
 def test_the_interpreter_launches_through_the_jit(monkeypatch):
     """Under the interpreter a launch returns no compiled kernel: nothing is kept, every launch
     goes through the JIT (here, the real kernel on the CPU or GPU)."""
-    monkeypatch.setattr(fused, "_RUNNERS", {})
+    monkeypatch.setattr(gpu_check, "_RUNNERS", {})
     stats = _stats(10, seed=3).to(DEVICE)
-    fused.reduced(stats, 4)
-    fused.reduced(stats, 4)
+    gpu_check.reduced(stats, 4)
+    gpu_check.reduced(stats, 4)
     interpreted = DEVICE == "cpu"
-    assert (len(fused._RUNNERS) == 0) == interpreted
+    assert (len(gpu_check._RUNNERS) == 0) == interpreted
 
 
 _SPEC_AGAINST_TRITON = r"""
@@ -297,19 +298,19 @@ import torch
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.runtime.jit import create_function_from_signature
 
-from pagedattn.oracle import fused
+from pagedattn.verdict_kernel import host as gpu_check
 
 dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.int32, torch.uint8]
 values = [torch.zeros(64, dtype=dt)[off:] for dt in dtypes for off in (0, 1, 2, 4, 8, 16)]
 values += [0, 1, 2, 15, 16, 17, -1, -16, 2**31 - 1, 2**31, -(2**31) - 1, 2**40, 2**63 - 1, 2**63, 2**64 - 1]
 values += [True, False, 0.5, float("nan"), None, np.float64(2.0)]
 checked = 0
-for name, kernel in fused._compiled()._asdict().items():
+for name, kernel in gpu_check._compiled()._asdict().items():
     binder = create_function_from_signature(kernel.signature, kernel.params, CUDABackend)
     params = [p for p in kernel.params if not p.is_constexpr]
     consts = {p.name: 16 for p in kernel.params if p.is_constexpr}
     filler = [1.0 if p.annotation else torch.zeros(4) if p.name.endswith("_ptr") else 3 for p in params]
-    flags = fused._plan(kernel)
+    flags = gpu_check._plan(kernel)
     for i, p in enumerate(params):
         seen = {}
         for value in values:
@@ -319,7 +320,7 @@ for name, kernel in fused._compiled()._asdict().items():
                 _, spec, _ = binder(*args, **consts)
             except Exception:  # a value Triton refuses for this parameter
                 continue
-            key = fused._spec(value, *flags[i])
+            key = gpu_check._spec(value, *flags[i])
             checked += 1
             first = seen.setdefault(key, (repr(spec[i]), value))
             assert first[0] == repr(spec[i]), (name, p.name, key, first, repr(spec[i]), value)
@@ -376,22 +377,22 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
 
     refs: list = []
     alive: list = []
-    real_launch, real_chunks = fused._launch, fused.iter_chunks
+    real_launch, real_chunks = gpu_check._launch, gpu_check.iter_chunks
 
     def launch(kernel, grid, args, consts, key=None):
-        if kernel is fused._compiled().verdict:
+        if kernel is gpu_check._compiled().verdict:
             refs.extend(weakref.ref(t) for t in args[4:7])  # ``o``, ``s12``, ``ex`` (``o`` without one)
         return real_launch(kernel, grid, args, consts, key)
 
     chunks = _watched(real_chunks, lambda c: (c.scores, c.probs), refs, alive)
-    monkeypatch.setattr(fused, "_launch", launch)
-    monkeypatch.setattr(fused if path == "fused" else policy, "iter_chunks", chunks)
-    monkeypatch.setattr(fused, "ON_CPU", path == "fused")
+    monkeypatch.setattr(gpu_check, "_launch", launch)
+    monkeypatch.setattr(gpu_check if path == "fused" else policy, "iter_chunks", chunks)
+    monkeypatch.setattr(gpu_check, "ON_CPU", path == "fused")
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     case = CaseSpec("t", ((300, 120), (50, 1)), num_heads=4, num_kv_heads=2).build().to(DEVICE)
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
-    monkeypatch.setattr(fused, "usable", lambda case: path == "fused")
+    monkeypatch.setattr(gpu_check, "usable", lambda case: path == "fused")
     check_attention(out, case)
     assert len(alive) >= 3, f"several blocks expected, got {len(alive)}"
     assert not any(any(flags) for flags in alive), alive
@@ -407,7 +408,7 @@ def test_the_torch_paths_merged_blocks_go_before_the_next_ones_come(lse, monkeyp
     refs: list = []
     alive: list = []
     monkeypatch.setattr(verdict, "chunk_bounds", _watched(verdict.chunk_bounds, lambda b: (b.o, b.e), refs, alive))
-    monkeypatch.setattr(fused, "usable", lambda case: False)
+    monkeypatch.setattr(gpu_check, "usable", lambda case: False)
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     case = CaseSpec("t", ((700, 350), (400, 300)), num_heads=4, num_kv_heads=2).build().to(DEVICE)
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
@@ -429,7 +430,7 @@ def test_the_launch_key_is_spec_argument_by_argument():
     flags = list(itertools.product([False, True], repeat=2))
     for combo in itertools.product(values, flags):
         value, flag = combo
-        assert fused._key((value,), [flag]) == (fused._spec(value, *flag),), combo
+        assert gpu_check._key((value,), [flag]) == (gpu_check._spec(value, *flag),), combo
 
 
 #: blocks of one row (a decode: the kernel reads its keys, or a launch before it reads slices of
@@ -467,7 +468,7 @@ KEY_NORM_CASES = {
     # of several rows do
     + [("decodes-long-window", "moments", "rising"), ("decodes-long-window", "moments", "falling")]
     + [("decodes-long", "moments", "falling"), ("decodes-d40-variants", "moments", "rising")]
-    # decodes past fused.INLINE_DECODE_ELEMS: their sums over slices of their keys, a tail shorter
+    # decodes past gpu_check.INLINE_DECODE_ELEMS: their sums over slices of their keys, a tail shorter
     + [("decodes-long", "slices", "rising"), ("decodes-long-window", "slices", "falling")]
     + [("decodes-d40-variants", "slices", "rising"), ("decodes-window", "slices", "falling")],
 )
@@ -476,26 +477,26 @@ def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkey
     torch path's there within ``FUSED_RTOL``. The keys' norms rise (or fall) with their position,
     so a row's largest visible norm lies at an end of the keys it sees, where the kernel's walk
     over the sequence's norms starts and stops: a key too many or too few moves its bound. A decode
-    reads its own keys (``policy.direct_decode``), or past ``fused.INLINE_DECODE_ELEMS`` a launch
+    reads its own keys (``policy.direct_decode``), or past ``gpu_check.INLINE_DECODE_ELEMS`` a launch
     before it reads them in slices (here slices of 64 or 96 keys), or taking the moments it walks
     the norms; blocks of several rows under a window walk, or (``KEY_WALK`` 0, as under a window
     past it) read the sequence's sliding maximum, as those without a window do."""
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
-    monkeypatch.setattr(fused, "KEY_WALK", 0 if walk == "reach" else fused.KEY_WALK)
+    monkeypatch.setattr(gpu_check, "KEY_WALK", 0 if walk == "reach" else gpu_check.KEY_WALK)
     if walk == "moments":
         monkeypatch.setattr(policy, "DIRECT_DECODES", False)
     launched = []
     if walk == "slices":
-        monkeypatch.setattr(fused, "INLINE_DECODE_ELEMS", 0)
-        monkeypatch.setattr(fused, "SLICE_DECODE_ELEMS", 1 << 12)  # 2 or 3 of BLOCK_J's 32 keys a slice
-        real_launch = fused._launch
+        monkeypatch.setattr(gpu_check, "INLINE_DECODE_ELEMS", 0)
+        monkeypatch.setattr(gpu_check, "SLICE_DECODE_ELEMS", 1 << 12)  # 2 or 3 of BLOCK_J's 32 keys a slice
+        real_launch = gpu_check._launch
 
         def launch(kernel, grid, *args, **kwargs):
             launched.append((kernel, grid))
             return real_launch(kernel, grid, *args, **kwargs)
 
-        monkeypatch.setattr(fused, "_launch", launch)
-    monkeypatch.setattr(fused, "ON_CPU", True)
+        monkeypatch.setattr(gpu_check, "_launch", launch)
+    monkeypatch.setattr(gpu_check, "ON_CPU", True)
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     case = KEY_NORM_CASES[name].build()
     keys = case.key_cache.clone()
@@ -507,9 +508,9 @@ def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkey
     case = case.replace(key_cache=keys).to(DEVICE)
     out = paged_attention_reference(case).to(case.dtype)
     terms = policy._terms(case, "ieee", "fp32", "ieee")
-    stats = fused._stats(out, None, case, terms, 1.0).stats
+    stats = gpu_check._stats(out, None, case, terms, 1.0).stats
     if walk == "slices":  # each decode's sums over slices of its keys (one slice under a 64-key window)
-        sums = [grid for kernel, grid in launched if kernel is fused._compiled().decode_sums]
+        sums = [grid for kernel, grid in launched if kernel is gpu_check._compiled().decode_sums]
         assert len(sums) == case.query_lens.count(1), sums
         slices = [g[1] for g in sums]
         assert slices == [1, 1] if name == "decodes-window" else min(slices) > 1, slices
@@ -533,8 +534,8 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
 
     refs: dict = {}  # sequence -> weak references to its own terms
     seen_dead: list = []
-    real_chunks = fused.iter_chunks if path == "fused" else policy.iter_chunks
-    real_moments = fused.sequence_moments if path == "fused" else policy._value_moments
+    real_chunks = gpu_check.iter_chunks if path == "fused" else policy.iter_chunks
+    real_moments = gpu_check.sequence_moments if path == "fused" else policy._value_moments
     real_reach = policy._key_reach
     current = [-1]
 
@@ -556,14 +557,14 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
             yield c
             del c
 
-    monkeypatch.setattr(fused if path == "fused" else policy, "iter_chunks", chunks)
+    monkeypatch.setattr(gpu_check if path == "fused" else policy, "iter_chunks", chunks)
     monkeypatch.setattr(
-        fused if path == "fused" else policy, "sequence_moments" if path == "fused" else "_value_moments", moments
+        gpu_check if path == "fused" else policy, "sequence_moments" if path == "fused" else "_value_moments", moments
     )
     monkeypatch.setattr(policy, "_key_reach", reach)
-    monkeypatch.setattr(fused, "ON_CPU", path == "fused")
+    monkeypatch.setattr(gpu_check, "ON_CPU", path == "fused")
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
-    monkeypatch.setattr(fused, "usable", lambda case: path == "fused")
+    monkeypatch.setattr(gpu_check, "usable", lambda case: path == "fused")
     # the decodes take the moments too (their direct sums, policy.direct_decode, hold no sequence's terms)
     monkeypatch.setattr(policy, "DIRECT_DECODES", False)
     spec = CaseSpec("t", ((300, 20), (50, 1), (280, 16), (80, 1)), num_heads=4, num_kv_heads=2)
@@ -627,19 +628,19 @@ def test_rows_whose_weights_leave_the_normal_range_are_judged_again_with_the_cor
     out = ref.to(case.dtype)
     out[3, 1, 5] *= 1.5  # an error to place the worst element
     runs: list = []
-    real = fused._stats
+    real = gpu_check._stats
 
     def counted(*args, **kwargs):
         runs.append(kwargs.get("correct", True))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(fused, "_stats", counted)
+    monkeypatch.setattr(gpu_check, "_stats", counted)
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     verdicts = []
     for on in (False, True):
-        monkeypatch.setattr(fused, "ON_CPU", on)
-        monkeypatch.setenv(fused.ENV, "1" if on else "0")
-        assert fused.usable(case) == on
+        monkeypatch.setattr(gpu_check, "ON_CPU", on)
+        monkeypatch.setenv(gpu_check.ENV, "1" if on else "0")
+        assert gpu_check.usable(case) == on
         verdicts.append(check_attention_lse(out, lse.float(), case))
     assert runs == [False, True][:passes], runs
     for a, b in zip(*verdicts):
@@ -654,10 +655,10 @@ def test_a_reduction_that_did_not_run_is_an_error():
     that did not reduce: zeros, which read as a pass) raises."""
     reduced = torch.zeros(2, 8, dtype=torch.float64)
     reduced[1, 7] = 12.0  # every program counted, none reduced
-    p = fused._Pass(torch.zeros(3, fused.ROW_STATS, dtype=torch.float64), None, reduced, 12)
+    p = gpu_check._Pass(torch.zeros(3, gpu_check.ROW_STATS, dtype=torch.float64), None, reduced, 12)
     with pytest.raises(RuntimeError, match="a count of 12, not the final launch's 12 programs"):
-        fused._read(p)
-    assert fused._read(p._replace(programs=11))[1][7] == 12.0
+        gpu_check._read(p)
+    assert gpu_check._read(p._replace(programs=11))[1][7] == 12.0
 
 
 def test_the_rows_flagged_are_those_whose_weights_may_leave_the_normal_range(monkeypatch):
@@ -672,7 +673,9 @@ def test_the_rows_flagged_are_those_whose_weights_may_leave_the_normal_range(mon
     out = paged_attention_reference(case).to(case.dtype)
     terms = policy._terms(case, "ieee", "fp32", "ieee", guard=False)
     edge = math.log(terms.model.weights_min_normal)
-    flags = fused._stats(out, None, case, terms, 1.0, correct=False, flag_below=edge + fused.FLAG_MARGIN).stats[:, 7]
+    flags = gpu_check._stats(out, None, case, terms, 1.0, correct=False, flag_below=edge + gpu_check.FLAG_MARGIN).stats[
+        :, 7
+    ]
     spans, small = [], []
     device_terms = terms._replace(device_path=True)
     for c in policy.iter_chunks(case, live=policy._live(case), score_floor=True):

@@ -2,7 +2,7 @@
 
 The ``RecordBook`` of the process that writes the report (the serial run, or the
 pytest-xdist controller) turns pytest's reports and the suite's facts
-(``pagedattn.record.note``) into one ``CaseRecord`` per collected case and decides its
+(``pagedattn.runner.case_record.note``) into one ``CaseRecord`` per collected case and decides its
 ``Status``.
 
 The JSON report is written ahead: every collected case is ``not_run`` at collection,
@@ -22,14 +22,14 @@ from typing import Any
 
 import pytest
 
-from pagedattn.record import FACTS_KEY, CaseRecord, base_record, clean, split_group
-from pagedattn.status import Status
-from pagedattn.table import summary_rows
+from pagedattn.runner.case_record import FACTS_KEY, CaseRecord, base_record, clean, split_group
+from pagedattn.runner.status import Status
+from pagedattn.runner.table import summary_rows
 
 #: message of a case whose process died under it (serial run, no --isolate)
 DIED = "the process died while running this case (crash or kill); rerun with --isolate to contain it"
 
-#: added to the message of a case whose process died while the warm-up ahead (``pagedattn.ahead``)
+#: added to the message of a case whose process died while the warm-up ahead (``pagedattn.runner.warmup``)
 #: was on in the run: its compiles run beside the cases, in the same process
 CRASH_HINT = (
     " (the warm-up ahead was compiling beside it: a compiler that died there is reported here; "

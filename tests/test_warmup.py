@@ -1,4 +1,4 @@
-"""The warm-up ahead (``pagedattn.ahead``): which kernel classes it compiles, in what order,
+"""The warm-up ahead (``pagedattn.runner.warmup``): which kernel classes it compiles, in what order,
 once per run across processes, never for a class a case reached first, and never in the
 way of a case (a case whose class is compiling here waits for it; a failure is forgotten)."""
 
@@ -9,8 +9,8 @@ import time
 import pytest
 import torch
 
-from pagedattn import ahead
 from pagedattn.cases.spec import CaseSpec
+from pagedattn.runner import warmup as ahead
 
 
 def _spec(seqs, family="decode", **kw):

@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 
 from pagedattn._version import dist_version
-from pagedattn.book import CRASH_HINT, RecordBook
-from pagedattn.record import AHEAD_KEY, noted, split_group
-from pagedattn.session import Run
-from pagedattn.status import FAILING, Status
+from pagedattn.runner.case_record import AHEAD_KEY, noted, split_group
+from pagedattn.runner.record_book import CRASH_HINT, RecordBook
+from pagedattn.runner.session import Run
+from pagedattn.runner.status import FAILING, Status
 
 _WATCH = r"""
 import sys

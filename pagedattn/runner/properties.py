@@ -20,12 +20,12 @@ import torch
 
 from pagedattn.adapters.loading import accepts_out
 from pagedattn.cases.spec import case_seed
-from pagedattn.faults import BackendFault
 from pagedattn.indexing import index_rows
 from pagedattn.oracle import PagedCase, bits_equal, check_attention
 from pagedattn.oracle.bitexact import bits_dtype, bits_view
-from pagedattn.record import note
-from pagedattn.suite import PLACEMENT_STREAM, Suite, guarded
+from pagedattn.runner.case_record import note
+from pagedattn.runner.faults import BackendFault
+from pagedattn.runner.suite import PLACEMENT_STREAM, Suite, guarded
 
 #: a NaN whose payload no arithmetic produces, per element size: ``out=`` is filled with it
 #: so that "never written" (still this payload) differs from "written with a NaN"

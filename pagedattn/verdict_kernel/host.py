@@ -104,7 +104,7 @@ def _compiled() -> Kernels:
 
 
 def _build() -> Kernels:
-    from pagedattn.oracle import fused_kernels as k
+    from pagedattn.verdict_kernel import kernels as k
 
     return Kernels(k.verdict_kernel, k.moments_kernel, k.decode_sums_kernel, k.reduce_kernel)
 
@@ -247,13 +247,13 @@ def _knobs() -> Any:
 def _verdict_key(output: torch.Tensor, lse: torch.Tensor | None, case: PagedCase) -> Any:
     """The verdict kernel's launches' key for ``_launch`` in one check, or ``None``
     (``_key``'s): the kernel specializes none of its pointers on alignment nor any integer on
-    its value (``fused_kernels.verdict_kernel``), its other tensors are float64 or float32 by
+    its value (``kernels.verdict_kernel``), its other tensors are float64 or float32 by
     construction (``_stats``; the log-sum-exp float32, checked by the caller, or the float32
     product in its place; a decode's float32 placeholder for the product), so what the JIT
     specializes on is the output's dtype and whether an integer needs 64 bits. Every integer is
     below the largest of the output's and the log-sum-exp's strides, the statistics' rows, the
     longest history times the head dim (a history's head stride) and the window: where that is
-    below 2**31 the key is the output's dtype (``tests/test_fused.py`` checks it against
+    below 2**31 the key is the output's dtype (``tests/test_verdict_kernel.py`` checks it against
     ``_key``)."""
     strides = list(output.stride()) + (list(lse.stride()) if lse is not None else [])
     history = case.max_seq_len * case.head_dim

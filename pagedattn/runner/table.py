@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pagedattn.status import Status
+from pagedattn.runner.status import Status
 
 COLUMNS = tuple(s.value for s in Status)
 

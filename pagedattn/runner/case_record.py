@@ -3,7 +3,7 @@
 The suite attaches *facts* to a test item while a case runs (``note``: id, family,
 metrics, replay, a fault's kind, ...). They travel with pytest's reports, also from
 pytest-xdist workers, to the one owner of the records, the ``RecordBook``
-(``pagedattn.book``), which turns them into one ``CaseRecord`` per collected case and
+(``pagedattn.runner.record_book``), which turns them into one ``CaseRecord`` per collected case and
 decides its ``Status``; no other code sets a status. The summary table, the JSON report
 and the JUnit properties are built from the records only.
 """
@@ -18,12 +18,12 @@ from typing import Any
 
 import pytest
 
-from pagedattn.status import Status
+from pagedattn.runner.status import Status
 
 #: ``item.user_properties`` key of the facts the suite attaches to a case
 FACTS_KEY = "pagedattn"
 #: ``item.user_properties`` key that says the warm-up ahead runs in the case's process
-#: (``pagedattn.ahead``): the report's owner then adds ``book.CRASH_HINT`` to crashes
+#: (``pagedattn.runner.warmup``): the report's owner then adds ``book.CRASH_HINT`` to crashes
 AHEAD_KEY = "pagedattn_warmup_ahead"
 
 

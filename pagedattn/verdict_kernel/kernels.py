@@ -1,4 +1,4 @@
-"""The fused check's Triton kernels (``pagedattn.oracle.fused``, which documents them), in a module
+"""The fused check's Triton kernels (``pagedattn.verdict_kernel.host``, which documents them), in a module
 of their own: Triton resolves a kernel's callees (``reduce_rows``) among its module's globals, and
 this module is imported only where the fused check runs (Triton is optional; under its
 interpreter, ``TRITON_INTERPRET`` is read when the kernels are defined).
@@ -183,7 +183,7 @@ def verdict_kernel(
     o = tl.load(o_ptr + base + d, mask=dm, other=0.0)
     if inline == 1:
         # a decode (a block of one row that sees every key of its block) over a short history
-        # (fused.INLINE_DECODE_ELEMS): the largest key norm, sum_j p_j |v_j| and
+        # (gpu_check.INLINE_DECODE_ELEMS): the largest key norm, sum_j p_j |v_j| and
         # sum_j p_j (v_j - o)^2 from its keys, values and weights here, about its own output
         # (policy._decode_sums: no centre, no d terms below)
         km, s1, s2 = slice_sums(
@@ -337,7 +337,7 @@ def decode_sums_kernel(
     BLOCK_D: tl.constexpr,
 ):
     # a program a query head and slice of a long decode's keys: one program a head walking them
-    # all reads ~8 GB/s on the H200 (fused.INLINE_DECODE_ELEMS)
+    # all reads ~8 GB/s on the H200 (gpu_check.INLINE_DECODE_ELEMS)
     h = tl.program_id(0)
     s = tl.program_id(1)
     kv64 = (h // G).to(tl.int64)

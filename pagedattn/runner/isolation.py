@@ -4,7 +4,7 @@ A backend that segfaults, hits a CUDA illegal memory access, or hangs must cost
 one case, not the run. ``isolated_backend`` constructs the backend *only* in a
 spawned child process (a constructor that crashes cannot take the test process
 with it), asks the child for its capabilities, and forwards every call there with
-a per-call timeout (``pagedattn.options.DEFAULT_TIMEOUT_S`` unless ``--case-timeout`` says
+a per-call timeout (``pagedattn.runner.options.DEFAULT_TIMEOUT_S`` unless ``--case-timeout`` says
 otherwise). A child that dies or times out is killed and replaced before the next
 case; the call raises ``BackendFault`` saying what happened.
 
@@ -28,8 +28,8 @@ import torch
 
 from pagedattn.adapters.loading import OPTIONAL_METHODS, BackendLoadError, backend_info, load_backend
 from pagedattn.cases.io import case_from_state, case_state
-from pagedattn.faults import BackendFault, backend_files, describe_exception
 from pagedattn.oracle import PagedCase, bits_equal
+from pagedattn.runner.faults import BackendFault, backend_files, describe_exception
 
 #: Time allowed for a fresh child to import torch and construct the backend.
 STARTUP_TIMEOUT_S = 180.0

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from pagedattn._version import __version__, dist_version
-from pagedattn.expectations import stale_expectations
-from pagedattn.record import CaseRecord
-from pagedattn.session import RUN_KEY, Run
-from pagedattn.status import Status
-from pagedattn.table import format_table
+from pagedattn.runner.case_record import CaseRecord
+from pagedattn.runner.expectations import stale_expectations
+from pagedattn.runner.session import RUN_KEY, Run
+from pagedattn.runner.status import Status
+from pagedattn.runner.table import format_table
 
 #: the JSON report's schema, named in every report
 SCHEMA = "pagedattn-report/2"
@@ -167,7 +167,7 @@ def report_header(config: pytest.Config) -> dict[str, Any]:
 
 
 def ahead_summary(info: dict[str, Any]) -> dict[str, Any] | None:
-    """The warm-up ahead of the run (``pagedattn.ahead``): its counts summed over the
+    """The warm-up ahead of the run (``pagedattn.runner.warmup``): its counts summed over the
     processes, or ``None`` where it was off."""
     if not info.get("warmup_ahead"):
         return None

@@ -2,7 +2,7 @@
 every pytest session of any project where pagedattn is installed, so it may import only this.
 
 ``PROFILES`` and ``DEFAULT_TIMEOUT_S`` are stated here once; ``pagedattn.cases.grid`` and
-``pagedattn.isolation`` (both import torch) take them from this module.
+``pagedattn.runner.isolation`` (both import torch) take them from this module.
 """
 
 from __future__ import annotations

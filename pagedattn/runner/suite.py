@@ -1,8 +1,8 @@
 """What one conformance case does: build, ask the backend, judge, record.
 
 The test modules in ``conformance/`` are thin: each hands its case spec to a ``Suite``
-method (the families here, the properties in ``pagedattn.properties``). Results are
-attached to the test item (``pagedattn.record.note``) so they travel with pytest's
+method (the families here, the properties in ``pagedattn.runner.properties``). Results are
+attached to the test item (``pagedattn.runner.case_record.note``) so they travel with pytest's
 reports, also from pytest-xdist workers; the ``RecordBook`` decides each status.
 """
 
@@ -20,17 +20,17 @@ import torch
 from pagedattn.adapters.protocol import Backend, Claims, SupportsWarmup
 from pagedattn.cases.configuration import Configuration, dtype_name
 from pagedattn.cases.spec import case_seed
-from pagedattn.faults import BackendFault, backend_files, describe_exception
-from pagedattn.isolation import IsolatedBackend
 from pagedattn.oracle import PagedCase, bits_equal, check_attention, check_attention_lse, check_bitexact, paged_gather
 from pagedattn.oracle.bitexact import BitCheck, bits_view
 from pagedattn.oracle.verdict import AttentionCheck
-from pagedattn.record import AHEAD_KEY, note, noted
-from pagedattn.replay import ReplayFiles
+from pagedattn.runner.case_record import AHEAD_KEY, note, noted
+from pagedattn.runner.faults import BackendFault, backend_files, describe_exception
+from pagedattn.runner.isolation import IsolatedBackend
+from pagedattn.runner.replay import ReplayFiles
 
 __all__ = ["PagedAttnWarning", "Suite", "case_configuration", "guarded"]
 
-# the suite attaches facts (pagedattn.record.note); the RecordBook (pagedattn.book) decides each case's status
+# the suite attaches facts (``case_record.note``); the RecordBook (``record_book``) decides each case's status
 
 #: the suite's own random stream of a case (``case_seed(case_id, stream)``): the slots and
 #: rows of a cache write; the permutation of the placement-invariance property
@@ -84,7 +84,7 @@ class Suite:
     tb_long: bool = False  # --tb=long: failure messages carry the backend's full traceback
     _probed: dict[str, int] = field(default_factory=dict)
     _warmed: set[tuple[int, str]] = field(default_factory=set)
-    ahead: Any = None  # pagedattn.ahead.WarmupAhead, when this process warms up ahead
+    ahead: Any = None  # pagedattn.runner.warmup.WarmupAhead, when this process warms up ahead
 
     @property
     def caps(self) -> Claims:

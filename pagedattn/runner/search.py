@@ -39,12 +39,12 @@ from pagedattn.adapters.protocol import SupportsWarmup
 from pagedattn.cases import CaseSpec, save_case
 from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.strategies import case_specs
-from pagedattn.faults import BackendFault
 from pagedattn.oracle import PagedCase, check_attention
 from pagedattn.oracle.verdict import AttentionCheck
-from pagedattn.record import note
-from pagedattn.search_plan import Pace, SearchItem, free_axes, grid_configurations, spec_work
-from pagedattn.suite import PagedAttnWarning, Suite
+from pagedattn.runner.case_record import note
+from pagedattn.runner.faults import BackendFault
+from pagedattn.runner.search_plan import Pace, SearchItem, free_axes, grid_configurations, spec_work
+from pagedattn.runner.suite import PagedAttnWarning, Suite
 
 FAMILY = "search"
 # Cases that once exposed a bug in a kernel under test, kept forever (run first, by item 0).

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     import subprocess
     import threading
 
-    from pagedattn.book import RecordBook
-    from pagedattn.suite import Suite
+    from pagedattn.runner.record_book import RecordBook
+    from pagedattn.runner.suite import Suite
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Run:
     info: dict[str, Any] = field(default_factory=dict)  # backend_info()
     broken: str = ""  # the backend crashed while being constructed
     book: RecordBook | None = None
-    watch: subprocess.Popen[str] | None = None  # the crash watch (pagedattn.recorder)
+    watch: subprocess.Popen[str] | None = None  # the crash watch (pagedattn.runner.recording)
     crashed_workers: int = 0
     #: why ``--dist loadgroup`` did not keep configurations together, or "" (it did, or is off)
     grouping_lost: str = ""
