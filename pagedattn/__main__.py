@@ -83,13 +83,16 @@ def print_report(path: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args in (["--version"], ["-V"]):
+        print(f"pagedattn {__version__}")
+        return 0
     if args and args[0] == "report":
         if len(args) != 2:
             print("usage: python -m pagedattn report FILE", file=sys.stderr)
             return 2
         return print_report(args[1])
     if args:
-        print("usage: python -m pagedattn [report FILE]", file=sys.stderr)
+        print("usage: python -m pagedattn [--version | report FILE]", file=sys.stderr)
         return 2
     print("\n".join(report()))
     return 0

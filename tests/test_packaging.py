@@ -199,3 +199,13 @@ def test_python_m_pagedattn_report_prints_a_report_table(tmp_path, capsys):
     assert "  replay: pytest conformance --replay x.pt" in out
     (tmp_path / "bad.json").write_text("{")
     assert main.main(["report", str(tmp_path / "bad.json")]) == 2
+
+
+def test_pagedattn_version_names_the_package_version(capsys):
+    from pagedattn import __main__ as main
+    from pagedattn import __version__
+
+    assert main.main(["--version"]) == 0
+    out = capsys.readouterr().out.strip()
+    assert out == f"pagedattn {__version__}", f"`pagedattn --version` printed {out!r}"
+    assert main.main(["--bogus"]) == 2, "an unknown argument is a usage error"
