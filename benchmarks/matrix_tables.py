@@ -1,7 +1,7 @@
 """Family tables and run unions for the conformance matrix, from the suite's JSON reports.
 
-    python docs/results/matrix_tables.py table REPORT.json            # one run, by family
-    python docs/results/matrix_tables.py union OUT.json RUN.json...   # several runs of one backend
+    python benchmarks/matrix_tables.py table REPORT.json              # one run, by family
+    python benchmarks/matrix_tables.py union OUT.json RUN.json...     # several runs of one backend
 
 A union takes, per case, the outcome of the run that finished it (passed, failed,
 warned, unsupported, expected failure; of several that agree, the latest run's record);
@@ -62,7 +62,7 @@ def markdown(cases: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-#: issue 18's vocabulary (this release): reports written before it name families, their
+#: family renames: reports written by suites before 0.2.0 name families, their
 #: test files and fp8 cache tokens the old way; a union matches a case across the rename
 #: (the families as ``load_case`` renames them in old replay files)
 RENAMED = tuple(

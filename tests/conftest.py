@@ -46,9 +46,8 @@ _LONG_FIRST = {
     "test_xdist_gives_the_serial_outcome": 11,
     "test_bundled_backend_passes_the_quick_profile[reference]": 6,
     "test_bundled_backend_passes_the_quick_profile[sdpa]": 6,
-    # in-process, but long (the fused check's kernel or ours under the Triton interpreter): started
-    # late (weight 0), one could keep a worker busy after the other had finished (their durations:
-    # benchmarks/results/check-issue16/tests-durations-18.txt)
+    # in-process, but long (the GPU verdict kernel or ours under the Triton interpreter): started
+    # late (weight 0), one could keep a worker busy after the other had finished
     "test_launch_shape_changes_no_bit[negative-scores-parts2]": 9,
     "test_the_fused_check_judges_as_the_torch_path[fp32-window]": 9,
     "test_the_fused_check_judges_as_the_torch_path[bf16-softcap-alibi]": 8,

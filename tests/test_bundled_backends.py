@@ -86,9 +86,9 @@ def test_bundled_backend_passes_the_quick_profile(pytester, backend):
         assert bf16 and bf16[0]["passed"] > 0, "bf16 must run (with the documented upcast), not be skipped"
 
 
-# Issue 15: the hypothesis search of the standard profile drew this fp16 ALiBi case (scale 1,
-# 527 tokens, 16 heads: slopes up to 2 ** -0.5), on which sdpa used 15.9x the bound while
-# claiming ALiBi. It is not a grid case, so it is spelled out here.
+# The hypothesis search of the standard profile draws this fp16 ALiBi case (scale 1,
+# 527 tokens, 16 heads: slopes up to 2 ** -0.5), on which an sdpa computing ALiBi in half
+# precision uses 15.9x the bound. It is not a grid case, so it is spelled out here.
 _SDPA_ALIBI = CaseSpec(
     "search",
     ((527, 100), (300, 1)),

@@ -169,7 +169,7 @@ def test_flashinfer_claims_state_its_limits_as_data(standins):
         "batch_invariance"
     ), caps.invariance_reason("batch_invariance")
     assert caps.invariance_reason("determinism") is None and caps.invariance_reason("placement_invariance") is None
-    # its soft-cap is tanh.approx.f32 (issue 15): judged by the declared term, and the header says so
+    # its soft-cap is tanh.approx.f32: judged by the declared term, and the header says so
     assert caps.tanh_precision == "approx" and "tanh.approx.f32" in caps.notes["tanh_precision"], caps.notes
     assert any("tanh_precision 'approx'" in line for line in caps.limit_lines()), caps.limit_lines()
 

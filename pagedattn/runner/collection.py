@@ -146,8 +146,7 @@ def spread_search(items: list[pytest.Item], search: list[pytest.Item]) -> None:
     Why: each item spends its share of the search's time budget, seconds that no other
     case comes near, and pytest-xdist's ``load`` scheduler keeps every worker two items
     ahead: items at the very end went out in pairs, so half the workers ran two shares one
-    after the other while the rest idled (H200, thorough, ``-n 8``: the search's 8 items on
-    4 workers, 15 s of wall instead of 7.5, ``benchmarks/results/h200-call-16e.log``). With
+    after the other while the rest idled (the search's wall time doubles). With
     cases between them, a worker running a search item takes the next case into its
     queue, not the next search item, and the cases after them fill the workers that finish
     first. Late in the run still: the cases before have compiled the grid's kernels that the
