@@ -87,6 +87,6 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.fixture
 def bad(pytester):
-    """tests/bad_backends.py copied next to a pytester run; its path."""
-    shutil.copy(Path(__file__).parent / "bad_backends.py", pytester.path / "bad_backends.py")
+    """tests/planted/bad_backends.py copied next to a pytester run; its path."""
+    shutil.copy(Path(__file__).parent / "planted" / "bad_backends.py", pytester.path / "bad_backends.py")
     return str(pytester.path / "bad_backends.py")

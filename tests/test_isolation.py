@@ -26,7 +26,7 @@ from pagedattn.runner.suite import Suite
 from tests.helpers import searched
 
 OPTIONAL = (SupportsGather, SupportsLse, SupportsWarmup, SupportsWriteCache)
-CORRECT = os.path.join(os.path.dirname(__file__), "bad_backends.py") + ":Correct"
+CORRECT = os.path.join(os.path.dirname(__file__), "planted", "bad_backends.py") + ":Correct"
 
 
 @pytest.fixture(scope="module", params=["reference", CORRECT], ids=["reference", "attention-only"])

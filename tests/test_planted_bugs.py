@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_inprocess
-from tests.streamed import BUGS
+from tests.planted.streamed import BUGS
 
-STREAMED = Path(__file__).parent / "streamed.py"
+STREAMED = Path(__file__).parent / "planted" / "streamed.py"
 
 #: One quick-profile family (a conformance module, optionally with a ``-k`` filter for
 #: one property) per bug, chosen from docs/kill-matrix.md among those that catch it.

@@ -25,7 +25,7 @@ from pagedattn.oracle import (
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.reference import gather_history, iter_chunks
 from tests.helpers import make_case
-from tests.streamed import PRECISION_BUGS, streamed_attention
+from tests.planted.streamed import PRECISION_BUGS, streamed_attention
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ATTENTION_SPECS = [s for s in grid("quick") if s.family not in ("gather", "cache_write")]

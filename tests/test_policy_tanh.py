@@ -14,7 +14,7 @@ from pagedattn.oracle import check_attention, check_attention_lse
 from pagedattn.oracle.policy import U_RCP_APPROX, U_TANH_APPROX, attention_lse_error_bounds
 from pagedattn.runner.report import _claims_lines
 from pagedattn.runner.suite import Suite
-from tests.approx_tanh import BUGS, PTX_TANH_REL, ApproxTanhBackend, approx_softcap_attention
+from tests.planted.approx_tanh import BUGS, PTX_TANH_REL, ApproxTanhBackend, approx_softcap_attention
 
 #: small caps the scores saturate, fp32 output and lse; and the quick profile's lse case that
 #: FlashInfer's tanh.approx.f32 put at 1.14x the IEEE lse bound on the H200
@@ -130,7 +130,7 @@ def test_a_declared_approximate_tanh_passes_the_soft_cap_family_with_its_header(
     ``test_an_approximate_tanh_fails_the_ieee_policy_and_passes_its_declared_one``)."""
     from pathlib import Path
 
-    helper = Path(__file__).parent / "approx_tanh.py"
+    helper = Path(__file__).parent / "planted" / "approx_tanh.py"
     result = pytester.runpytest_subprocess(
         "-p",
         "no:cacheprovider",

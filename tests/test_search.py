@@ -41,7 +41,7 @@ SEARCH_MODULE = os.path.join(SUITE_DIR, "test_search.py")
 #: is not installed lacks
 REFERENCE = "--backend=pagedattn.adapters.reference:ReferenceBackend"
 
-# Planted backends, written into each pytester directory (tests/bad_backends.py is another helper's).
+# Planted backends, written into each pytester directory (tests/planted/bad_backends.py is another helper's).
 PLANTED = '''
 import time
 

@@ -200,5 +200,5 @@ def correct() -> PlantedBackend:
     return PlantedBackend(None)
 
 
-for _bug in BUGS:  # one zero-argument factory per bug, for --backend=tests/streamed.py:bug_<name>
+for _bug in BUGS:  # one zero-argument factory per bug, for --backend=tests/planted/streamed.py:bug_<name>
     globals()[f"bug_{_bug}"] = lambda _b=_bug: PlantedBackend(_b)

@@ -8,7 +8,7 @@ worst sign pattern for the log-sum-exp (the errors add up, none cancels), and at
 ``rel = 2**-11`` it is the PTX ISA's largest relative error of ``tanh.approx.f32``. The rest
 is exact (float64), rounded once to the output dtype, so the test sees the tanh term alone.
 
-Usable as a backend (``--backend=tests/approx_tanh.py:declared`` or ``:undeclared``): causal,
+Usable as a backend (``--backend=tests/planted/approx_tanh.py:declared`` or ``:undeclared``): causal,
 sliding window and soft-cap, attention and log-sum-exp.
 """
 
