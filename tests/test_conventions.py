@@ -9,6 +9,7 @@ import torch
 from pagedattn.adapters import conventions as cv
 from pagedattn.oracle import paged_attention_reference_lse
 from pagedattn.oracle.reference import causal_mask
+from tests.asserts import F64_ROUND_TRIP, assert_close, assert_equal
 from tests.helpers import make_case
 
 
@@ -34,7 +35,7 @@ def test_flash_attn_window_selects_the_same_keys():
     p = torch.arange(L - q_len, L)[:, None]
     j = torch.arange(L)[None, :]
     theirs = (j >= p - left) & (j <= p + right) & (j <= p)
-    assert torch.equal(theirs, causal_mask(q_len, L, torch.device("cpu"), 5))
+    assert_equal(theirs, causal_mask(q_len, L, torch.device("cpu"), 5), f"the causal mask, q_len={q_len} L={L}")
 
 
 def test_bad_conventions_are_refused_with_the_field():
@@ -51,10 +52,10 @@ def test_bad_conventions_are_refused_with_the_field():
 def test_lse_conversions():
     case = make_case([(9, 3), (5, 1)], num_heads=2, num_kv_heads=1)
     _, lse = paged_attention_reference_lse(case)
-    assert torch.allclose(cv.lse_from_log2(cv.lse_to_log2(lse)), lse, rtol=1e-15, atol=0)
-    assert torch.allclose(cv.lse_to_log2(lse), lse / math.log(2), rtol=1e-15, atol=0)
+    assert_close(cv.lse_from_log2(cv.lse_to_log2(lse)), lse, F64_ROUND_TRIP, "lse through base 2 and back")
+    assert_close(cv.lse_to_log2(lse), lse / math.log(2), F64_ROUND_TRIP, "lse in base 2")
     heads_first = lse.transpose(0, 1).contiguous()
-    assert torch.equal(cv.lse_from_heads_first(heads_first), lse)
+    assert_equal(cv.lse_from_heads_first(heads_first), lse, "lse from heads first")
     assert cv.lse_from_log2(torch.tensor([float("-inf")])).item() == float("-inf")
 
 

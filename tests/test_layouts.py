@@ -6,6 +6,7 @@ import torch
 from pagedattn.adapters import layouts
 from pagedattn.cases import CaseSpec
 from pagedattn.oracle import bits_equal, gather_history, paged_attention_reference
+from tests.asserts import assert_equal
 
 SPECS = [
     CaseSpec("t", ((37, 1), (20, 20), (33, 5)), head_dim=64, block_size=16, layout="permuted", dtype=dt)
@@ -32,7 +33,7 @@ def _same_problem(a, b):
     for s in range(a.num_seqs):
         for x, y in zip(gather_history(a, s), gather_history(b, s)):
             assert bits_equal(x, y), f"sequence {s}: history differs"
-    assert torch.equal(paged_attention_reference(a), paged_attention_reference(b))
+    assert_equal(paged_attention_reference(a), paged_attention_reference(b), "the reference over both layouts")
 
 
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.id)
@@ -76,8 +77,12 @@ def test_sglang_round_trip(spec):
     args = layouts.to_sglang(case)
     indptr = args["kv_indptr"].tolist()
     for b in range(case.num_seqs):
-        assert torch.equal(args["kv_indices"][indptr[b] : indptr[b + 1]], case.slot_mapping(b))
-        assert torch.equal(args["req_to_token"][b, : case.seq_lens_list[b]].long(), case.slot_mapping(b))
+        assert_equal(args["kv_indices"][indptr[b] : indptr[b + 1]], case.slot_mapping(b), f"kv_indices of sequence {b}")
+        assert_equal(
+            args["req_to_token"][b, : case.seq_lens_list[b]].long(),
+            case.slot_mapping(b),
+            f"req_to_token of sequence {b}",
+        )
     back = layouts.from_sglang(args)
     assert back.block_size == 1
     _same_problem(back, case)
@@ -126,9 +131,12 @@ def test_token_kv_indices_prefix_plus_new_tokens_is_the_history(spec):
     for b in range(case.num_seqs):
         full = indices[indptr[b] : indptr[b + 1]]
         prefix = p_indices[p_indptr[b] : p_indptr[b + 1]]
-        assert torch.equal(full, case.slot_mapping(b))
-        assert len(prefix) == case.context_lens[b] and torch.equal(prefix, full[: len(prefix)])
-        assert torch.equal(table[b, : case.seq_lens_list[b]].long(), full)
+        assert_equal(full, case.slot_mapping(b), f"the slots of sequence {b}")
+        assert len(prefix) == case.context_lens[b], (
+            f"sequence {b}: {len(prefix)} prefix slots, not {case.context_lens[b]}"
+        )
+        assert_equal(prefix, full[: len(prefix)], f"the prefix slots of sequence {b}")
+        assert_equal(table[b, : case.seq_lens_list[b]].long(), full, f"the table row of sequence {b}")
         assert not table[b, case.seq_lens_list[b] :].any()
         # the new tokens' keys are the pool's, at the slots after the prefix, in query order
         assert bits_equal(k_new[loc[b] : loc[b + 1]], flat_k[full[len(prefix) :]])

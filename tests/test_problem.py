@@ -11,6 +11,7 @@ from pagedattn.cases import CaseSpec
 from pagedattn.kernels import host, tlsim_programs
 from pagedattn.oracle import case as case_module
 from pagedattn.problem import ProblemError, check_tensors
+from tests.asserts import assert_equal
 
 E4M3 = torch.float8_e4m3fn
 # fp32 (the kernel's dtypes), T=4 tokens, B=2 sequences, block_size 4, 7 blocks, 4 columns
@@ -321,7 +322,8 @@ def test_clone_and_to_copy_a_valid_case_without_validating_it(monkeypatch):
     monkeypatch.setattr(case_module, "check_problem", lambda *a, **k: pytest.fail("validated a copy"))
     for copy in (case.clone(), case.to("cpu")):
         assert copy.query_lens == case.query_lens and copy.seq_lens_list == case.seq_lens_list
-        assert torch.equal(copy.query, case.query) and copy.scale == case.scale
+        assert_equal(copy.query, case.query, "a copy's query")
+        assert copy.scale == case.scale, f"a copy's scale {copy.scale} is not {case.scale}"
     assert case.clone().query.data_ptr() != case.query.data_ptr()
 
 

@@ -12,6 +12,7 @@ from pagedattn.cases.spec import CaseSpec, case_seed
 from pagedattn.runner.case_record import OPERATIONS
 from pagedattn.runner.properties import permute_blocks
 from pagedattn.runner.suite import PLACEMENT_STREAM, case_configuration
+from tests.asserts import assert_differs, assert_equal
 
 
 @pytest.mark.parametrize("family", sorted({s.family for s in grid("quick")}))
@@ -53,5 +54,5 @@ def test_one_seeding_scheme_by_case_id():
     case = spec.build()
     a = permute_blocks(case, seed=case_seed(spec.id, PLACEMENT_STREAM)).block_tables
     b = permute_blocks(case, seed=case_seed(twin.id, PLACEMENT_STREAM)).block_tables
-    assert not torch.equal(a, b), "two ids of one length drew the same permutation"
-    assert torch.equal(spec.build().query, spec.build().query), "a case id must name the same tensors"
+    assert_differs(a, b, "the permutations two ids of one length draw")
+    assert_equal(spec.build().query, spec.build().query, f"the query of two builds of {spec.id}")
