@@ -35,6 +35,18 @@ EXPECTED_UNSUPPORTED = {
 }
 
 
+#: the narrowings a bundled backend declares for the installed torch or triton, each with its reason
+_VERSION_NARROWINGS = (
+    "eager FlexAttention keeps",
+    "FlexAttention takes power-of-two head dims",
+    "interpreter cannot run",
+)
+
+
+def _narrowed_for_this_torch(reason: str) -> bool:
+    return any(n in reason for n in _VERSION_NARROWINGS)
+
+
 # The Triton kernel's whole quick profile on the interpreter takes about 47 s of a core, a
 # quarter of the default run's: it is `slow` (CI's second step runs it, and the README's first
 # command is the same run); tests/test_triton.py runs the kernel in the default run. FlexAttention's,
@@ -59,7 +71,7 @@ def test_bundled_backend_passes_the_quick_profile(pytester, backend):
     assert result.ret == 0 and not failed, f"{backend} failed {failed}:\n{result.stdout.str()[-4000:]}"
     reasons = {c["reason"] for c in report["cases"] if c["status"] == "unsupported"}
     # a narrowing a backend declares for this torch (with its reason) is expected too
-    reasons = {r for r in reasons if "eager FlexAttention keeps" not in r and "interpreter cannot run" not in r}
+    reasons = {r for r in reasons if not _narrowed_for_this_torch(r)}
     # an invariance a backend declines (with its reason) is reported as not claimed, not run
     caps = pagedattn.adapters.load_backend(backend).capabilities
     declined = {r for name in sorted(INVARIANCES) if (r := caps.invariance_reason(name))}
@@ -122,7 +134,8 @@ def _sdpa_with_a_half_precision_bias(case):
 @pytest.mark.parametrize("backend", [b for b in _SLOW_PROFILES if b != "triton"])  # (the kernel: test_triton.py)
 def test_backend_passes_the_decode_family(pytester, backend):
     """The default run's FlexAttention and tlsim backends (their whole quick profiles are `slow`):
-    the decode family, every case passed, none unsupported, none expected to fail."""
+    the decode family, every claimed case passed, none expected to fail, and a case left out
+    only for a narrowing the backend declares for this torch, with its reason."""
     result = pytester.runpytest_subprocess(
         "-p",
         "no:cacheprovider",
@@ -134,8 +147,11 @@ def test_backend_passes_the_decode_family(pytester, backend):
         "--report-json=r.json",
     )
     report = json.loads((pytester.path / "r.json").read_text())
-    statuses = [c["status"] for c in report["cases"] if c["family"] == "decode"]
-    assert result.ret == 0 and statuses and set(statuses) == {"passed"}, result.stdout.str()[-4000:]
+    decode = [c for c in report["cases"] if c["family"] == "decode"]
+    passed = [c for c in decode if c["status"] == "passed"]
+    unclaimed = [c for c in decode if c["status"] == "unsupported" and _narrowed_for_this_torch(c["reason"])]
+    others = [(c["id"], c["status"], c.get("reason")) for c in decode if c not in passed and c not in unclaimed]
+    assert result.ret == 0 and passed and not others, f"{others}\n{result.stdout.str()[-4000:]}"
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

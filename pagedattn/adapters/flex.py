@@ -40,6 +40,9 @@ from pagedattn.oracle import VARIANTS, PagedCase
 #: the input dtype: the suite measured 7x the policy's bound on torch 2.9.1 (CPU), and a
 #: pass on 2.11 (CUDA) and 2.13 (CPU).
 FULL_PRECISION_EAGER = (2, 11)
+#: Before this torch release, FlexAttention raises "NYI: non power of 2 embedding dimension"
+#: for head dims 48/80/96/112 (measured on 2.6.0; 2.9.1 runs them)
+ANY_HEAD_DIM = (2, 9)
 
 
 #: FlexAttention reduces over the whole physical pool in one call, in slot order: the same
@@ -59,6 +62,10 @@ def _torch_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def _power_of_two(head_dim: int) -> bool:
+    return head_dim > 0 and head_dim & (head_dim - 1) == 0
+
+
 class FlexBackend:
     name = "flex"
 
@@ -75,6 +82,9 @@ class FlexBackend:
             operations=frozenset({"attention", "lse"}), variants=frozenset(VARIANTS), invariances=FLEX_INVARIANCES
         )
         notes = dict(INVARIANCE_NOTES)
+        if _torch_version() < ANY_HEAD_DIM:
+            claims["head_dims"] = _power_of_two
+            notes["head_dims"] = f"torch {torch.__version__}: FlexAttention takes power-of-two head dims only"
         if _torch_version() < FULL_PRECISION_EAGER and not compiled:
             notes["dtypes"] = (
                 f"torch {torch.__version__}: eager FlexAttention keeps fp16/bf16 intermediates "

@@ -18,6 +18,14 @@ from standin_attention import attend
 from vllm.v1.kv_cache_interface import KVQuantMode
 
 
+def _rows(cache, blocks, offsets):
+    """``cache[blocks, offsets]``; an fp8 cache through its bytes (torch before 2.10 cannot
+    index fp8 on the CPU)."""
+    if cache.element_size() == 1 and cache.is_floating_point():
+        return cache.view(torch.uint8)[blocks, offsets].view(cache.dtype)
+    return cache[blocks, offsets]
+
+
 def unified_attention(
     q,
     k,
@@ -64,7 +72,7 @@ def unified_attention(
         pos = torch.arange(seq_len - n, seq_len, device=q.device)
         j = torch.arange(seq_len, device=q.device)
         blocks = block_table[b, j // block_size].long()
-        kb, vb = k[blocks, j % block_size], v[blocks, j % block_size]
+        kb, vb = (_rows(c, blocks, j % block_size) for c in (k, v))
         if kb.dtype != q.dtype:
             if kv_quant_mode == KVQuantMode.FP8_PER_TENSOR:
                 kb, vb = kb.float() * k_descale.float().reshape(()), vb.float() * v_descale.float().reshape(())
