@@ -104,9 +104,11 @@ def _compiled() -> Kernels:
 
 
 def _build() -> Kernels:
-    from pagedattn.verdict_kernel import kernels as k
+    from pagedattn.verdict_kernel import kernel, reductions
 
-    return Kernels(k.verdict_kernel, k.moments_kernel, k.decode_sums_kernel, k.reduce_kernel)
+    return Kernels(
+        kernel.verdict_kernel, reductions.moments_kernel, reductions.decode_sums_kernel, reductions.reduce_kernel
+    )
 
 
 #: key norms the verdict kernel reads at a time (a row's largest visible one)
@@ -247,7 +249,7 @@ def _knobs() -> Any:
 def _verdict_key(output: torch.Tensor, lse: torch.Tensor | None, case: PagedCase) -> Any:
     """The verdict kernel's launches' key for ``_launch`` in one check, or ``None``
     (``_key``'s): the kernel specializes none of its pointers on alignment nor any integer on
-    its value (``kernels.verdict_kernel``), its other tensors are float64 or float32 by
+    its value (``kernel.verdict_kernel``), its other tensors are float64 or float32 by
     construction (``_stats``; the log-sum-exp float32, checked by the caller, or the float32
     product in its place; a decode's float32 placeholder for the product), so what the JIT
     specializes on is the output's dtype and whether an integer needs 64 bits. Every integer is
