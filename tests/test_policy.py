@@ -656,8 +656,9 @@ from triton.compiler import ASTSource
 import triton
 from pagedattn.oracle import policy
 from pagedattn.verdict_kernel import host as gpu_check
+from pagedattn.verdict_kernel import launcher
 
-kernels = gpu_check._compiled()
+kernels = launcher._compiled()
 
 
 def compile(kernel, consts, ptr_type):
