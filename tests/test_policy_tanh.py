@@ -11,7 +11,8 @@ import torch
 from pagedattn.adapters.loading import backend_info
 from pagedattn.cases import CaseSpec
 from pagedattn.oracle import check_attention, check_attention_lse
-from pagedattn.oracle.policy import U_RCP_APPROX, U_TANH_APPROX, attention_lse_error_bounds
+from pagedattn.oracle.error_model import U_RCP_APPROX, U_TANH_APPROX
+from pagedattn.oracle.policy import attention_lse_error_bounds
 from pagedattn.runner.report import _claims_lines
 from pagedattn.runner.suite import Suite
 from tests.approx_tanh import BUGS, PTX_TANH_REL, ApproxTanhBackend, approx_softcap_attention

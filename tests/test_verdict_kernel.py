@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from pagedattn.cases import CaseSpec
-from pagedattn.oracle import paged_attention_reference, policy
+from pagedattn.oracle import paged_attention_reference, policy, sequence_stats, subnormal
 from pagedattn.verdict_kernel import host as gpu_check
 from pagedattn.verdict_kernel import launcher
 
@@ -31,7 +31,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("first", [0, 11], ids=["whole", "from-key-11"])
 @pytest.mark.parametrize("shape", [(2, 37, 80), (1, 300, 64), (3, 40, 256)], ids=str)
 def test_sequence_moments_are_the_torch_paths(shape, first):
-    """``[|v|, (v - c)^2]`` in float32 from one kernel: the same bits as ``policy._value_moments``
+    """``[|v|, (v - c)^2]`` in float32 from one kernel: the same bits as ``sequence_stats._value_moments``
     for head dims that are and are not powers of two and lengths that do not fill the kernel's
     row tiles, with values far from 0 (so ``v - c`` cancels) and of every sign; read in place
     from the first key a sequence's rows see (a view whose heads lie a whole history apart).
@@ -45,7 +45,7 @@ def test_sequence_moments_are_the_torch_paths(shape, first):
     k[0, -1, 3] = float("nan")
     k[-1, -2, 0] = float("inf")
     v, k = v[:, first:], k[:, first:]
-    centre, vv = policy._value_moments(v)
+    centre, vv = sequence_stats._value_moments(v)
     f_centre, f_vv, f_kn = gpu_check.sequence_moments(v, k)
     assert torch.equal(centre, f_centre)
     assert f_vv.dtype == torch.float32 and f_vv.shape == vv.shape
@@ -537,7 +537,7 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     seen_dead: list = []
     real_chunks = gpu_check.iter_chunks if path == "fused" else policy.iter_chunks
     real_moments = gpu_check.sequence_moments if path == "fused" else policy._value_moments
-    real_reach = policy._key_reach
+    real_reach = sequence_stats._key_reach
     current = [-1]
 
     def moments(*args):
@@ -562,7 +562,7 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     monkeypatch.setattr(
         gpu_check if path == "fused" else policy, "sequence_moments" if path == "fused" else "_value_moments", moments
     )
-    monkeypatch.setattr(policy, "_key_reach", reach)
+    monkeypatch.setattr(sequence_stats, "_key_reach", reach)
     monkeypatch.setattr(gpu_check, "ON_CPU", path == "fused")
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     monkeypatch.setattr(gpu_check, "usable", lambda case: path == "fused")
@@ -584,17 +584,17 @@ def test_the_values_centre_as_a_product_is_their_mean():
     v = (torch.randn(3, 999, 80, generator=g, dtype=torch.float64) * 3.0 + 1e4).to(DEVICE)
     v[..., ::5] *= -1.0
     mean = v.mean(dim=1, keepdim=True)
-    product = policy._centre(v, by_product=True)
+    product = sequence_stats._centre(v, by_product=True)
     assert product.shape == mean.shape and product.dtype == torch.float64
     assert torch.allclose(product, mean, rtol=1e-14, atol=0.0)
-    assert torch.equal(policy._centre(v, by_product=False), mean)
+    assert torch.equal(sequence_stats._centre(v, by_product=False), mean)
     # the ones are kept across calls: a longer history grows them, a shorter one takes a prefix
     for length in (2500, 300):
         w = torch.randn(2, length, 64, generator=g, dtype=torch.float64).to(DEVICE)
         fresh = torch.bmm(torch.ones(2, 1, length, dtype=torch.float64, device=DEVICE), w).div_(length)
-        got = policy._centre(w, by_product=True)
+        got = sequence_stats._centre(w, by_product=True)
         assert torch.allclose(got, fresh, rtol=1e-14, atol=0.0) and got.shape == (2, 1, 64)
-    assert max(t.numel() for key, t in policy._ONES.items() if key[0] == v.device) >= 2500
+    assert max(t.numel() for key, t in sequence_stats._ONES.items() if key[0] == v.device) >= 2500
 
 
 #: cases whose rows flag, or do not flag, weights below float32's normal range (sinks of ~90
@@ -666,7 +666,7 @@ def test_the_rows_flagged_are_those_whose_weights_may_leave_the_normal_range(mon
     """Row by row, the verdict kernel flags exactly the rows whose smallest visible logit lies more
     than ``-log(2**-126)`` below their largest (the torch path's guard, from the oracle's own pass),
     with sinks that put the rows' spans on both sides of that edge; every row where
-    ``policy._subnormal_weights`` finds a weight to correct is among them."""
+    ``subnormal._subnormal_weights`` finds a weight to correct is among them."""
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
     spec = CaseSpec("t", ((60, 20), (90, 1), (40, 3)), num_heads=8, num_kv_heads=2, sliding_window=24)
     case = spec.build()
@@ -681,7 +681,7 @@ def test_the_rows_flagged_are_those_whose_weights_may_leave_the_normal_range(mon
     device_terms = terms._replace(device_path=True)
     for c in policy.iter_chunks(case, live=policy._live(case), score_floor=True):
         spans.append(c.rows(c.score_floor - c.row_max).reshape(-1))
-        extra = policy._subnormal_weights(c, device_terms)  # [Hkv, G, n, Lc]: nonzero where corrected
+        extra = subnormal._subnormal_weights(c, device_terms)  # [Hkv, G, n, Lc]: nonzero where corrected
         small.append(c.rows((extra != 0).any(dim=-1)).reshape(-1))
     spans_t, small_t = torch.cat(spans), torch.cat(small)
     want = (spans_t < edge).double()

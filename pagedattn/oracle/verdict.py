@@ -13,7 +13,8 @@ import torch
 
 from pagedattn.oracle import policy
 from pagedattn.oracle.case import PagedCase
-from pagedattn.oracle.policy import WARN_FACTOR, chunk_bounds, validate_precisions
+from pagedattn.oracle.error_model import WARN_FACTOR
+from pagedattn.oracle.policy import chunk_bounds, validate_precisions
 from pagedattn.verdict_kernel import host as gpu_check
 
 

@@ -33,9 +33,12 @@ from typing import Any, NamedTuple
 
 import torch
 
-from pagedattn.oracle import policy
+from pagedattn.oracle import policy, sequence_stats
 from pagedattn.oracle.case import PagedCase
+from pagedattn.oracle.error_model import C_ACC, C_EXP, C_W, DTYPE_TABLE, U_FP32
 from pagedattn.oracle.reference import iter_chunks
+from pagedattn.oracle.sequence_stats import _centre, _spent
+from pagedattn.oracle.subnormal import _subnormal_weights
 from pagedattn.verdict_kernel.launcher import _cdiv, _compiled, _launch, _pow2
 
 #: ``0`` turns the fused path off (the torch path judges alone)
@@ -51,7 +54,7 @@ STATS = 7
 #: ``_rows`` then judges the case again with it), rows 64 bytes apart
 ROW_STATS = 8
 #: a row is flagged where its smallest visible logit lies more than ``-log(min normal) - FLAG_MARGIN``
-#: below its largest: there a weight may need the correction (``policy._subnormal_weights`` marks
+#: below its largest: there a weight may need the correction (``subnormal._subnormal_weights`` marks
 #: ``p_j l < min normal``, whose float64 roundings move that edge by ~1e-15, far less)
 FLAG_MARGIN = 2.0**-20
 #: where the weights' smallest normal (``DTYPE_TABLE``) is at or above this, a case's first pass
@@ -109,11 +112,11 @@ def verdict_rows(
     ``policy.chunk_bounds`` scaled by ``tolerance_factor``, as ``reduced``'s rows (one, or two
     with ``lse``: the output's, the log-sum-exp's), read to the host in one transfer.
 
-    The correction of weights below the normal range (``policy._subnormal_weights``) is formed
+    The correction of weights below the normal range (``subnormal._subnormal_weights``) is formed
     only where a row needs it. For an output dtype whose weights keep float32's range the pass
     forms none and flags the rows whose logits span past it; the case is judged again, with the
     correction, where any row was flagged (few cases). The torch path reads a guard over the
-    whole key pool first (``policy._weights_stay_normal``), a few dozen launches and a read
+    whole key pool first (``subnormal._weights_stay_normal``), a few dozen launches and a read
     that are much of a short check's time; fp16, whose weights leave their normal range within
     ~9.7 in logits, keeps that guard.
 
@@ -121,7 +124,7 @@ def verdict_rows(
         output: ``[T, Hq, D]`` in the query dtype, on the case's device (checked by the caller).
         lse: ``[T, Hq]`` float32, or ``None``.
     """
-    min_normal = policy.DTYPE_TABLE[case.dtype].weights_min_normal
+    min_normal = DTYPE_TABLE[case.dtype].weights_min_normal
     flag = min_normal < NARROW_MIN_NORMAL
     terms = policy._terms(case, precision, qk_precision, tanh_precision, guard=not flag)
     if case.device.type != "cuda":
@@ -162,8 +165,8 @@ def _read(p: _Pass) -> list[list[float]]:
 
 
 def sequence_moments(v: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A sequence's terms of the bound in one kernel and the mean's launches (``policy._centre``):
-    ``policy._value_moments``' numbers, bit for bit, and the keys' norms.
+    """A sequence's terms of the bound in one kernel and the mean's launches (``sequence_stats._centre``):
+    ``sequence_stats._value_moments``' numbers, bit for bit, and the keys' norms.
 
     Args:
         v: ``[Hkv, L, D]`` float64, rows of D contiguous (a slice of a sequence's values is read
@@ -180,7 +183,7 @@ def sequence_moments(v: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, to
         v = v.contiguous()
     if k.stride(2) != 1 or k.stride(1) != D:
         k = k.contiguous()
-    centre = policy._centre(v)
+    centre = _centre(v)
     vv = torch.empty(Hkv, L, 2 * D, dtype=torch.float32, device=v.device)
     kn = torch.empty(Hkv, L, dtype=torch.float64, device=v.device)
     block_d = _pow2(D)
@@ -219,7 +222,7 @@ SLICE_DECODE_ELEMS = 1 << 15
 
 #: a windowed block of several rows walks the key norms where the window is at most this many
 #: keys (a few of the kernel's KEY_BLOCK reads a row), in place of the sequence's sliding
-#: maximum: that is 8 torch operations a sequence (``policy._key_reach``), on a host-bound check
+#: maximum: that is 8 torch operations a sequence (``sequence_stats._key_reach``), on a host-bound check
 KEY_WALK = 2048
 
 
@@ -234,7 +237,7 @@ def _stats(
 ) -> _Pass:
     """Every row and head's statistics, the output's and the log-sum-exp's, reduced by the last
     launch. ``correct``: the correction of subnormal weights is formed where ``terms`` say
-    (``policy._subnormal_weights``); else none is, and a row is flagged where its smallest
+    (``subnormal._subnormal_weights``); else none is, and a row is flagged where its smallest
     visible logit lies below its largest plus ``flag_below``."""
     kernel = _compiled().verdict
     T, Hq, D = case.num_tokens, case.num_heads, case.head_dim
@@ -251,9 +254,9 @@ def _stats(
         "BLOCK_D": _pow2(D),
         "BLOCK_K": KEY_BLOCK,
         "BLOCK_J": block_j,
-        "U": policy.U_FP32,
-        "C_EXP": policy.C_EXP,
-        "CW": policy.C_W,
+        "U": U_FP32,
+        "C_EXP": C_EXP,
+        "CW": C_W,
         "NS": ROW_STATS,
     }
     tol, xmin = float(tolerance_factor), 2.0**model.emin
@@ -276,7 +279,7 @@ def _stats(
             reach = None
         walk = n == 1 or 0 < W <= KEY_WALK
         if not walk and reach is None:  # positions from ``first``: every row's window starts there or later
-            reach = policy._key_reach(kn, case.sliding_window)  # [Hkv, L - first]
+            reach = sequence_stats._key_reach(kn, case.sliding_window)  # [Hkv, L - first]
         assert c.q.is_contiguous()  # the kernel reads its rows as o's: [Hq, n, D], rows of D
         o = torch.bmm(c.probs.view(Hkv, G * n, Lc), c.v)  # [Hkv, G * n, D]: [Hq, n, D]
         parts, slices = o, 0  # (a placeholder: not read)
@@ -299,16 +302,16 @@ def _stats(
                     {"BLOCK_J": block_j, "BLOCK_D": consts["BLOCK_D"]},
                 )
         else:
-            p32 = policy._spent(c.scores, torch.float32).copy_(c.probs)
+            p32 = _spent(c.scores, torch.float32).copy_(c.probs)
             s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys.start - first : c.keys.stop - first])  # [Hq, n, 2D]
             del p32
         # in the spent scores' storage: after the product
-        extra = policy._subnormal_weights(c, terms) if correct else None
+        extra = _subnormal_weights(c, terms) if correct else None
         # [Hq, n, D] float64 (``o`` stands in where there is none: has_extra 0)
         ex = torch.bmm(extra.view(Hkv, G * n, Lc), c.v.abs()) if extra is not None else o
         del extra
         L = case.seq_lens_list[c.seq]
-        acc = policy.C_ACC * policy.U_FP32 * math.sqrt(L)
+        acc = C_ACC * U_FP32 * math.sqrt(L)
         sink = c.sink_probs is not None
         alibi = c.alibi is not None
         args = (

@@ -91,7 +91,7 @@ def verdict_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr,  # key norms read at a time
     BLOCK_J: tl.constexpr,  # keys and values read at a time (inline 1)
-    U: tl.constexpr,  # policy.U_FP32, C_EXP, C_W: exact in float32, as Triton takes a float constexpr
+    U: tl.constexpr,  # error_model.U_FP32, C_EXP, C_W: exact in float32, as Triton takes a float constexpr
     C_EXP: tl.constexpr,
     CW: tl.constexpr,
     NS: tl.constexpr,  # ROW_STATS
@@ -108,10 +108,10 @@ def verdict_kernel(
     # the row's largest ds_j (policy.chunk_bounds, same order of operations)
     q = tl.load(q_ptr + base + d, mask=dm, other=0.0)
     qn = tl.sqrt(tl.sum(q * q, axis=0))
-    # the largest norm among the keys the row sees, max(0, p - W + 1) .. p (policy._KeyMax). A
+    # the largest norm among the keys the row sees, max(0, p - W + 1) .. p (sequence_stats._KeyMax). A
     # decode whose value sums are direct (inline) takes it from its keys, below; another decode,
     # or a block of rows under a short window, walks the sequence's key norms; other blocks of several rows read
-    # each row's from the sequence's sliding maximum over the same norms (policy._key_reach),
+    # each row's from the sequence's sliding maximum over the same norms (sequence_stats._key_reach),
     # since a walk a row would read O(L) norms for each row and head of a long prefill. A NaN
     # norm the row sees makes its scores, reference and bound NaN whatever this maximum is (a
     # GPU's maximum, and the interpreter's, drop NaN)
@@ -119,9 +119,9 @@ def verdict_kernel(
     o = tl.load(o_ptr + base + d, mask=dm, other=0.0)
     if inline == 1:
         # a decode (a block of one row that sees every key of its block) over a short history
-        # (gpu_check.INLINE_DECODE_ELEMS): the largest key norm, sum_j p_j |v_j| and
+        # (host.INLINE_DECODE_ELEMS): the largest key norm, sum_j p_j |v_j| and
         # sum_j p_j (v_j - o)^2 from its keys, values and weights here, about its own output
-        # (policy._decode_sums: no centre, no d terms below)
+        # (sequence_stats._decode_sums: no centre, no d terms below)
         km, s1, s2 = slice_sums(
             pp_ptr + r * Lc, vb_ptr + kv64 * b_sh, kb_ptr + kv64 * b_sh, o, 0, Lc, D, BLOCK_J, BLOCK_D
         )
@@ -167,7 +167,7 @@ def verdict_kernel(
     seen = p + 1
     if W > 0:
         seen = tl.minimum(seen, W)
-    grow = 1.0 / (1.0 - (seen.to(tl.float64) + 3.0) * U)  # policy._visible_keys_grow
+    grow = 1.0 / (1.0 - (seen.to(tl.float64) + 3.0) * U)  # sequence_stats._visible_keys_grow
     sqrt_grow = tl.sqrt(grow)
     dd = cen - o
     o_abs = tl.abs(o)

@@ -59,7 +59,7 @@ def reduce_rows(st_ptr, N, per_row, out_ptr, NS: tl.constexpr, BLOCK: tl.constex
 def slice_sums(pp_ptr, vb_ptr, kb_ptr, o, j_lo, j_hi, D, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
     # a decode's keys j_lo .. j_hi - 1 (pp_ptr: its weights over its keys; vb_ptr, kb_ptr: its kv
     # head's values and keys, rows of D): the largest key norm, sum_j p_j |v_j| and
-    # sum_j p_j (v_j - o)^2 in float64 about the row's output o (policy._decode_sums: every term
+    # sum_j p_j (v_j - o)^2 in float64 about the row's output o (sequence_stats._decode_sums: every term
     # nonnegative, so any order of summation is within a float64 rounding a key of another)
     d = tl.arange(0, BLOCK_D)
     dm = d < D
@@ -101,7 +101,7 @@ def decode_sums_kernel(
     BLOCK_D: tl.constexpr,
 ):
     # a program a query head and slice of a long decode's keys: one program a head walking them
-    # all is slow on a long history (gpu_check.INLINE_DECODE_ELEMS)
+    # all is slow on a long history (host.INLINE_DECODE_ELEMS)
     h = tl.program_id(0)
     s = tl.program_id(1)
     kv64 = (h // G).to(tl.int64)
@@ -140,7 +140,7 @@ def moments_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    # policy._value_moments' numbers bit for bit: |fl32(v)|, and fl32 of the float64 square
+    # sequence_stats._value_moments' numbers bit for bit: |fl32(v)|, and fl32 of the float64 square
     # of the float64 difference (it may cancel), each rounded to nearest once
     kv = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -153,7 +153,7 @@ def moments_kernel(
     tl.store(vv_ptr + to, tl.abs(v.to(tl.float32)), mask=m)
     dv = v - c[None, :]
     tl.store(vv_ptr + to + D, (dv * dv).to(tl.float32), mask=m)
-    # the keys' norms, here rather than a launch or two of their own a block (policy._KeyMax's
+    # the keys' norms, here rather than a launch or two of their own a block (sequence_stats._KeyMax's
     # come from torch's norm: the same to within a float64 rounding or two, see FUSED_RTOL)
     k = tl.load(k_ptr + kv * k_sh + rows[:, None].to(tl.int64) * D + d[None, :], mask=m, other=0.0)
     tl.store(kn_ptr + kv * L + rows, tl.sqrt(tl.sum(k * k, axis=1)), mask=rows < L)
