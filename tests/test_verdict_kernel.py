@@ -370,7 +370,7 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
     yields a block, the previous block's tensors are freed: its score-sized weights (the chunk)
     and, on the fused path, what the verdict kernel read (the reference rows, the weighted
     moments, the subnormal correction). A name left holding them (the launch's argument tuple
-    did) kept two blocks' worth alive: 12 MB over the oracle's peak on the H200's 32k case."""
+    did) kept two blocks' worth alive, over the oracle's peak."""
     import weakref
 
     from pagedattn.cases import CaseSpec
