@@ -1,5 +1,6 @@
-"""A declared approximate soft-cap tanh (``Capabilities.tanh_precision="approx"``):
-a kernel whose tanh errs by the PTX figure fails the IEEE policy and passes its declared one;
+"""A declared approximate soft-cap tanh (``Capabilities.tanh_precision="approx"``).
+
+A kernel whose tanh errs by the PTX figure fails the IEEE policy and passes its declared one;
 soft-cap bugs still fail under it; only soft-capped cases change; the claim reaches the
 checks, the header and the JSON."""
 

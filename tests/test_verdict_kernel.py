@@ -527,8 +527,8 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     """The check holds a sequence's own terms (the values' moments, ``[Hkv, L, 2D]`` float32 as
     large as its float64 values; its key norms or reach) only while its rows are judged: when the
     oracle's pass has gathered the next sequence's history and yields its first block, they are
-    gone (the oracle holds nothing of a finished sequence; held, they put the check's peak 0.7 MB
-    over the oracle's on the quick window case of ``bench_suite.py``)."""
+    gone (the oracle holds nothing of a finished sequence; held, they put the check's peak over
+    the oracle's)."""
     import weakref
 
     from pagedattn.oracle import check_attention

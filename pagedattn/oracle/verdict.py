@@ -1,7 +1,9 @@
-"""The verdict on an attention output: ``check_attention`` judges it element by element
-against the float64 oracle and the error model's bound (``pagedattn.oracle.policy``) and
-returns an ``AttentionCheck``: passed, warned or failed, how much of the bound it used,
-and the worst element (sequence, token, position, head, channel, value, reference, bound)."""
+"""The verdict on an attention output, element by element against the oracle and the bound.
+
+``check_attention`` judges it against the float64 oracle and the error model's bound
+(``pagedattn.oracle.policy``) and returns an ``AttentionCheck``: passed, warned or failed, how
+much of the bound it used, and the worst element (sequence, token, position, head, channel,
+value, reference, bound)."""
 
 from __future__ import annotations
 
