@@ -253,7 +253,7 @@ def test_the_controller_imports_in_the_background_where_a_core_is_spare(pytester
     worker (``plugin.pytest_sessionstart``: nothing imported when xdist sets up its nodes) and
     end by the run's end. (That the imports come from the thread, not the main thread, and the
     plugin's own join are not observed here.)"""
-    from pagedattn.plugin import usable_cores
+    from pagedattn.runner.workers import usable_cores
 
     pytester.makeconftest(
         """
@@ -681,7 +681,7 @@ def test_a_workers_failed_start_is_told_in_one_line():
 
 
 def test_the_spec_is_checked_only_where_the_workers_see_what_the_controller_sees():
-    from pagedattn.plugin import workers_share_this_process
+    from pagedattn.runner.workers import workers_share_this_process
 
     assert workers_share_this_process(None) and workers_share_this_process(["popen", "4*popen"])
     for tx in ("popen//chdir=/tmp", "2*popen//python=python3.12", "ssh=host//python=python3", "socket=1.2.3.4:8888"):

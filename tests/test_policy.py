@@ -18,9 +18,12 @@ from pagedattn.oracle import (
     check_attention,
     check_attention_lse,
     check_bitexact,
+    error_model,
     paged_attention_reference,
     paged_attention_reference_lse,
     policy,
+    sequence_stats,
+    subnormal,
 )
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.reference import gather_history, iter_chunks
@@ -154,7 +157,7 @@ def test_the_old_tf32_model_missed_the_value_operand(monkeypatch):
     case = next(s for s in FP32_QUICK if s.id == "sliding_window-gqa2-bs3-d64-fp32-L20-B2-win1-self").build()
     out = tf32_flash(case, "rz")
     new = check_attention(out, case, precision="tf32")
-    monkeypatch.setattr(policy, "U_TF32_OPERAND", policy.U_TF32)
+    monkeypatch.setattr(policy, "U_TF32_OPERAND", error_model.U_TF32)
     monkeypatch.setattr(policy, "TF32_PV_OPERANDS", 1)
     old = check_attention(out, case, precision="tf32")
     assert old.budget_used > 1.0 and new.budget_used < 0.6, (
@@ -428,16 +431,16 @@ def test_the_device_path_reads_the_device_once_per_verdict(dtype, monkeypatch):
     with OpCounter() as cpu_path:
         check = check_attention(out, case)
     assert check.passed, str(check)
-    guards = sum(n for where, n in cpu_path.sync_sites.items() if where.startswith("pagedattn/oracle/policy.py"))
+    guards = sum(n for where, n in cpu_path.sync_sites.items() if where.startswith("pagedattn/oracle/subnormal.py"))
     assert blocks <= guards <= 2 * blocks, f"{blocks} blocks, reads at {dict(cpu_path.sync_sites)}"
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     with OpCounter() as device_path:
         check = check_attention(out, case)
     assert check.passed, str(check)
     sites = dict(device_path.sync_sites)
-    policy_reads = sum(n for where, n in sites.items() if where.startswith("pagedattn/oracle/policy.py"))
+    guard_reads = sum(n for where, n in sites.items() if where.startswith("pagedattn/oracle/subnormal.py"))
     verdict_reads = sum(n for where, n in sites.items() if where.startswith("pagedattn/oracle/verdict.py"))
-    assert (policy_reads, verdict_reads) == (1, 1) and device_path.syncs == 2, sites
+    assert (guard_reads, verdict_reads) == (1, 1) and device_path.syncs == 2, sites
     with OpCounter() as device_path_lse:
         check_attention_lse(out, lse.float(), case)
     assert device_path_lse.syncs == 2, dict(device_path_lse.sync_sites)
@@ -480,7 +483,7 @@ def test_the_device_path_forms_the_same_bounds_and_verdicts(name, direct, monkey
     allowance, at most that allowance above the CPU's (``BLOCK_RTOL``), and the verdicts' statuses
     and counts are the same; every other row is bit for bit the CPU's."""
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
-    monkeypatch.setattr(policy, "_POOL_SLICE", 1000)  # the pool's norms a few blocks at a time
+    monkeypatch.setattr(subnormal, "_POOL_SLICE", 1000)  # the pool's norms a few blocks at a time
     if not direct:  # the decodes take the moments on both paths
         monkeypatch.setattr(policy, "DIRECT_DECODES", False)
     case = _device_path_case(name)
@@ -522,7 +525,7 @@ def test_the_device_path_forms_the_same_bounds_and_verdicts(name, direct, monkey
 
 
 def test_a_decodes_direct_sums_are_its_terms():
-    """``policy._decode_sums`` (a decode's value sums on the device path): ``sum_j p_j |v_j|`` and
+    """``sequence_stats._decode_sums`` (a decode's value sums on the device path): ``sum_j p_j |v_j|`` and
     ``sum_j p_j (v_j - o)^2`` formed a slice of keys at a time (a GQA group of 3: slices of a third
     of the keys, 301 of them, not a multiple) are the float64 sums over all of them at once, and
     about the output nothing cancels: values near 1000 with a spread near 1 give a spread near 1."""
@@ -531,7 +534,7 @@ def test_a_decodes_direct_sums_are_its_terms():
     c = next(iter_chunks(case))
     Hkv, G, _, Lc = c.probs.shape
     o = c.output()  # [1, Hq, D]
-    s1, s2 = policy._decode_sums(c, o)
+    s1, s2 = sequence_stats._decode_sums(c, o)
     p = c.probs.view(Hkv, G, Lc)
     dev = c.v[:, None] - o.view(Hkv, G, 1, -1)  # [Hkv, G, Lc, D]
     want1 = torch.einsum("hgl,hld->hgd", p, c.v.abs()).reshape(1, Hkv * G, -1)
@@ -551,7 +554,7 @@ def _device_path_case(name: str) -> PagedCase:
         case = case.replace(sinks=torch.linspace(6.0, 14.0, case.num_heads))
         terms = policy._terms(case, "ieee", "fp32", "ieee")
         chunks = iter_chunks(case, score_floor=True)
-        assert any(policy._subnormal_weights(c, terms) is not None for c in chunks), "no subnormal weight"
+        assert any(subnormal._subnormal_weights(c, terms) is not None for c in chunks), "no subnormal weight"
     return case
 
 
@@ -654,10 +657,11 @@ import json, re, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 import triton
-from pagedattn.oracle import policy
+from pagedattn.oracle import error_model
 from pagedattn.verdict_kernel import host as gpu_check
+from pagedattn.verdict_kernel import launcher
 
-kernels = gpu_check._compiled()
+kernels = launcher._compiled()
 
 
 def compile(kernel, consts, ptr_type):
@@ -685,7 +689,8 @@ f64 = {"o_ptr", "ex_ptr", "c_ptr", "q_ptr", "rm_ptr", "fl_ptr", "lse_ptr", "kn_p
 results = []
 for out_type, block_d in json.loads(sys.argv[1]):
     consts = {"BLOCK_D": block_d, "BLOCK_K": gpu_check.KEY_BLOCK, "BLOCK_J": max(1, gpu_check.INLINE_TILE // block_d),
-              "U": policy.U_FP32, "C_EXP": policy.C_EXP, "CW": policy.C_W, "NS": gpu_check.ROW_STATS}
+              "U": error_model.U_FP32, "C_EXP": error_model.C_EXP, "CW": error_model.C_W,
+              "NS": gpu_check.ROW_STATS}
     r = compile(kernels.verdict, consts, lambda n: out_type if n == "out_ptr" else "fp64" if n in f64 else "fp32")
     results.append(dict(r, cfg=["verdict", out_type, block_d]))
     moments = {"BLOCK_R": 4096 // block_d, "BLOCK_D": block_d}
@@ -783,9 +788,9 @@ def test_the_subnormal_guard_decides_at_its_boundary(name, monkeypatch):
     scale: the sinks' and ALiBi's terms each set where it lies (sinks larger than the scores'
     reach, a largest bias of a third of the threshold), the soft-cap caps it, and the pool's
     largest key lies in its last slice (the norms a few blocks at a time)."""
-    monkeypatch.setattr(policy, "_POOL_SLICE", 200)  # several slices of the pool
+    monkeypatch.setattr(subnormal, "_POOL_SLICE", 200)  # several slices of the pool
     case = _GUARD_SPECS[name].build()
-    model = policy.DTYPE_TABLE[case.dtype]
+    model = error_model.DTYPE_TABLE[case.dtype]
     threshold = -math.log(model.weights_min_normal) - 1.0
     changes: dict = {}
     if case.sinks is not None:  # the sinks reach past the scores (beside ALiBi's bias: just under)
@@ -798,7 +803,7 @@ def test_the_subnormal_guard_decides_at_its_boundary(name, monkeypatch):
     keys = case.key_cache.clone()
     keys[-1, 0] = keys[-1, 0].float().mul(4.0).to(keys.dtype)  # the largest key, in the last slice
     case = case.replace(key_cache=keys, **changes)
-    assert case.key_cache.shape[0] * case.key_cache[0].numel() > 2 * policy._POOL_SLICE
+    assert case.key_cache.shape[0] * case.key_cache[0].numel() > 2 * subnormal._POOL_SLICE
 
     def scaled(lam: float):
         return case.replace(query=(case.query.double() * lam).to(case.dtype))
@@ -811,7 +816,7 @@ def test_the_subnormal_guard_decides_at_its_boundary(name, monkeypatch):
     for lam in (lo * 0.97, hi * 1.03, lo * 0.5, hi * 2.0):
         c = scaled(lam)
         want = _span_guard_expected(c, model.weights_min_normal)
-        assert policy._weights_stay_normal(c, model.weights_min_normal) == want, f"{name} at scale {lam:.6g}"
+        assert subnormal._weights_stay_normal(c, model.weights_min_normal) == want, f"{name} at scale {lam:.6g}"
         decisions.append(want)
     if case.logits_soft_cap is None:
         assert decisions == [True, False, True, False], decisions  # both sides were reached

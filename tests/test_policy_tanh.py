@@ -1,5 +1,6 @@
-"""A declared approximate soft-cap tanh (``Capabilities.tanh_precision="approx"``, issue 15):
-a kernel whose tanh errs by the PTX figure fails the IEEE policy and passes its declared one;
+"""A declared approximate soft-cap tanh (``Capabilities.tanh_precision="approx"``).
+
+A kernel whose tanh errs by the PTX figure fails the IEEE policy and passes its declared one;
 soft-cap bugs still fail under it; only soft-capped cases change; the claim reaches the
 checks, the header and the JSON."""
 
@@ -11,7 +12,8 @@ import torch
 from pagedattn.adapters.loading import backend_info
 from pagedattn.cases import CaseSpec
 from pagedattn.oracle import check_attention, check_attention_lse
-from pagedattn.oracle.policy import U_RCP_APPROX, U_TANH_APPROX, attention_lse_error_bounds
+from pagedattn.oracle.error_model import U_RCP_APPROX, U_TANH_APPROX
+from pagedattn.oracle.policy import attention_lse_error_bounds
 from pagedattn.runner.report import _claims_lines
 from pagedattn.runner.suite import Suite
 from tests.planted.approx_tanh import BUGS, PTX_TANH_REL, ApproxTanhBackend, approx_softcap_attention

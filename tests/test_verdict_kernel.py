@@ -1,4 +1,4 @@
-"""The fused check's helper kernels and its launcher (``pagedattn.verdict_kernel.host``).
+"""The fused check's helper kernels (``pagedattn.verdict_kernel.host``) and its launcher (``.launcher``).
 
 The verdicts themselves are compared with the torch path's in ``tests/test_policy.py``; here the
 pieces each give their torch counterpart's numbers on their own, where a test can reach every
@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from pagedattn.cases import CaseSpec
-from pagedattn.oracle import paged_attention_reference, policy
+from pagedattn.oracle import paged_attention_reference, policy, sequence_stats, subnormal
 from pagedattn.verdict_kernel import host as gpu_check
+from pagedattn.verdict_kernel import launcher
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -30,7 +31,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("first", [0, 11], ids=["whole", "from-key-11"])
 @pytest.mark.parametrize("shape", [(2, 37, 80), (1, 300, 64), (3, 40, 256)], ids=str)
 def test_sequence_moments_are_the_torch_paths(shape, first):
-    """``[|v|, (v - c)^2]`` in float32 from one kernel: the same bits as ``policy._value_moments``
+    """``[|v|, (v - c)^2]`` in float32 from one kernel: the same bits as ``sequence_stats._value_moments``
     for head dims that are and are not powers of two and lengths that do not fill the kernel's
     row tiles, with values far from 0 (so ``v - c`` cancels) and of every sign; read in place
     from the first key a sequence's rows see (a view whose heads lie a whole history apart).
@@ -44,7 +45,7 @@ def test_sequence_moments_are_the_torch_paths(shape, first):
     k[0, -1, 3] = float("nan")
     k[-1, -2, 0] = float("inf")
     v, k = v[:, first:], k[:, first:]
-    centre, vv = policy._value_moments(v)
+    centre, vv = sequence_stats._value_moments(v)
     f_centre, f_vv, f_kn = gpu_check.sequence_moments(v, k)
     assert torch.equal(centre, f_centre)
     assert f_vv.dtype == torch.float32 and f_vv.shape == vv.shape
@@ -147,21 +148,21 @@ def test_the_launcher_reuses_a_kernel_only_where_triton_would_specialize_alike(m
     """A launch goes through the compiled kernel's runner only with the same constexprs, tensor
     dtypes and 16-byte alignment, and integer widths (1, divisible by 16) as a launch the JIT made;
     the runner takes every argument, constexprs last, and a 1-D grid as three axes."""
-    monkeypatch.setattr(gpu_check, "_RUNNERS", {})
+    monkeypatch.setattr(launcher, "_RUNNERS", {})
     jit = _FakeJit()
     buf = torch.zeros(64)
     consts = {"BLOCK": 16}
-    gpu_check._launch(jit, (4,), (buf, 3, 2.5), consts)
-    gpu_check._launch(jit, (5,), (buf, 7, 1.5), consts)  # same widths: the runner
-    gpu_check._launch(jit, (5,), (buf[2:], 7, 1.5), consts)  # 8 bytes off: not aligned
-    gpu_check._launch(jit, (5,), (buf[1:], 7, 1.5), consts)  # 4 bytes off: not aligned either
-    gpu_check._launch(jit, (5,), (buf[4:], 7, 1.5), consts)  # 16 bytes off: aligned, the runner
-    gpu_check._launch(jit, (5,), (buf.double(), 7, 1.5), consts)  # another dtype
-    gpu_check._launch(jit, (5,), (buf, 1, 1.5), consts)  # an integer of 1
-    gpu_check._launch(jit, (5,), (buf, 32, 1.5), consts)  # divisible by 16
-    gpu_check._launch(jit, (5,), (buf, 2**40, 1.5), consts)  # int64
-    gpu_check._launch(jit, (5,), (buf, 7, 1.5), {"BLOCK": 32})  # another constexpr
-    gpu_check._launch(jit, (6,), (buf, 9, 0.5), consts)  # the first specialization again
+    launcher._launch(jit, (4,), (buf, 3, 2.5), consts)
+    launcher._launch(jit, (5,), (buf, 7, 1.5), consts)  # same widths: the runner
+    launcher._launch(jit, (5,), (buf[2:], 7, 1.5), consts)  # 8 bytes off: not aligned
+    launcher._launch(jit, (5,), (buf[1:], 7, 1.5), consts)  # 4 bytes off: not aligned either
+    launcher._launch(jit, (5,), (buf[4:], 7, 1.5), consts)  # 16 bytes off: aligned, the runner
+    launcher._launch(jit, (5,), (buf.double(), 7, 1.5), consts)  # another dtype
+    launcher._launch(jit, (5,), (buf, 1, 1.5), consts)  # an integer of 1
+    launcher._launch(jit, (5,), (buf, 32, 1.5), consts)  # divisible by 16
+    launcher._launch(jit, (5,), (buf, 2**40, 1.5), consts)  # int64
+    launcher._launch(jit, (5,), (buf, 7, 1.5), {"BLOCK": 32})  # another constexpr
+    launcher._launch(jit, (6,), (buf, 9, 0.5), consts)  # the first specialization again
     kinds = [entry[0] for entry in jit.log]
     assert kinds == ["jit", "runner", "jit", "runner", "runner", "jit", "jit", "jit", "jit", "jit", "runner"], kinds
     assert jit.log[1][1] == (5, 1, 1) and jit.log[1][2] == (buf, 7, 1.5, 16)
@@ -176,16 +177,16 @@ def test_the_launcher_follows_a_kernels_do_not_specialize_flags(monkeypatch):
     """Where the kernel says Triton does not specialize a parameter (``do_not_specialize``: an
     integer's value; ``..._on_alignment``: a pointer's alignment), launches that differ only there
     share the runner; an integer's width and a tensor's dtype still part them."""
-    monkeypatch.setattr(gpu_check, "_RUNNERS", {})
+    monkeypatch.setattr(launcher, "_RUNNERS", {})
     jit = _FakeJit()
     jit.params = [_Param(False, True), _Param(True, False), _Param(False, False), _Param(False, False)]
     buf = torch.zeros(64)
     consts = {"BLOCK": 16}
-    gpu_check._launch(jit, (4,), (buf, 3, 2.5), consts)
-    gpu_check._launch(jit, (4,), (buf[1:], 1, 2.5), consts)  # unaligned, 1: neither specialized
-    gpu_check._launch(jit, (4,), (buf[1:], 32, 2.5), consts)  # divisible by 16: not specialized
-    gpu_check._launch(jit, (4,), (buf, 2**40, 2.5), consts)  # int64: another kernel
-    gpu_check._launch(jit, (4,), (buf.double(), 3, 2.5), consts)  # another dtype
+    launcher._launch(jit, (4,), (buf, 3, 2.5), consts)
+    launcher._launch(jit, (4,), (buf[1:], 1, 2.5), consts)  # unaligned, 1: neither specialized
+    launcher._launch(jit, (4,), (buf[1:], 32, 2.5), consts)  # divisible by 16: not specialized
+    launcher._launch(jit, (4,), (buf, 2**40, 2.5), consts)  # int64: another kernel
+    launcher._launch(jit, (4,), (buf.double(), 3, 2.5), consts)  # another dtype
     kinds = [entry[0] for entry in jit.log]
     assert kinds == ["jit", "runner", "runner", "jit", "jit"], kinds
 
@@ -207,15 +208,15 @@ def test_a_kept_kernel_is_launched_as_its_runner_would(monkeypatch):
     passes: the three grid axes, the current stream, its function and packed metadata, the launch
     metadata for the same grid, stream and arguments, the launch hooks, then every argument with
     the constexprs last."""
-    monkeypatch.setattr(gpu_check, "_RUNNERS", {})
+    monkeypatch.setattr(launcher, "_RUNNERS", {})
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 1234, raising=False)
     hooks = type("Runtime", (), {"launch_enter_hook": "enter", "launch_exit_hook": "exit"})
-    monkeypatch.setattr(gpu_check, "_knobs", lambda: type("Knobs", (), {"runtime": hooks}))
+    monkeypatch.setattr(launcher, "_knobs", lambda: type("Knobs", (), {"runtime": hooks}))
     jit = _FakeJit()
     jit.compiled = _FakeCompiledWithRun(jit.log)
     buf = torch.zeros(64)
-    gpu_check._launch(jit, (4,), (buf, 3, 2.5), {"BLOCK": 16})
-    gpu_check._launch(jit, (5, 2), (buf, 7, 1.5), {"BLOCK": 16})
+    launcher._launch(jit, (4,), (buf, 3, 2.5), {"BLOCK": 16})
+    launcher._launch(jit, (5, 2), (buf, 7, 1.5), {"BLOCK": 16})
     assert [entry[0] for entry in jit.log] == ["jit", "run"], jit.log
     c = jit.compiled
     args = (buf, 7, 1.5, 16)
@@ -242,9 +243,9 @@ def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
 
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
     seen: dict = {}
-    verdict = gpu_check._compiled().verdict
+    verdict = launcher._compiled().verdict
     if hasattr(verdict, "params"):  # compiled: the kernel's own flags
-        plan = gpu_check._plan(verdict)
+        plan = launcher._plan(verdict)
     else:  # the interpreter's kernel keeps its decorator's flags: the JIT's parameters from them
         from triton.runtime.jit import JITFunction
 
@@ -256,10 +257,10 @@ def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
 
     def capture(kernel, grid_, args, consts, key=None):
         if kernel is verdict:
-            full = gpu_check._key(args, plan)
+            full = launcher._key(args, plan)
             assert key is not None and seen.setdefault(key, full) == full, (key, full, seen.get(key))
         else:
-            sliced.append(kernel is gpu_check._compiled().decode_sums)
+            sliced.append(kernel is launcher._compiled().decode_sums)
 
     monkeypatch.setattr(gpu_check, "_launch", capture)
     # and on the device path, where the decodes' sums are direct: the 33-key decodes' in the
@@ -284,12 +285,12 @@ def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
 def test_the_interpreter_launches_through_the_jit(monkeypatch):
     """Under the interpreter a launch returns no compiled kernel: nothing is kept, every launch
     goes through the JIT (here, the real kernel on the CPU or GPU)."""
-    monkeypatch.setattr(gpu_check, "_RUNNERS", {})
+    monkeypatch.setattr(launcher, "_RUNNERS", {})
     stats = _stats(10, seed=3).to(DEVICE)
     gpu_check.reduced(stats, 4)
     gpu_check.reduced(stats, 4)
     interpreted = DEVICE == "cpu"
-    assert (len(gpu_check._RUNNERS) == 0) == interpreted
+    assert (len(launcher._RUNNERS) == 0) == interpreted
 
 
 _SPEC_AGAINST_TRITON = r"""
@@ -298,19 +299,19 @@ import torch
 from triton.backends.nvidia.compiler import CUDABackend
 from triton.runtime.jit import create_function_from_signature
 
-from pagedattn.verdict_kernel import host as gpu_check
+from pagedattn.verdict_kernel import launcher
 
 dtypes = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.int32, torch.uint8]
 values = [torch.zeros(64, dtype=dt)[off:] for dt in dtypes for off in (0, 1, 2, 4, 8, 16)]
 values += [0, 1, 2, 15, 16, 17, -1, -16, 2**31 - 1, 2**31, -(2**31) - 1, 2**40, 2**63 - 1, 2**63, 2**64 - 1]
 values += [True, False, 0.5, float("nan"), None, np.float64(2.0)]
 checked = 0
-for name, kernel in gpu_check._compiled()._asdict().items():
+for name, kernel in launcher._compiled()._asdict().items():
     binder = create_function_from_signature(kernel.signature, kernel.params, CUDABackend)
     params = [p for p in kernel.params if not p.is_constexpr]
     consts = {p.name: 16 for p in kernel.params if p.is_constexpr}
     filler = [1.0 if p.annotation else torch.zeros(4) if p.name.endswith("_ptr") else 3 for p in params]
-    flags = gpu_check._plan(kernel)
+    flags = launcher._plan(kernel)
     for i, p in enumerate(params):
         seen = {}
         for value in values:
@@ -320,7 +321,7 @@ for name, kernel in gpu_check._compiled()._asdict().items():
                 _, spec, _ = binder(*args, **consts)
             except Exception:  # a value Triton refuses for this parameter
                 continue
-            key = gpu_check._spec(value, *flags[i])
+            key = launcher._spec(value, *flags[i])
             checked += 1
             first = seen.setdefault(key, (repr(spec[i]), value))
             assert first[0] == repr(spec[i]), (name, p.name, key, first, repr(spec[i]), value)
@@ -369,7 +370,7 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
     yields a block, the previous block's tensors are freed: its score-sized weights (the chunk)
     and, on the fused path, what the verdict kernel read (the reference rows, the weighted
     moments, the subnormal correction). A name left holding them (the launch's argument tuple
-    did) kept two blocks' worth alive: 12 MB over the oracle's peak on the H200's 32k case."""
+    did) kept two blocks' worth alive, over the oracle's peak."""
     import weakref
 
     from pagedattn.cases import CaseSpec
@@ -380,7 +381,7 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
     real_launch, real_chunks = gpu_check._launch, gpu_check.iter_chunks
 
     def launch(kernel, grid, args, consts, key=None):
-        if kernel is gpu_check._compiled().verdict:
+        if kernel is launcher._compiled().verdict:
             refs.extend(weakref.ref(t) for t in args[4:7])  # ``o``, ``s12``, ``ex`` (``o`` without one)
         return real_launch(kernel, grid, args, consts, key)
 
@@ -430,7 +431,7 @@ def test_the_launch_key_is_spec_argument_by_argument():
     flags = list(itertools.product([False, True], repeat=2))
     for combo in itertools.product(values, flags):
         value, flag = combo
-        assert gpu_check._key((value,), [flag]) == (gpu_check._spec(value, *flag),), combo
+        assert launcher._key((value,), [flag]) == (launcher._spec(value, *flag),), combo
 
 
 #: blocks of one row (a decode: the kernel reads its keys, or a launch before it reads slices of
@@ -510,7 +511,7 @@ def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkey
     terms = policy._terms(case, "ieee", "fp32", "ieee")
     stats = gpu_check._stats(out, None, case, terms, 1.0).stats
     if walk == "slices":  # each decode's sums over slices of its keys (one slice under a 64-key window)
-        sums = [grid for kernel, grid in launched if kernel is gpu_check._compiled().decode_sums]
+        sums = [grid for kernel, grid in launched if kernel is launcher._compiled().decode_sums]
         assert len(sums) == case.query_lens.count(1), sums
         slices = [g[1] for g in sums]
         assert slices == [1, 1] if name == "decodes-window" else min(slices) > 1, slices
@@ -526,8 +527,8 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     """The check holds a sequence's own terms (the values' moments, ``[Hkv, L, 2D]`` float32 as
     large as its float64 values; its key norms or reach) only while its rows are judged: when the
     oracle's pass has gathered the next sequence's history and yields its first block, they are
-    gone (the oracle holds nothing of a finished sequence; held, they put the check's peak 0.7 MB
-    over the oracle's on the quick window case of ``bench_suite.py``)."""
+    gone (the oracle holds nothing of a finished sequence; held, they put the check's peak over
+    the oracle's)."""
     import weakref
 
     from pagedattn.oracle import check_attention
@@ -536,7 +537,7 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     seen_dead: list = []
     real_chunks = gpu_check.iter_chunks if path == "fused" else policy.iter_chunks
     real_moments = gpu_check.sequence_moments if path == "fused" else policy._value_moments
-    real_reach = policy._key_reach
+    real_reach = sequence_stats._key_reach
     current = [-1]
 
     def moments(*args):
@@ -561,7 +562,7 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     monkeypatch.setattr(
         gpu_check if path == "fused" else policy, "sequence_moments" if path == "fused" else "_value_moments", moments
     )
-    monkeypatch.setattr(policy, "_key_reach", reach)
+    monkeypatch.setattr(sequence_stats, "_key_reach", reach)
     monkeypatch.setattr(gpu_check, "ON_CPU", path == "fused")
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
     monkeypatch.setattr(gpu_check, "usable", lambda case: path == "fused")
@@ -583,17 +584,17 @@ def test_the_values_centre_as_a_product_is_their_mean():
     v = (torch.randn(3, 999, 80, generator=g, dtype=torch.float64) * 3.0 + 1e4).to(DEVICE)
     v[..., ::5] *= -1.0
     mean = v.mean(dim=1, keepdim=True)
-    product = policy._centre(v, by_product=True)
+    product = sequence_stats._centre(v, by_product=True)
     assert product.shape == mean.shape and product.dtype == torch.float64
     assert torch.allclose(product, mean, rtol=1e-14, atol=0.0)
-    assert torch.equal(policy._centre(v, by_product=False), mean)
+    assert torch.equal(sequence_stats._centre(v, by_product=False), mean)
     # the ones are kept across calls: a longer history grows them, a shorter one takes a prefix
     for length in (2500, 300):
         w = torch.randn(2, length, 64, generator=g, dtype=torch.float64).to(DEVICE)
         fresh = torch.bmm(torch.ones(2, 1, length, dtype=torch.float64, device=DEVICE), w).div_(length)
-        got = policy._centre(w, by_product=True)
+        got = sequence_stats._centre(w, by_product=True)
         assert torch.allclose(got, fresh, rtol=1e-14, atol=0.0) and got.shape == (2, 1, 64)
-    assert max(t.numel() for key, t in policy._ONES.items() if key[0] == v.device) >= 2500
+    assert max(t.numel() for key, t in sequence_stats._ONES.items() if key[0] == v.device) >= 2500
 
 
 #: cases whose rows flag, or do not flag, weights below float32's normal range (sinks of ~90
@@ -665,7 +666,7 @@ def test_the_rows_flagged_are_those_whose_weights_may_leave_the_normal_range(mon
     """Row by row, the verdict kernel flags exactly the rows whose smallest visible logit lies more
     than ``-log(2**-126)`` below their largest (the torch path's guard, from the oracle's own pass),
     with sinks that put the rows' spans on both sides of that edge; every row where
-    ``policy._subnormal_weights`` finds a weight to correct is among them."""
+    ``subnormal._subnormal_weights`` finds a weight to correct is among them."""
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
     spec = CaseSpec("t", ((60, 20), (90, 1), (40, 3)), num_heads=8, num_kv_heads=2, sliding_window=24)
     case = spec.build()
@@ -680,7 +681,7 @@ def test_the_rows_flagged_are_those_whose_weights_may_leave_the_normal_range(mon
     device_terms = terms._replace(device_path=True)
     for c in policy.iter_chunks(case, live=policy._live(case), score_floor=True):
         spans.append(c.rows(c.score_floor - c.row_max).reshape(-1))
-        extra = policy._subnormal_weights(c, device_terms)  # [Hkv, G, n, Lc]: nonzero where corrected
+        extra = subnormal._subnormal_weights(c, device_terms)  # [Hkv, G, n, Lc]: nonzero where corrected
         small.append(c.rows((extra != 0).any(dim=-1)).reshape(-1))
     spans_t, small_t = torch.cat(spans), torch.cat(small)
     want = (spans_t < edge).double()

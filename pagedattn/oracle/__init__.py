@@ -2,14 +2,8 @@
 
 from pagedattn.oracle.bitexact import BitCheck, bits_equal, check_bitexact
 from pagedattn.oracle.case import PagedCase
-from pagedattn.oracle.policy import (
-    DTYPE_TABLE,
-    PRECISIONS,
-    QK_PRECISIONS,
-    TANH_PRECISIONS,
-    WARN_FACTOR,
-    attention_error_bound,
-)
+from pagedattn.oracle.error_model import DTYPE_TABLE, WARN_FACTOR
+from pagedattn.oracle.policy import PRECISIONS, QK_PRECISIONS, TANH_PRECISIONS, attention_error_bound
 from pagedattn.oracle.reference import (
     causal_mask,
     gather_history,

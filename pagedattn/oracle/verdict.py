@@ -1,7 +1,9 @@
-"""The verdict on an attention output: ``check_attention`` judges it element by element
-against the float64 oracle and the error model's bound (``pagedattn.oracle.policy``) and
-returns an ``AttentionCheck``: passed, warned or failed, how much of the bound it used,
-and the worst element (sequence, token, position, head, channel, value, reference, bound)."""
+"""The verdict on an attention output, element by element against the oracle and the bound.
+
+``check_attention`` judges it against the float64 oracle and the error model's bound
+(``pagedattn.oracle.policy``) and returns an ``AttentionCheck``: passed, warned or failed, how
+much of the bound it used, and the worst element (sequence, token, position, head, channel,
+value, reference, bound)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import torch
 
 from pagedattn.oracle import policy
 from pagedattn.oracle.case import PagedCase
-from pagedattn.oracle.policy import WARN_FACTOR, chunk_bounds, validate_precisions
+from pagedattn.oracle.error_model import WARN_FACTOR
+from pagedattn.oracle.policy import chunk_bounds, validate_precisions
 from pagedattn.verdict_kernel import host as gpu_check
 
 

@@ -1,82 +1,18 @@
-"""The fused check's Triton kernels (``pagedattn.verdict_kernel.host``, which documents them), in a module
-of their own: Triton resolves a kernel's callees (``reduce_rows``) among its module's globals, and
-this module is imported only where the fused check runs (Triton is optional; under its
-interpreter, ``TRITON_INTERPRET`` is read when the kernels are defined).
+"""The verdict kernel: a block of rows' bound, the ratio of each error to it, and each row's statistics.
+
+One launch a block of query rows, a program a row and query head: the terms of
+``docs/tolerance.md`` in the torch path's order (``pagedattn.oracle.policy.chunk_bounds``), the
+output's rounding, the ratios, the worst element and the counts; the last program of a check's
+last launch reduces every row's statistics (``reduce_rows``). ``pagedattn.verdict_kernel.host``
+launches it. A module of its own, imported only where the fused check runs: Triton is optional,
+and under its interpreter ``TRITON_INTERPRET`` is read when the kernels are defined.
 """
 
 import triton
 import triton.language as tl
 
-
-@triton.jit
-def reduce_rows(st_ptr, N, per_row, out_ptr, NS: tl.constexpr, BLOCK: tl.constexpr, FLAGS: tl.constexpr):
-    # one program walks the rows in order: the worst is the first NaN, or else the first
-    # largest (torch.argmax's rule); the counts are integers below 2**53, exact in any order.
-    # FLAGS: the rows' 8th statistic (flagged rows) is summed into out[7]
-    # The rows are read past L1 (.cg): in the verdict kernel's last program they are other
-    # programs' stores, seen after the count's atomic
-    i = tl.arange(0, BLOCK)
-    best = tl.full([], float("-inf"), tl.float64)
-    at = tl.full([], 0, tl.int32)
-    found_nan = tl.full([], 0, tl.int32)
-    over = tl.full([], 0.0, tl.float64)
-    nonfinite = tl.full([], 0.0, tl.float64)
-    flagged = tl.full([], 0.0, tl.float64)
-    for i0 in range(0, N, BLOCK):
-        rows = i0 + i
-        m = rows < N
-        row = st_ptr + rows.to(tl.int64) * NS
-        x = tl.load(row, mask=m, other=float("-inf"), cache_modifier=".cg")
-        over += tl.sum(tl.load(row + 1, mask=m, other=0.0, cache_modifier=".cg"), axis=0)
-        nonfinite += tl.sum(tl.load(row + 2, mask=m, other=0.0, cache_modifier=".cg"), axis=0)
-        if FLAGS:
-            flagged += tl.sum(tl.load(row + 7, mask=m, other=0.0, cache_modifier=".cg"), axis=0)
-        isnan = m & (x != x)
-        first_nan = tl.min(tl.where(isnan, rows, N), axis=0)
-        xf = tl.where(isnan, float("-inf"), x)
-        top = tl.max(xf, axis=0)
-        first_top = tl.min(tl.where(m & (xf == top), rows, N), axis=0)
-        chunk_nan = first_nan < N
-        higher = (found_nan == 0) & ~chunk_nan & (top > best)
-        take_nan = (found_nan == 0) & chunk_nan
-        at = tl.where(take_nan, first_nan, tl.where(higher, first_top, at))
-        best = tl.where(take_nan, float("nan"), tl.where(higher, top, best))
-        found_nan = tl.where(chunk_nan, 1, found_nan)
-    worst = st_ptr + at.to(tl.int64) * NS
-    tl.store(out_ptr, best)
-    tl.store(out_ptr + 1, over)
-    tl.store(out_ptr + 2, nonfinite)
-    tl.store(out_ptr + 3, at.to(tl.float64) * per_row + tl.load(worst + 3, cache_modifier=".cg"))
-    for k in tl.static_range(4, 7):
-        tl.store(out_ptr + k, tl.load(worst + k, cache_modifier=".cg"))
-    if FLAGS:
-        tl.store(out_ptr + 7, flagged)
-
-
-@triton.jit
-def slice_sums(pp_ptr, vb_ptr, kb_ptr, o, j_lo, j_hi, D, BLOCK_J: tl.constexpr, BLOCK_D: tl.constexpr):
-    # a decode's keys j_lo .. j_hi - 1 (pp_ptr: its weights over its keys; vb_ptr, kb_ptr: its kv
-    # head's values and keys, rows of D): the largest key norm, sum_j p_j |v_j| and
-    # sum_j p_j (v_j - o)^2 in float64 about the row's output o (policy._decode_sums: every term
-    # nonnegative, so any order of summation is within a float64 rounding a key of another)
-    d = tl.arange(0, BLOCK_D)
-    dm = d < D
-    top = tl.zeros([BLOCK_J], dtype=tl.float64)
-    s1 = tl.zeros([BLOCK_D], dtype=tl.float64)
-    s2 = tl.zeros([BLOCK_D], dtype=tl.float64)
-    for j0 in range(j_lo, j_hi, BLOCK_J):
-        j = j0 + tl.arange(0, BLOCK_J)
-        jm = j < j_hi
-        m2 = jm[:, None] & dm[None, :]
-        at2 = j[:, None].to(tl.int64) * D + d[None, :]
-        kk = tl.load(kb_ptr + at2, mask=m2, other=0.0)
-        top = tl.maximum(top, tl.sqrt(tl.sum(kk * kk, axis=1)))
-        w = tl.load(pp_ptr + j, mask=jm, other=0.0)
-        vj = tl.load(vb_ptr + at2, mask=m2, other=0.0)
-        s1 += tl.sum(w[:, None] * tl.abs(vj), axis=0)
-        dv = tl.where(m2, vj - o[None, :], 0.0)
-        s2 += tl.sum(w[:, None] * (dv * dv), axis=0)
-    return tl.max(top, axis=0), s1, s2
+# Triton resolves a kernel's callees among its module's globals
+from pagedattn.verdict_kernel.reductions import reduce_rows, slice_sums
 
 
 # the integers and the tensors' alignment change from block to block: specialized, each
@@ -155,7 +91,7 @@ def verdict_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_K: tl.constexpr,  # key norms read at a time
     BLOCK_J: tl.constexpr,  # keys and values read at a time (inline 1)
-    U: tl.constexpr,  # policy.U_FP32, C_EXP, C_W: exact in float32, as Triton takes a float constexpr
+    U: tl.constexpr,  # error_model.U_FP32, C_EXP, C_W: exact in float32, as Triton takes a float constexpr
     C_EXP: tl.constexpr,
     CW: tl.constexpr,
     NS: tl.constexpr,  # ROW_STATS
@@ -172,10 +108,10 @@ def verdict_kernel(
     # the row's largest ds_j (policy.chunk_bounds, same order of operations)
     q = tl.load(q_ptr + base + d, mask=dm, other=0.0)
     qn = tl.sqrt(tl.sum(q * q, axis=0))
-    # the largest norm among the keys the row sees, max(0, p - W + 1) .. p (policy._KeyMax). A
+    # the largest norm among the keys the row sees, max(0, p - W + 1) .. p (sequence_stats._KeyMax). A
     # decode whose value sums are direct (inline) takes it from its keys, below; another decode,
     # or a block of rows under a short window, walks the sequence's key norms; other blocks of several rows read
-    # each row's from the sequence's sliding maximum over the same norms (policy._key_reach),
+    # each row's from the sequence's sliding maximum over the same norms (sequence_stats._key_reach),
     # since a walk a row would read O(L) norms for each row and head of a long prefill. A NaN
     # norm the row sees makes its scores, reference and bound NaN whatever this maximum is (a
     # GPU's maximum, and the interpreter's, drop NaN)
@@ -183,9 +119,9 @@ def verdict_kernel(
     o = tl.load(o_ptr + base + d, mask=dm, other=0.0)
     if inline == 1:
         # a decode (a block of one row that sees every key of its block) over a short history
-        # (gpu_check.INLINE_DECODE_ELEMS): the largest key norm, sum_j p_j |v_j| and
+        # (host.INLINE_DECODE_ELEMS): the largest key norm, sum_j p_j |v_j| and
         # sum_j p_j (v_j - o)^2 from its keys, values and weights here, about its own output
-        # (policy._decode_sums: no centre, no d terms below)
+        # (sequence_stats._decode_sums: no centre, no d terms below)
         km, s1, s2 = slice_sums(
             pp_ptr + r * Lc, vb_ptr + kv64 * b_sh, kb_ptr + kv64 * b_sh, o, 0, Lc, D, BLOCK_J, BLOCK_D
         )
@@ -231,7 +167,7 @@ def verdict_kernel(
     seen = p + 1
     if W > 0:
         seen = tl.minimum(seen, W)
-    grow = 1.0 / (1.0 - (seen.to(tl.float64) + 3.0) * U)  # policy._visible_keys_grow
+    grow = 1.0 / (1.0 - (seen.to(tl.float64) + 3.0) * U)  # sequence_stats._visible_keys_grow
     sqrt_grow = tl.sqrt(grow)
     dd = cen - o
     o_abs = tl.abs(o)
@@ -315,93 +251,3 @@ def verdict_kernel(
             if has_lse:  # (its rows flag nothing: [1, 7] stays the count)
                 reduce_rows(ls_ptr, N, 1, rd_ptr + 8, NS, 1024, False)
             tl.store(rd_ptr + 15, done + 2.0)  # reduced: one past the programs' count
-
-
-@triton.jit(
-    do_not_specialize=["b_sh", "Lc", "G", "D", "CH", "S"],
-    do_not_specialize_on_alignment=["pp_ptr", "vb_ptr", "kb_ptr", "o_ptr", "pa_ptr"],
-)
-def decode_sums_kernel(
-    pp_ptr,  # [Hq, Lc] float64: a decode's weights over the keys it sees
-    vb_ptr,  # [Hkv, Lc, D] float64, rows of D contiguous: those keys' values...
-    kb_ptr,  # ...and the keys themselves...
-    b_sh,  # ...heads this far apart
-    o_ptr,  # [Hq, 1, D] float64: the decode's output (the oracle's)
-    pa_ptr,  # [Hq, S, 2D + 1] float64: each slice's sum_j p_j |v_j|, sum_j p_j (v_j - o)^2, largest key norm
-    Lc,
-    G,  # the GQA ratio
-    D,
-    CH,  # keys a slice (a multiple of BLOCK_J)
-    S,  # slices: cdiv(Lc, CH)
-    BLOCK_J: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    # a program a query head and slice of a long decode's keys: one program a head walking them
-    # all reads ~8 GB/s on the H200 (gpu_check.INLINE_DECODE_ELEMS)
-    h = tl.program_id(0)
-    s = tl.program_id(1)
-    kv64 = (h // G).to(tl.int64)
-    d = tl.arange(0, BLOCK_D)
-    dm = d < D
-    o = tl.load(o_ptr + h.to(tl.int64) * D + d, mask=dm, other=0.0)
-    j_lo = s * CH
-    km, s1, s2 = slice_sums(
-        pp_ptr + h.to(tl.int64) * Lc,
-        vb_ptr + kv64 * b_sh,
-        kb_ptr + kv64 * b_sh,
-        o,
-        j_lo,
-        tl.minimum(j_lo + CH, Lc),
-        D,
-        BLOCK_J,
-        BLOCK_D,
-    )
-    at = pa_ptr + (h.to(tl.int64) * S + s) * (2 * D + 1)
-    tl.store(at + d, s1, mask=dm)
-    tl.store(at + D + d, s2, mask=dm)
-    tl.store(at + 2 * D, km)
-
-
-@triton.jit(do_not_specialize=["v_sh", "k_sh", "L", "D"])
-def moments_kernel(
-    v_ptr,  # [Hkv, L, D] float64, rows of D contiguous: a sequence's values...
-    v_sh,  # ...heads this far apart
-    k_ptr,  # [Hkv, L, D] float64, rows of D contiguous: its keys...
-    k_sh,  # ...heads this far apart
-    c_ptr,  # [Hkv, 1, D] float64: the values' mean over the keys
-    vv_ptr,  # [Hkv, L, 2D] float32: |v| and (v - c)^2
-    kn_ptr,  # [Hkv, L] float64: the keys' norms
-    L,
-    D,
-    BLOCK_R: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    # policy._value_moments' numbers bit for bit: |fl32(v)|, and fl32 of the float64 square
-    # of the float64 difference (it may cancel), each rounded to nearest once
-    kv = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    d = tl.arange(0, BLOCK_D)
-    m = (rows[:, None] < L) & (d[None, :] < D)
-    at = kv * v_sh + rows[:, None].to(tl.int64) * D + d[None, :]
-    v = tl.load(v_ptr + at, mask=m, other=0.0)
-    c = tl.load(c_ptr + kv * D + d, mask=d < D, other=0.0)
-    to = (kv * L + rows[:, None]) * (2 * D) + d[None, :]
-    tl.store(vv_ptr + to, tl.abs(v.to(tl.float32)), mask=m)
-    dv = v - c[None, :]
-    tl.store(vv_ptr + to + D, (dv * dv).to(tl.float32), mask=m)
-    # the keys' norms, here rather than a launch or two of their own a block (policy._KeyMax's
-    # come from torch's norm: the same to within a float64 rounding or two, see FUSED_RTOL)
-    k = tl.load(k_ptr + kv * k_sh + rows[:, None].to(tl.int64) * D + d[None, :], mask=m, other=0.0)
-    tl.store(kn_ptr + kv * L + rows, tl.sqrt(tl.sum(k * k, axis=1)), mask=rows < L)
-
-
-@triton.jit(do_not_specialize=["N", "per_row"])
-def reduce_kernel(
-    st_ptr,  # [N, NS] float64: rows' statistics (the verdict kernel's)
-    N,
-    per_row,  # elements a row and head (the flat index's unit)
-    out_ptr,  # [NS] float64: the check's, as ``reduced`` documents
-    NS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    reduce_rows(st_ptr, N, per_row, out_ptr, NS, BLOCK, NS > 7)
