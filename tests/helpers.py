@@ -11,6 +11,7 @@ import torch
 
 from pagedattn.cases import grid
 from pagedattn.oracle import PagedCase
+from pagedattn.verdict_kernel import triton_problem
 
 #: What a conformance session imports (the plugin's hooks import most of it lazily).
 SESSION_MODULES = (
@@ -147,3 +148,16 @@ def searched(run) -> None:
         run.run()
     except pytest.skip.Exception as exc:
         raise AssertionError(f"the search item was skipped: {exc}") from None
+
+
+#: tests that run the GPU verdict kernels (under the Triton interpreter here) need a Triton that
+#: runs them; elsewhere the check takes its torch path, which the other tests cover
+needs_verdict_kernel = pytest.mark.skipif(
+    bool(triton_problem()), reason=f"the GPU verdict kernel cannot run here: {triton_problem()}"
+)
+
+
+def require_verdict_kernel() -> None:
+    """Skip the calling test (or parameter) that runs the GPU verdict kernel where it cannot run."""
+    if triton_problem():
+        pytest.skip(f"the GPU verdict kernel cannot run here: {triton_problem()}")

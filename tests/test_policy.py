@@ -27,7 +27,7 @@ from pagedattn.oracle import (
 )
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.reference import gather_history, iter_chunks
-from tests.helpers import make_case
+from tests.helpers import make_case, needs_verdict_kernel, require_verdict_kernel
 from tests.planted.streamed import PRECISION_BUGS, streamed_attention
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -614,6 +614,7 @@ def _same_verdict(a, b) -> bool:
 _FUSED_SLOW = {"fp32-window", "bf16-softcap-alibi"}
 
 
+@needs_verdict_kernel
 @pytest.mark.parametrize(
     "name", [pytest.param(n, marks=pytest.mark.slow) if n in _FUSED_SLOW else n for n in DEVICE_PATH_CASES]
 )
@@ -705,6 +706,7 @@ print(json.dumps(results))
 """
 
 
+@needs_verdict_kernel
 def test_the_fused_check_compiles_for_hopper_without_a_gpu():
     """The fused check's kernels compile for sm_90 here, on the CPU, for each output dtype and
     head-dim tile, and the verdict kernel takes the model's constants as float64 parameters: a
@@ -736,6 +738,8 @@ def test_a_bound_past_float32s_range_judges_nothing(fused_path, monkeypatch):
     output passing). On the device path the decode's sums are float64 (``policy.direct_decode``):
     its bound stays finite and the doubled output fails it. The fused path runs under the
     interpreter here, compiled on a GPU."""
+    if fused_path:
+        require_verdict_kernel()
     from pagedattn.verdict_kernel import host as gpu_check
 
     device = "cuda" if torch.cuda.is_available() else "cpu"

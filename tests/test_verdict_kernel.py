@@ -24,6 +24,7 @@ from pagedattn.cases import CaseSpec
 from pagedattn.oracle import paged_attention_reference, policy, sequence_stats, subnormal
 from pagedattn.verdict_kernel import host as gpu_check
 from pagedattn.verdict_kernel import launcher
+from tests.helpers import needs_verdict_kernel, require_verdict_kernel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -74,6 +75,7 @@ def _stats(n: int, seed: int) -> torch.Tensor:
     return stats
 
 
+@needs_verdict_kernel
 @pytest.mark.parametrize(
     "where",
     [
@@ -234,6 +236,7 @@ VERDICT_KEY_CASES = [
 ]
 
 
+@needs_verdict_kernel
 def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
     """Over every verdict launch of checks whose launches differ in dtypes, strides, variants and
     blocks, the key ``_stats`` passes (``_verdict_key``) determines ``_key``'s (the one tested
@@ -282,6 +285,7 @@ def test_the_verdict_key_decides_as_tritons_specialization_would(monkeypatch):
     assert sliced.count(True) == 2, sliced  # the two 90-key decodes on the device path
 
 
+@needs_verdict_kernel
 def test_the_interpreter_launches_through_the_jit(monkeypatch):
     """Under the interpreter a launch returns no compiled kernel: nothing is kept, every launch
     goes through the JIT (here, the real kernel on the CPU or GPU)."""
@@ -329,6 +333,7 @@ print("checked", checked)
 """
 
 
+@needs_verdict_kernel
 def test_the_launch_key_is_tritons_or_finer():
     """Against the installed Triton's own binder (compiled mode, not the interpreter): for every
     parameter of the three kernels and a spread of tensors (dtypes, offsets), integers (1,
@@ -371,6 +376,8 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
     and, on the fused path, what the verdict kernel read (the reference rows, the weighted
     moments, the subnormal correction). A name left holding them (the launch's argument tuple
     did) kept two blocks' worth alive, over the oracle's peak."""
+    if path == "fused":
+        require_verdict_kernel()
     import weakref
 
     from pagedattn.cases import CaseSpec
@@ -459,6 +466,7 @@ KEY_NORM_CASES = {
 }
 
 
+@needs_verdict_kernel
 @pytest.mark.parametrize(
     "name, walk, order",
     [(name, "walk", order) for name in KEY_NORM_CASES for order in ("rising", "falling")]
@@ -529,6 +537,8 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     oracle's pass has gathered the next sequence's history and yields its first block, they are
     gone (the oracle holds nothing of a finished sequence; held, they put the check's peak over
     the oracle's)."""
+    if path == "fused":
+        require_verdict_kernel()
     import weakref
 
     from pagedattn.oracle import check_attention
@@ -609,6 +619,7 @@ FLAG_CASES = {
 }
 
 
+@needs_verdict_kernel
 @pytest.mark.parametrize("name", list(FLAG_CASES))
 def test_rows_whose_weights_leave_the_normal_range_are_judged_again_with_the_correction(name, monkeypatch):
     """Where the output dtype's weights keep float32's range the fused check's first pass forms
@@ -662,6 +673,7 @@ def test_a_reduction_that_did_not_run_is_an_error():
     assert gpu_check._read(p._replace(programs=11))[1][7] == 12.0
 
 
+@needs_verdict_kernel
 def test_the_rows_flagged_are_those_whose_weights_may_leave_the_normal_range(monkeypatch):
     """Row by row, the verdict kernel flags exactly the rows whose smallest visible logit lies more
     than ``-log(2**-126)`` below their largest (the torch path's guard, from the oracle's own pass),
@@ -689,3 +701,31 @@ def test_the_rows_flagged_are_those_whose_weights_may_leave_the_normal_range(mon
     assert torch.equal(flags.cpu(), want.cpu()), f"{int((flags.cpu() != want.cpu()).sum())} rows flagged otherwise"
     assert bool((flags.cpu()[small_t.cpu()] == 1.0).all()), "a row with a weight to correct went unflagged"
     assert int(small_t.sum()) > 0
+
+
+def test_an_older_triton_keeps_the_torch_path(monkeypatch):
+    """A Triton older than MIN_TRITON cannot run the verdict kernels: the check takes its torch
+    path (the same verdicts), and the report header says why."""
+    import pagedattn.verdict_kernel as vk
+    from pagedattn.runner import report
+
+    monkeypatch.setattr(vk, "dist_version", lambda dist: "3.5.1")
+    assert "triton 3.5.1 is older than 3.6" in vk.triton_problem()
+    monkeypatch.setattr(gpu_check, "triton_problem", vk.triton_problem)
+    monkeypatch.setattr(gpu_check, "ON_CPU", True)
+    case = make_case_for_usable()
+    assert not gpu_check.usable(case), "the verdict kernel must not run on triton 3.5"
+    monkeypatch.setattr(report, "triton_problem", vk.triton_problem)
+    monkeypatch.setattr(report, "dist_version", lambda dist: "3.5.1")
+    (line,) = report._check_lines()
+    assert line.startswith("  check: the torch path judges on every device (triton 3.5.1 is older than 3.6"), line
+    monkeypatch.setattr(vk, "dist_version", lambda dist: "3.6.0")
+    assert vk.triton_problem() == "", "triton 3.6 runs the verdict kernels"
+    monkeypatch.setattr(vk, "dist_version", lambda dist: "3.10.0+git1234")
+    assert vk.triton_problem() == "", "versions compare as numbers, not strings"
+
+
+def make_case_for_usable():
+    from pagedattn.cases.spec import CaseSpec
+
+    return CaseSpec("t", ((5, 1),), dtype=torch.float32).build()

@@ -19,6 +19,7 @@ from pagedattn.runner.expectations import stale_expectations
 from pagedattn.runner.session import RUN_KEY, Run
 from pagedattn.runner.status import Status
 from pagedattn.runner.table import format_table
+from pagedattn.verdict_kernel import triton_problem
 
 #: the JSON report's schema, named in every report
 SCHEMA = "pagedattn-report/2"
@@ -72,6 +73,15 @@ def _claims_lines(info: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _check_lines() -> list[str]:
+    """Where the check cannot take its GPU verdict kernel, a line that says so (the torch path
+    judges alike, slower on a GPU)."""
+    problem = triton_problem()
+    if not problem or dist_version("triton") == "not installed":
+        return []
+    return [f"  check: the torch path judges on every device ({problem}; the same verdicts)"]
+
+
 def header_lines(config: pytest.Config, run: Run) -> list[str]:
     """The terminal report header: suite and backend versions, where it runs, the guard
     against crashes, the policy and the claims. On the xdist controller, torch-free: the header
@@ -88,6 +98,7 @@ def header_lines(config: pytest.Config, run: Run) -> list[str]:
             f"  device {device}; profile {run.profile}; --dist {dist} {how}",
             f"  torch {dist_version('torch')}, {versions}",
             _guard_line(run),
+            *_check_lines(),
         ]
     import torch
 
@@ -98,6 +109,7 @@ def header_lines(config: pytest.Config, run: Run) -> list[str]:
         f"  runs on: {target(run)}; device {device_name(run.device)}; profile {run.profile}",
         env,
         _guard_line(run),
+        *_check_lines(),
     ]
     if run.broken:
         return lines + [f"  ERROR: {run.broken}"]
@@ -147,6 +159,7 @@ def report_header(config: pytest.Config) -> dict[str, Any]:
             "torch": torch.__version__,
             "triton": dist_version("triton"),
             "python": platform.python_version(),
+            "check": " ".join(_check_lines()).strip() or "the GPU verdict kernel where the case is on CUDA",
             "capabilities": info.get("capabilities"),
             "limits": info.get("limit_lines", []),
             "declined_invariances": {k: v for k, v in (info.get("invariances") or {}).items() if v},

@@ -19,7 +19,7 @@ a kernel's first is the compiled kernel's own (``launcher._launch``).
 The numbers are the torch path's: the same formulas in the same order, in float64, within
 ``policy.FUSED_RTOL`` (a compiler may contract a multiply and an add; the keys' norms and a
 decode's direct sums are summed in another order than torch's). Used where it can run
-(``usable``): a CUDA tensor, Triton importable, its interpreter off, a half or single precision
+(``usable``): a CUDA tensor, Triton 3.6 or later importable, its interpreter off, a half or single precision
 case, and not turned off with ``PAGEDATTN_FUSED_CHECK=0`` (for a GPU Triton cannot compile for,
 or to rule the kernel out). Otherwise, and for the bound tensors themselves
 (``attention_error_bound``), the torch path runs, with the same verdicts.
@@ -39,7 +39,7 @@ from pagedattn.oracle.error_model import C_ACC, C_EXP, C_W, DTYPE_TABLE, U_FP32
 from pagedattn.oracle.reference import iter_chunks
 from pagedattn.oracle.sequence_stats import _centre, _spent
 from pagedattn.oracle.subnormal import _subnormal_weights
-from pagedattn.verdict_kernel.launcher import _cdiv, _compiled, _launch, _pow2
+from pagedattn.verdict_kernel.launcher import _cdiv, _compiled, _launch, _pow2, triton_problem
 
 #: ``0`` turns the fused path off (the torch path judges alone)
 ENV = "PAGEDATTN_FUSED_CHECK"
@@ -68,7 +68,7 @@ KEY_BLOCK = 512
 
 def usable(case: PagedCase) -> bool:
     """Whether the fused path runs for ``case``: see the module's docstring."""
-    if case.dtype == torch.float64 or os.environ.get(ENV, "1") == "0":
+    if case.dtype == torch.float64 or os.environ.get(ENV, "1") == "0" or triton_problem():
         return False
     if case.device.type == "cpu":
         return ON_CPU

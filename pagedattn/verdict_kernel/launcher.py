@@ -13,6 +13,10 @@ from typing import Any, NamedTuple
 
 import torch
 
+from pagedattn.verdict_kernel import MIN_TRITON, triton_problem
+
+__all__ = ["MIN_TRITON", "triton_problem"]
+
 
 class Kernels(NamedTuple):
     """The check's Triton kernels (``_build``)."""
