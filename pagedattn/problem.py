@@ -48,6 +48,11 @@ class ProblemError(ValueError):
         self.problem = problem
 
 
+def default_scale(head_dim: int) -> float:
+    """The softmax scale a case takes when none is given: ``head_dim ** -0.5``."""
+    return float(head_dim) ** -0.5
+
+
 def dtype_text(dtypes: Collection[torch.dtype]) -> str:
     """``float32/float16/bfloat16``."""
     return "/".join(str(d).removeprefix("torch.") for d in dtypes)

@@ -23,7 +23,7 @@ from pagedattn.adapters.exclusion import (
 )
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.policy import PRECISIONS, QK_PRECISIONS, TANH_PRECISIONS
-from pagedattn.problem import VARIANTS, ProblemError
+from pagedattn.problem import VARIANTS, ProblemError, default_scale
 
 
 def _either(names: tuple[str, ...]) -> str:
@@ -238,7 +238,7 @@ class Capabilities:
                     f"decode-only: sequence {b} has {q_lens[b]} query tokens, the backend takes one per sequence",
                 )
         if self.default_scale_only:
-            default = float(case.head_dim) ** -0.5
+            default = default_scale(case.head_dim)
             # a scale written as 1/sqrt(D) instead of D**-0.5 may differ in the last bit: still the default
             if abs(case.scale - default) > 1e-12 * default:
                 return self._why(

@@ -19,6 +19,7 @@ from pagedattn.problem import (
     SCALAR_FIELDS,
     TENSOR_FIELDS,
     check_problem,
+    default_scale,
 )
 
 
@@ -120,7 +121,7 @@ class PagedCase:
         object.__setattr__(self, "_loc", tuple(loc))
         object.__setattr__(self, "_seq_lens", tuple(seq_lens))
         if self.scale is None:
-            object.__setattr__(self, "scale", float(self.head_dim) ** -0.5)
+            object.__setattr__(self, "scale", default_scale(self.head_dim))
         else:
             object.__setattr__(self, "scale", float(self.scale))
         object.__setattr__(self, "k_scale", float(self.k_scale))
