@@ -177,10 +177,9 @@ def keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
     from pagedattn.runner.shard import split
 
     gate = gate_of(config)
-    spec = config.getoption("--shard", None)
+    spec = gate.shard
     if spec is None:
         return
-    gate.shard = spec
     gate.collected = [split_group(i.nodeid)[0] for i in items]
     dropped = split(items, spec[0], spec[1], lambda i: noted(i).get("configuration") or split_group(i.nodeid)[0])
     if dropped:

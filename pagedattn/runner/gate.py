@@ -113,12 +113,18 @@ GATE_KEY = pytest.StashKey[Gate]()
 
 def gate_of(config: pytest.Config) -> Gate:
     """This run's ``Gate`` (made from the options when first asked)."""
-    gate = config.stash.get(GATE_KEY, None)
+    stash = getattr(config, "stash", None)
+    gate = stash.get(GATE_KEY, None) if stash is not None else None
     if gate is None:
-        gate = config.stash[GATE_KEY] = Gate(
+        floor = config.getoption("--min-judged", None)
+        shard = config.getoption("--shard", None)
+        gate = Gate(
             strict=not config.getoption("--lenient-expectations", False),
-            min_judged=config.getoption("--min-judged", None),
+            min_judged=floor if isinstance(floor, (int, float)) and not isinstance(floor, bool) else None,
+            shard=shard if isinstance(shard, tuple) else None,
         )
+        if stash is not None:  # a stand-in config of a unit test has none
+            stash[GATE_KEY] = gate
     return gate
 
 

@@ -252,8 +252,6 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
         usage = run.broken.startswith("usage error: ")
         session.exitstatus = pytest.ExitCode.USAGE_ERROR if usage else pytest.ExitCode.TESTS_FAILED
     gate = gate_of(config)
-    if config.getoption("--shard", None) is not None:
-        gate.shard = config.getoption("--shard")
     verdict = gate_verdict(gate, book.case_dicts(), collect_only=collect_only or bool(run.broken))
     if verdict and session.exitstatus == 0:
         session.exitstatus = verdict
