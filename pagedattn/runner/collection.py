@@ -115,7 +115,9 @@ def arrange(config: pytest.Config, run: Run, items: list[pytest.Item]) -> None:
     gate = gate_of(config)
     named = [(spec.id, item.name) for item in items if (spec := spec_of(item)) is not None]
     # before -k, -m and --shard deselect: an entry is stale when it names no case of the suite
-    gate.stale = [e for e in run.expectations if not any(matches(e, case_id, name) for case_id, name in named)]
+    # (a --replay run holds one saved case: no entry is judged stale by it)
+    if not config.getoption("--replay"):
+        gate.stale = [e for e in run.expectations if not any(matches(e, case_id, name) for case_id, name in named)]
     for item in items:
         spec = spec_of(item)
         reason = expected_failure(run.expectations, spec.id, item.name) if spec is not None else None
