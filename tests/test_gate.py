@@ -73,6 +73,15 @@ def test_a_run_that_judged_nothing_fails_with_its_own_status(pytester):
     assert pagedattn_main(["report", str(pytester.path / "r.json")]) == NOTHING_JUDGED
 
 
+def test_a_run_deselected_into_nothing_fails_unless_min_judged_is_zero(pytester):
+    backend = f"--backend={pytester.path / 'gate_backends.py'}:Typo"
+    result, report = _run(pytester, backend, "-k", "no_such_case")
+    assert result.ret == NOTHING_JUDGED and report["cases"] == [], result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines(["*FAILED (pagedattn gate): nothing judged: no case reached a verdict (no case)*"])
+    allowed, report = _run(pytester, backend, "--min-judged=0")
+    assert allowed.ret == 0 and report["gate"]["reasons"] == [] and report["gate"]["judged"] == 0
+
+
 def test_min_judged_sets_a_floor_on_judged_cases(pytester):
     backend = f"--backend={pytester.path / 'gate_backends.py'}:Fp32FailsSingle"
     expect = f"--expectations={pytester.path / 'exp.json'}"

@@ -27,7 +27,8 @@ JUDGED = frozenset({"passed", "failed", "warned", "xfailed", "xpassed"})
 
 
 def min_judged(text: str) -> int | float:
-    """``--min-judged``: a count (``10``) or a fraction of the collected cases (``0.5``, in (0, 1])."""
+    """``--min-judged``: a count (``10``; ``0``: no floor) or a fraction of the collected cases
+    (``0.5``, in (0, 1])."""
     try:
         value: int | float = int(text) if text.strip().lstrip("+").isdigit() else float(text)
     except ValueError:
@@ -59,9 +60,9 @@ def judged_reason(statuses: list[str], spec: int | float | None) -> str:
     for s in statuses:
         counts[s] = counts.get(s, 0) + 1
     seen = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "no case"
-    if judged == 0:
-        return f"nothing judged: no case reached a verdict ({seen})"
     need = floor_of(spec, len(statuses))
+    if judged == 0 and need > 0:  # ``--min-judged=0``: a run may judge nothing (an empty shard)
+        return f"nothing judged: no case reached a verdict ({seen})"
     if judged < need:
         return f"too few judged: {judged} of {len(statuses)} cases reached a verdict, --min-judged asks {need} ({seen})"
     return ""

@@ -253,7 +253,8 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
         session.exitstatus = pytest.ExitCode.USAGE_ERROR if usage else pytest.ExitCode.TESTS_FAILED
     gate = gate_of(config)
     verdict = gate_verdict(gate, book.case_dicts(), collect_only=collect_only or bool(run.broken))
-    if verdict and session.exitstatus == 0:
+    # no case collected (every one deselected, an empty shard) is a run that judged nothing too
+    if verdict and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = verdict
         config._pagedattn_exit = int(session.exitstatus)  # type: ignore[attr-defined]
     book.flush()
