@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,9 +45,25 @@ def case_name(case_id: str) -> str:
     return case_id
 
 
+#: how a saved case's pickle begins its format tag (``pagedattn.cases.io.FORMAT``, which imports torch)
+_CASE_TAG = b"pagedattn-case/"
+
+
+def is_saved_case(path: str) -> bool:
+    """Whether ``path`` is a case that pagedattn saved (a ``torch.save`` archive whose pickle
+    holds the case format's tag), read without torch: other ``.pt`` files are never pruned."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            pickles = [n for n in archive.namelist() if n.endswith("/data.pkl")]
+            return any(_CASE_TAG in archive.read(n) for n in pickles)
+    except (OSError, zipfile.BadZipFile):
+        return False
+
+
 def prune(directory: str, keep: int = KEEP_FILES, spare: str | None = None) -> int:
     """Remove all but the newest ``keep`` saved cases of ``directory`` (never ``spare``, the
-    file being replayed); how many were removed. Run once, before the run saves any."""
+    file being replayed, nor a file pagedattn did not save); how many were removed. Run once,
+    before the run saves any."""
     try:
         entries = [e for e in os.scandir(directory) if e.is_file() and e.name.endswith(".pt")]
     except OSError:
@@ -55,7 +72,7 @@ def prune(directory: str, keep: int = KEEP_FILES, spare: str | None = None) -> i
     entries.sort(key=lambda e: e.stat().st_mtime_ns, reverse=True)
     removed = 0
     for e in entries[keep:]:
-        if os.path.abspath(e.path) == spare:
+        if os.path.abspath(e.path) == spare or not is_saved_case(e.path):
             continue
         try:
             os.unlink(e.path)
