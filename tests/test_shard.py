@@ -88,3 +88,32 @@ def test_two_shards_are_the_whole_run_and_merge_into_its_verdict(pytester, capsy
     # the same shard twice
     assert pagedattn_main(["report", s1, s1]) == 1
     assert "FAILED: shard 1/2 given twice" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # two -n 2 runs in fresh processes, 10-20 s
+def test_under_xdist_the_workers_tell_the_shard_and_the_stale_entries(pytester, capsys):
+    """Only the workers see the collection before deselection: the controller's report still
+    lists every collected case, and an expectation matching no collected case still fails."""
+    import xml.etree.ElementTree as ET
+
+    (pytester.path / "exp.json").write_text(
+        json.dumps({"expected_failures": [{"case": "prefill-*", "reason": "matches no case of the suite"}]})
+    )
+    runs = {}
+    for index in (1, 2):
+        name = f"s{index}.json"
+        result = pytester.runpytest_subprocess(
+            "-p", "no:cacheprovider", "--pyargs", *ARGS, "-n", "2", f"--shard={index}/2", f"--report-json={name}",
+            "--expectations=exp.json", f"--junitxml=j{index}.xml",
+        )  # fmt: skip
+        assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()[-2000:]
+        result.stdout.fnmatch_lines(["*FAILED (pagedattn gate)*matching no collected case: 'prefill-*'*"])
+        runs[index] = json.loads((pytester.path / name).read_text())
+        cases = ET.parse(pytester.path / f"j{index}.xml").getroot().findall(".//testcase")
+        assert len(cases) == len(runs[index]["cases"])
+    ids = sorted(runs[1]["shard"]["collected_ids"])
+    assert ids and ids == sorted(runs[2]["shard"]["collected_ids"])
+    assert sorted(c["nodeid"] for r in runs.values() for c in r["cases"]) == ids
+    assert pagedattn_main(["report", str(pytester.path / "s1.json"), str(pytester.path / "s2.json")]) == 1
+    out = capsys.readouterr().out
+    assert f"FAILED: {pytester.path / 's1.json'}: expectation(s) matching no collected case: 'prefill-*'" in out, out
