@@ -90,6 +90,7 @@ def test_min_judged_sets_a_floor_on_judged_cases(pytester):
     enough, report = _run(pytester, backend, expect, f"--min-judged={N_DECODE_FP32}")
     assert enough.ret == 0, enough.stdout.str()[-2000:]
     assert report["gate"]["judged"] == N_DECODE_FP32 and report["gate"]["min_judged"] == N_DECODE_FP32
+    assert report["exit_status"] == 0 and report["gate"]["reasons"] == []
     short, report = _run(pytester, backend, expect, "--min-judged=0.9")
     assert short.ret == NOTHING_JUDGED
     need = floor_of(0.9, N_DECODE)

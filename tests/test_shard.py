@@ -50,6 +50,7 @@ def test_two_shards_are_the_whole_run_and_merge_into_its_verdict(pytester, capsy
     two, second = _run(pytester, "s2.json", "--shard=2/2")
     assert whole.ret == one.ret == two.ret == 0, one.stdout.str()[-2000:]
     assert {c["status"] for c in full["cases"]} == {"not_run"} and "shard" not in full
+    assert first["exit_status"] == second["exit_status"] == 0, (first["exit_status"], second["exit_status"])
     ids = sorted(c["nodeid"] for c in full["cases"])
     a, b = {c["nodeid"] for c in first["cases"]}, {c["nodeid"] for c in second["cases"]}
     assert a and b and not a & b and sorted(a | b) == ids

@@ -164,7 +164,6 @@ class Recorder:
             gate.stale = gate.stale or list(took["stale"])
             gate.collected = gate.collected or list(took["collected"])
         info = getattr(node, "workeroutput", {}).get("pagedattn_info")
-
         if info and not self.run.info.get("capabilities"):
             self.run.info = dict(info)  # this worker's warm-up ahead counts included
             self.run.broken = self.run.broken or getattr(node, "workeroutput", {}).get("pagedattn_broken", "")
@@ -256,7 +255,7 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
     # no case collected (every one deselected, an empty shard) is a run that judged nothing too
     if verdict and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
         session.exitstatus = verdict
-        config._pagedattn_exit = int(session.exitstatus)  # type: ignore[attr-defined]
+    config._pagedattn_exit = int(session.exitstatus)  # type: ignore[attr-defined]
     book.flush()
     release(run)
 
