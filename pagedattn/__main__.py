@@ -1,7 +1,8 @@
 """``python -m pagedattn``: what this machine has and what each backend can run here.
 
-``python -m pagedattn report FILE`` prints the summary table of a JSON report
-(``--report-json``), finished or not: a run that died leaves a valid report.
+``python -m pagedattn report FILE [FILE ...]`` prints the summary table of a JSON report
+(``--report-json``), finished or not (a run that died leaves a valid report), or of the
+shards of one run merged (``--shard``), and exits with the run's verdict.
 """
 
 from __future__ import annotations
@@ -53,32 +54,42 @@ def report() -> list[str]:
     return lines
 
 
-def print_report(path: str) -> int:
-    """The summary of the JSON report at ``path``; 0 if every case passed (or was
-    unsupported or expected to fail) and the run had no error, 1 if not (a failing case, the
-    run's ``error``: a backend that could not be loaded or built, or its exit status), 2 if
-    the file is not a report."""
-    from pagedattn.runner.status import FAILING
+def print_report(*paths: str) -> int:
+    """The summary of the JSON reports at ``paths`` (``--report-json``; several: the shards of
+    one run, ``--shard``, merged) and the verdict as the run's exit status: 0 if every case
+    passed (or was unsupported or expected to fail) and cases were judged; 1 for a failing
+    case, a conflict between shards, a missing shard or case, an unfinished run, a report
+    without cases or the run's ``error`` (a backend that could not be loaded or built);
+    ``NOTHING_JUDGED`` (6) where no case, or fewer than ``--min-judged``, reached a verdict; 2
+    if a file is not a report. Each reason is one line."""
+    from pagedattn.runner.merge import merge
     from pagedattn.runner.table import summary_lines
 
-    try:
-        with open(path) as f:
-            report = json.load(f)
-        cases = report["cases"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"{path}: not a pagedattn JSON report ({type(exc).__name__}: {exc})", file=sys.stderr)
-        return 2
-    target = report.get("target") or {}
-    unfinished = "" if report.get("complete", True) else " (unfinished run)"
+    reports = []
+    for path in paths:
+        try:
+            with open(path) as f:
+                report = json.load(f)
+            if not isinstance(report["cases"], list):
+                raise TypeError("'cases' is not a list")
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"{path}: not a pagedattn JSON report ({type(exc).__name__}: {exc})", file=sys.stderr)
+            return 2
+        reports.append((path, report))
+    merged, problems, status = merge(reports)
+    target = merged.get("target") or {}
+    unfinished = "" if merged.get("complete", True) else " (unfinished run)"
+    shown = paths[0] if len(paths) == 1 else f"{len(paths)} reports merged"
     print(
-        f"pagedattn report {path}: backend {target.get('backend')} on {target.get('runs_on')}, "
+        f"pagedattn report {shown}: backend {target.get('backend')} on {target.get('runs_on')}, "
         f"profile {target.get('profile')}{unfinished}"
     )
-    if report.get("error"):
-        print(f"ERROR: {report['error']}")
-    print("\n".join(summary_lines(report)))
-    failed = any(c.get("status") in {s.value for s in FAILING} for c in cases)
-    return 1 if failed or report.get("error") or report.get("exit_status") not in (0, None) else 0
+    if merged.get("error") and len(paths) == 1:
+        print(f"ERROR: {merged['error']}")
+    print("\n".join(summary_lines(merged)))
+    for problem in problems:
+        print(f"FAILED: {problem}")
+    return status
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,12 +98,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pagedattn {__version__}")
         return 0
     if args and args[0] == "report":
-        if len(args) != 2:
-            print("usage: python -m pagedattn report FILE", file=sys.stderr)
+        if len(args) < 2:
+            print("usage: python -m pagedattn report FILE [FILE ...]", file=sys.stderr)
             return 2
-        return print_report(args[1])
+        return print_report(*args[1:])
     if args:
-        print("usage: python -m pagedattn [--version | report FILE]", file=sys.stderr)
+        print("usage: python -m pagedattn [--version | report FILE [FILE ...]]", file=sys.stderr)
         return 2
     print("\n".join(report()))
     return 0

@@ -29,10 +29,12 @@ from pagedattn.runner import recording as recorder
 from pagedattn.runner.case_record import note, noted
 from pagedattn.runner.construction import construct_backend, usage_error
 from pagedattn.runner.expectations import load_expectations
+from pagedattn.runner.gate import NOTHING_JUDGED, gate_of, min_judged
 from pagedattn.runner.options import DEFAULT_TIMEOUT_S, PROFILES, case_timeout, positive_seconds
 from pagedattn.runner.record_book import RecordBook
-from pagedattn.runner.replay import ReplaySpec, rerun_command
+from pagedattn.runner.replay import ReplaySpec, prune, rerun_command
 from pagedattn.runner.session import RUN_KEY, SUITE_DIR, SUITE_KEY, Run
+from pagedattn.runner.shard import shard_spec
 from pagedattn.runner.warmup_start import start_warmup_ahead
 from pagedattn.runner.workers import is_controller, preload, usable_cores, worker_device, workers_share_this_process
 
@@ -111,6 +113,28 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="DIR",
         help="where failing cases are saved for replay (default .pagedattn/failures)",
     )
+    # the run as a CI gate (pagedattn.runner.gate, pagedattn.runner.shard)
+    group.addoption(
+        "--min-judged",
+        type=min_judged,
+        default=None,
+        metavar="N|FRACTION",
+        help=f"fail (exit {NOTHING_JUDGED}) unless at least N cases, or this fraction of the collected ones, reach a "
+        "verdict (passed, failed, warned, xfailed, xpassed); default 1",
+    )
+    group.addoption(
+        "--lenient-expectations",
+        action="store_true",
+        help="report unexpected passes and expectations that match no collected case without failing the run",
+    )
+    group.addoption(
+        "--shard",
+        type=shard_spec,
+        default=None,
+        metavar="I/N",
+        help="run shard I of N (1-based): whole configurations per shard, every case in one shard; merge the "
+        "shards' JSON reports with python -m pagedattn report A.json B.json ...",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -144,11 +168,14 @@ def pytest_configure(config: pytest.Config) -> None:
     run.device = device
     worker = getattr(config, "workerinput", None)
     if worker is None:
-        book = run.book = RecordBook(config.getoption("--report-json"), header=lambda: report.report_header(config))
+        book = run.book = RecordBook(
+            config.getoption("--report-json"), header=lambda: report.report_header(config) | gate_of(config).header()
+        )
         book.rerun = lambda rec: rerun_command(
             rec.nodeid, rec.extra.get("file"), str(config.rootpath), run.spec, run.device, run.profile
         )
         config.pluginmanager.register(recorder.Recorder(config, run, book), "pagedattn-recorder")
+        prune(config.getoption("--replay-dir"), spare=config.getoption("--replay"))  # bounded across runs
     if is_controller(config):
         # the workers load the backend; the controller only distributes and reports. Under
         # --isolate, one configuration (compile key) per worker: --dist loadgroup becomes the
@@ -276,6 +303,7 @@ class _SearchLast:
     def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
         run = config.stash.get(RUN_KEY, None)
         if run is not None and run.spec:
+            collection.keep_shard(config, items)
             collection.spread_search(items, [i for i in items if noted(i).get("configuration") == "search"])
 
 
@@ -318,6 +346,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if hasattr(config, "workerinput"):
         config.workeroutput["pagedattn_info"] = run.info  # type: ignore[attr-defined]
         config.workeroutput["pagedattn_broken"] = run.broken  # type: ignore[attr-defined]
+        config.workeroutput["pagedattn_gate"] = recorder.gate_output(config)  # type: ignore[attr-defined]
         return  # the controller writes the report
     assert run.book is not None
     recorder.finish(session, run, run.book)

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from pagedattn.runner.case_record import OPERATIONS, note, noted
-from pagedattn.runner.expectations import expected_failure
+from pagedattn.runner.case_record import OPERATIONS, note, noted, split_group
+from pagedattn.runner.expectations import expected_failure, matches
+from pagedattn.runner.gate import gate_of
 from pagedattn.runner.replay import ReplaySpec
 from pagedattn.runner.session import Run
 
@@ -111,11 +112,18 @@ def arrange(config: pytest.Config, run: Run, items: list[pytest.Item]) -> None:
     if empty:
         config.hook.pytest_deselected(items=empty)
         items[:] = [i for i in items if i not in empty]
+    gate = gate_of(config)
+    named = [(spec.id, item.name) for item in items if (spec := spec_of(item)) is not None]
+    # before -k, -m and --shard deselect: an entry is stale when it names no case of the suite
+    # (a --replay run holds one saved case: no entry is judged stale by it)
+    if not config.getoption("--replay"):
+        gate.stale = [e for e in run.expectations if not any(matches(e, case_id, name) for case_id, name in named)]
     for item in items:
         spec = spec_of(item)
         reason = expected_failure(run.expectations, spec.id, item.name) if spec is not None else None
         if reason is not None:
-            item.add_marker(pytest.mark.xfail(reason=f"expected failure: {reason}", strict=False))
+            # strict: an unexpected pass fails the case (pytest's XPASS(strict)), as xfail_strict does
+            item.add_marker(pytest.mark.xfail(reason=f"expected failure: {reason}", strict=gate.strict))
     if config.getoption("--replay"):
         keep = [i for i in items if isinstance(spec_of(i), ReplaySpec)]
         dropped = [i for i in items if i not in keep]
@@ -163,6 +171,21 @@ def spread_search(items: list[pytest.Item], search: list[pytest.Item]) -> None:
         arranged += rest[taken:at] + [item]
         taken = max(taken, at)
     items[:] = arranged + rest[taken:]
+
+
+def keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--shard I/N``, after deselection (``-k``, ``-m``): record every collected node id
+    and deselect the cases of the other shards (``pagedattn.runner.shard``)."""
+    from pagedattn.runner.shard import split
+
+    gate = gate_of(config)
+    spec = gate.shard
+    if spec is None:
+        return
+    gate.collected = [split_group(i.nodeid)[0] for i in items]
+    dropped = split(items, spec[0], spec[1], lambda i: noted(i).get("configuration") or split_group(i.nodeid)[0])
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
 
 
 def collection_line(items: list[pytest.Item]) -> str:

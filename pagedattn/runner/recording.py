@@ -17,6 +17,8 @@ import pytest
 
 from pagedattn._version import dist_version
 from pagedattn.runner.case_record import AHEAD_KEY, noted, split_group
+from pagedattn.runner.gate import gate_of
+from pagedattn.runner.gate import verdict as gate_verdict
 from pagedattn.runner.record_book import CRASH_HINT, RecordBook
 from pagedattn.runner.session import Run
 from pagedattn.runner.status import FAILING, Status
@@ -111,9 +113,22 @@ class Recorder:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        rec = self.book.update(report, self._crash_hint(report))
+        # pytest words a strict expectation's pass as a failure without ``wasxfail``: the book
+        # is told it is an unexpected pass; JUnit XML and the terminal keep the failure
+        strict_xpass = report.failed and str(report.longrepr or "").startswith("[XPASS(strict)] ")
+        if strict_xpass:
+            report.wasxfail = str(report.longrepr).removeprefix("[XPASS(strict)] ")
+        try:
+            rec = self.book.update(report, self._crash_hint(report))
+        finally:
+            if strict_xpass:
+                del report.wasxfail
         if rec is None:
             return
+        if rec.status is Status.XFAILED and report.skipped and hasattr(report, "wasxfail"):
+            # JUnit XML's skip message says which kind of skip it is (unsupported ones say so already)
+            reason = str(report.wasxfail).removeprefix("reason: ").removeprefix("expected failure: ")
+            report.wasxfail = f"xfailed: {reason}"
         if report.when == "???":
             self.run.crashed_workers += 1
         # JUnit XML (and anything else reading the reports here) gets the record, not the raw facts
@@ -143,6 +158,11 @@ class Recorder:
             # load there, or a replacement after a crash did not): the run's error only if no
             # worker started at all (``finish``)
             self.run.start_failure = self.run.start_failure or _startup_failure(str(error))
+        took = getattr(node, "workeroutput", {}).get("pagedattn_gate")
+        if took:  # every worker collected the same cases: any one's word will do
+            gate = gate_of(self.config)
+            gate.stale = gate.stale or list(took["stale"])
+            gate.collected = gate.collected or list(took["collected"])
         info = getattr(node, "workeroutput", {}).get("pagedattn_info")
         if info and not self.run.info.get("capabilities"):
             self.run.info = dict(info)  # this worker's warm-up ahead counts included
@@ -151,6 +171,25 @@ class Recorder:
             total = self.run.info.setdefault("warmup_ahead_stats", {})
             for key, value in info["warmup_ahead_stats"].items():
                 total[key] = round(total.get(key, 0) + value, 2)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        gate = gate_of(self.config)
+        if gate.shard is not None:
+            index, count = gate.shard
+            terminalreporter.write_line(
+                f"shard {index}/{count}: {len(self.book.records)} of {len(gate.collected)} collected cases; merge the "
+                "shards' reports with python -m pagedattn report A.json B.json ..."
+            )
+        for reason in gate.reasons:
+            terminalreporter.write_line(f"FAILED (pagedattn gate): {reason}", red=True)
+
+
+def gate_output(config: pytest.Config) -> dict[str, Any]:
+    """What an xdist worker tells the controller of the gate: the stale expectations and the
+    collected node ids (only a worker sees the collection before deselection)."""
+    gate = gate_of(config)
+    return {"stale": gate.stale, "collected": gate.collected}
 
 
 def _worker_id(node: Any) -> str:
@@ -211,6 +250,11 @@ def finish(session: pytest.Session, run: Run, book: RecordBook) -> None:
     if run.broken and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
         usage = run.broken.startswith("usage error: ")
         session.exitstatus = pytest.ExitCode.USAGE_ERROR if usage else pytest.ExitCode.TESTS_FAILED
+    gate = gate_of(config)
+    verdict = gate_verdict(gate, book.case_dicts(), collect_only=collect_only or bool(run.broken))
+    # no case collected (every one deselected, an empty shard) is a run that judged nothing too
+    if verdict and session.exitstatus in (0, pytest.ExitCode.NO_TESTS_COLLECTED):
+        session.exitstatus = verdict
     config._pagedattn_exit = int(session.exitstatus)  # type: ignore[attr-defined]
     book.flush()
     release(run)
