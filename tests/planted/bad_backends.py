@@ -303,3 +303,93 @@ class DiesWarmingUpAhead(Correct):
             time.sleep(0.01)
         time.sleep(0.3)
         os.abort()
+
+
+class ReusesOutputBuffer(Correct):
+    """Returns a view of one buffer it rewrites on every call (a CUDA graph's static output),
+    and is nondeterministic: every other call moves the first element by one ulp."""
+
+    calls = 0
+
+    def __init__(self):
+        self._buffer = torch.empty(0)
+
+    def paged_attention(self, case):
+        ReusesOutputBuffer.calls += 1
+        out = _nudge(super().paged_attention(case), ReusesOutputBuffer.calls % 2)
+        buffer = self._buffer
+        if buffer.numel() < out.numel() or buffer.dtype != out.dtype or buffer.device != out.device:
+            buffer = self._buffer = torch.empty(4 * out.numel(), dtype=out.dtype, device=out.device)
+        buffer[: out.numel()].copy_(out.reshape(-1))
+        return buffer[: out.numel()].view(out.shape)
+
+
+class PlantedInterrupt(BaseException):
+    """A ``BaseException`` subclass that is not ``KeyboardInterrupt`` (as some runtimes raise
+    to unwind a worker)."""
+
+
+class ExitsOnSingleSequence(Correct):
+    """Calls ``sys.exit(3)`` inside the kernel on single-sequence cases."""
+
+    def paged_attention(self, case):
+        if case.num_seqs == 1:
+            import sys
+
+            sys.exit(3)
+        return super().paged_attention(case)
+
+
+class RaisesBaseExceptionOnSingleSequence(Correct):
+    def paged_attention(self, case):
+        if case.num_seqs == 1:
+            raise PlantedInterrupt("the runtime unwinds the call")
+        return super().paged_attention(case)
+
+
+class ExitsWhenConstructed(Correct):
+    """``sys.exit(7)`` in the constructor (a library that finds no device and exits)."""
+
+    def __init__(self):
+        import sys
+
+        sys.exit(7)
+
+
+def _sleep_forever() -> None:
+    """Sleep for ten minutes ("forever" for a test run), in a thread nobody joins."""
+    import time
+
+    time.sleep(600)
+
+
+class LeavesThread(Correct):
+    """Starts a non-daemon thread that sleeps "forever" when constructed (a runtime's
+    background thread that is never stopped)."""
+
+    def __init__(self):
+        import threading
+
+        threading.Thread(target=_sleep_forever, name="planted-forever", daemon=False).start()
+
+
+class HangsForever(Correct):
+    """Hangs on single-sequence cases for two minutes, whether or not its parent lives (a
+    kernel spinning on the device)."""
+
+    def paged_attention(self, case):
+        if case.num_seqs == 1:
+            import os
+            import time
+
+            print(f"planted-hang pid={os.getpid()}", flush=True)
+            time.sleep(120)
+        return super().paged_attention(case)
+
+
+class Prints(Correct):
+    """Prints a line on every call (a chatty kernel library)."""
+
+    def paged_attention(self, case):
+        print(f"planted-print {case.num_seqs} sequences")
+        return super().paged_attention(case)
