@@ -393,3 +393,15 @@ class Prints(Correct):
     def paged_attention(self, case):
         print(f"planted-print {case.num_seqs} sequences")
         return super().paged_attention(case)
+
+
+class InterruptedOnFourthCall(Correct):
+    """Raises ``KeyboardInterrupt`` on its fourth call, as the user's Ctrl-C does there."""
+
+    calls = 0
+
+    def paged_attention(self, case):
+        InterruptedOnFourthCall.calls += 1
+        if InterruptedOnFourthCall.calls == 4:
+            raise KeyboardInterrupt
+        return super().paged_attention(case)
