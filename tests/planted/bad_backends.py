@@ -375,14 +375,16 @@ class LeavesThread(Correct):
 
 class HangsForever(Correct):
     """Hangs on single-sequence cases for two minutes, whether or not its parent lives (a
-    kernel spinning on the device)."""
+    kernel spinning on the device); writes its pid to ``hanging.pid`` in the working
+    directory when it starts hanging."""
 
     def paged_attention(self, case):
         if case.num_seqs == 1:
             import os
             import time
 
-            print(f"planted-hang pid={os.getpid()}", flush=True)
+            with open("hanging.pid", "w") as f:
+                f.write(str(os.getpid()))
             time.sleep(120)
         return super().paged_attention(case)
 
