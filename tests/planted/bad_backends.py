@@ -407,3 +407,10 @@ class InterruptedOnFourthCall(Correct):
         if InterruptedOnFourthCall.calls == 4:
             raise KeyboardInterrupt
         return super().paged_attention(case)
+
+
+class LeavesThreadWrongScale(LeavesThread):
+    """Leaves a thread running, and fails every case (``WrongScale``)."""
+
+    def paged_attention(self, case):
+        return paged_attention_reference(case.replace(scale=case.scale * 1.01)).to(case.dtype)
