@@ -8,7 +8,7 @@ a per-call timeout (``pagedattn.runner.options.DEFAULT_TIMEOUT_S`` unless ``--ca
 otherwise). A child that dies or times out is killed and replaced before the next
 case; the call raises ``BackendFault`` saying what happened.
 
-Tensors travel through a pipe on the CPU, pickled by value (never in shared memory:
+Tensors travel through a pipe on the CPU, serialized by value (never in shared memory:
 a tensor that arrives is the receiver's own, which the backend can no longer write, and
 no shared-memory segment needs multiprocessing's resource tracker), and are moved to the
 case's device on the other side. What the backend does to its inputs comes back too
@@ -24,9 +24,9 @@ after each call, so the backend's prints land in the captured output of the case
 from __future__ import annotations
 
 import ctypes
+import io
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import tempfile
@@ -55,14 +55,18 @@ PR_SET_PDEATHSIG = 1
 
 
 def _send(conn: Connection, message: Any) -> None:
-    """``message`` through the pipe, pickled by value: torch's multiprocessing reducers
-    (which ``Connection.send`` uses) would move each tensor's storage into shared memory,
-    where the sender's later writes show in the receiver's tensor."""
-    conn.send_bytes(pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL))
+    """``message`` through the pipe, its tensors by value (``torch.save``, which takes every
+    dtype, fp8 included): torch's multiprocessing reducers (which ``Connection.send`` uses)
+    would move each tensor's storage into shared memory, where the sender's later writes show
+    in the receiver's tensor."""
+    buffer = io.BytesIO()
+    torch.save(message, buffer)
+    conn.send_bytes(buffer.getbuffer())
 
 
 def _recv(conn: Connection) -> Any:
-    return pickle.loads(conn.recv_bytes())
+    # the peer is this package's own process, which sends pickled objects (strings, dicts)
+    return torch.load(io.BytesIO(conn.recv_bytes()), weights_only=False)
 
 
 def _die_with_parent(parent: int) -> None:
