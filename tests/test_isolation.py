@@ -5,6 +5,7 @@ capabilities answer every field the suite and the search read (the search ran un
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -176,11 +177,13 @@ def test_killing_pytest_while_a_case_hangs_leaves_no_process_behind(pytester, ba
 
 def test_the_isolated_backends_output_is_the_cases_captured_output(pytester, bad):
     args = ["-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance.test_decode", "-k", "fp32"]
-    result = pytester.runpytest_subprocess(*args, f"--backend={bad}:Prints", "--isolate", "-rP")
-    assert result.ret == 0, f"exit status {result.ret}, want 0"
+    result = pytester.runpytest_subprocess(*args, f"--backend={bad}:PrintsWrongOnSingleSequence", "--isolate")
+    assert result.ret == 1, f"exit status {result.ret}, want 1 (the single-sequence cases fail)"
     out = result.stdout.str()
-    sections = out.split("Captured stdout call")[1:]
-    assert sections, f"no captured output of a case in:\n{out[-3000:]}"
-    assert all("planted-print" in s.split("\n_")[0] for s in sections), out[-3000:]
-    quiet = pytester.runpytest_subprocess(*args, f"--backend={bad}:Prints", "--isolate")
-    assert "planted-print" not in quiet.stdout.str() + quiet.stderr.str(), "the backend's output reached the terminal"
+    failures = out.split("Captured stdout call")[1:]
+    assert failures, f"no captured output of a failed case in:\n{out[-3000:]}"
+    for section in failures:  # up to the next section or the summary
+        assert section.split("\n_")[0].split("\n==")[0].count("planted-print 1 sequence(s)") == 1, section[:500]
+    # the passed (multi-sequence) cases' prints are captured and dropped: never on the terminal
+    shown = set(re.findall(r"planted-print (\d+) sequence", out + result.stderr.str()))
+    assert shown == {"1"}, f"prints of cases of {sorted(shown)} sequences on the terminal:\n{out[-3000:]}"

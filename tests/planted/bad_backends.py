@@ -389,12 +389,14 @@ class HangsForever(Correct):
         return super().paged_attention(case)
 
 
-class Prints(Correct):
-    """Prints a line on every call (a chatty kernel library)."""
+class PrintsWrongOnSingleSequence(Correct):
+    """Prints a line on every call (a chatty kernel library), and is wrong (``WrongScale``) on
+    single-sequence cases."""
 
     def paged_attention(self, case):
-        print(f"planted-print {case.num_seqs} sequences")
-        return super().paged_attention(case)
+        print(f"planted-print {case.num_seqs} sequence(s)")
+        scale = case.scale * (1.01 if case.num_seqs == 1 else 1.0)
+        return paged_attention_reference(case.replace(scale=scale)).to(case.dtype)
 
 
 class InterruptedOnFourthCall(Correct):
