@@ -177,6 +177,12 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadgroup = True  # xdist's worker appends each item's group to its node id
     import torch
 
+    if worker is not None:
+        from pagedattn.runner.isolation import die_with_parent
+
+        # a worker whose controller was killed has nobody to report to: it ends too, and with
+        # it the isolated child of the case it was running, instead of running that case on
+        die_with_parent(os.getppid())
     if worker is not None and not device.startswith("cuda"):
         # one core per xdist worker: intra-op threads of several workers spin against each other
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1))))

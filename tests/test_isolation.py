@@ -138,10 +138,16 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 @pytest.mark.parametrize(
-    "sig", [signal.SIGKILL, pytest.param(signal.SIGTERM, marks=pytest.mark.slow)], ids=["SIGKILL", "SIGTERM"]
+    "sig, mode",
+    [
+        pytest.param(signal.SIGKILL, [], id="SIGKILL"),
+        pytest.param(signal.SIGTERM, [], id="SIGTERM", marks=pytest.mark.slow),
+        # the workers end with their controller, and their children with them
+        pytest.param(signal.SIGKILL, ["-n", "2"], id="SIGKILL-xdist", marks=pytest.mark.slow),
+    ],
 )
-def test_killing_pytest_while_a_case_hangs_leaves_no_process_behind(pytester, bad, sig):
-    args = ["-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance.test_decode"]
+def test_killing_pytest_while_a_case_hangs_leaves_no_process_behind(pytester, bad, sig, mode):
+    args = ["-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance.test_decode", *mode]
     proc = pytester.popen(
         [sys.executable, "-m", "pytest", *args, f"--backend={bad}:HangsForever", "--isolate", "--case-timeout=none"],
         stdout=subprocess.DEVNULL,

@@ -69,9 +69,11 @@ def _recv(conn: Connection) -> Any:
     return torch.load(io.BytesIO(conn.recv_bytes()), weights_only=False)
 
 
-def _die_with_parent(parent: int) -> None:
-    """Make this process end when ``parent`` (the pytest process that started it) ends, also
-    when that is killed by SIGKILL and runs no cleanup. On Linux the kernel sends SIGKILL on
+def die_with_parent(parent: int) -> None:
+    """Make this process end when ``parent`` (the process that started it: pytest for the
+    isolated child, the pytest-xdist controller for a worker) ends, also when that is killed
+    by SIGKILL and runs no cleanup. The kernel's signal follows the thread that started this
+    process: both start it from their main thread, which lives as long as they do. On Linux the kernel sends SIGKILL on
     the parent's death (``PR_SET_PDEATHSIG``); elsewhere a daemon thread watches the parent
     pid. The parent may already have died before the signal was set: then exit now."""
     if sys.platform.startswith("linux"):
@@ -130,7 +132,7 @@ def _serve(backend: Any, method: str, device: str, payload: Any) -> Any:
 
 def _child_main(conn: Connection, spec: str, path: list[str], parent: int, log: str) -> None:
     """The child: construct the backend, then serve calls until the pipe closes."""
-    _die_with_parent(parent)
+    die_with_parent(parent)
     # Ctrl-C reaches the whole process group: the parent stops the run and kills this child;
     # a KeyboardInterrupt here could then only come from the backend itself
     signal.signal(signal.SIGINT, signal.SIG_IGN)
