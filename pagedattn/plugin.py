@@ -246,7 +246,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if suite is not None and isinstance(suite.backend, SupportsClose):
         suite.backend.close()
     session = config.stash.get(SESSION_KEY, None)
-    end_despite_leftover_threads(config, session.exitstatus if session is not None else 0)
+    if session is not None:
+        end_despite_leftover_threads(config, int(session.exitstatus))
+    else:  # the run stopped in configure: a usage error, which pytest prints only after this hook
+        status = getattr(config, "_pagedattn_exit", None)
+        error = run.broken.removeprefix("usage error: ") if run is not None else ""
+        end_despite_leftover_threads(
+            config, int(status if status is not None else pytest.ExitCode.INTERNAL_ERROR), error=error
+        )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -340,10 +347,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     run = config.stash.get(RUN_KEY, None)
     if run is None or not run.spec:
         return
-    worker = getattr(config, "workerinput", None)
-    leftover = note_leftover_threads(config, f" on worker {worker['workerid']}" if worker else "")
-    if leftover and run.book is not None:
-        run.book.notes.append(leftover)
     suite = config.stash.get(SUITE_KEY, None)
     if suite is not None and suite.ahead is not None:
         suite.ahead.stop()
@@ -352,6 +355,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         from pagedattn.runner.warmup import remove_claims
 
         remove_claims(run.testrunuid)  # the workers' claim files
+    worker = getattr(config, "workerinput", None)
+    leftover = note_leftover_threads(config, f" on worker {worker['workerid']}" if worker else "")
+    if leftover and run.book is not None:
+        run.book.notes.append(leftover)
     if hasattr(config, "workerinput"):
         config.workeroutput["pagedattn_leftover_threads"] = leftover  # type: ignore[attr-defined]
         config.workeroutput["pagedattn_info"] = run.info  # type: ignore[attr-defined]

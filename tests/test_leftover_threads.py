@@ -40,3 +40,17 @@ def test_a_thread_left_running_does_not_hang_the_run(pytester, bad, backend, mod
     statuses = {c["status"] for c in report["cases"]}
     assert len(report["cases"]) == N_DECODE and statuses == {"passed" if status == 0 else "failed"}, statuses
     assert "<testsuite" in (pytester.path / "j.xml").read_text(), "no JUnit XML"
+
+
+@pytest.mark.slow
+def test_a_thread_left_by_a_constructor_that_exits_does_not_hide_the_usage_error(pytester, bad):
+    args = ["-p", "no:cacheprovider", "--report-json=r.json", "--pyargs", DECODE]
+    try:
+        result = pytester.runpytest_subprocess(*args, f"--backend={bad}:LeavesThreadAndExits", timeout=LIMIT_S)
+    except pytester.TimeoutExpired:
+        pytest.fail(f"the run did not end within {LIMIT_S} s: it waits for the backend's thread")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, f"exit status {result.ret}, want 4"
+    err = result.stderr.str()
+    assert "constructing the backend exited with code 9 (sys.exit)" in err, err[-2000:]
+    assert f"warning: the backend left non-daemon thread(s) running: {THREAD}" in err, err[-2000:]
+    assert json.loads((pytester.path / "r.json").read_text())["exit_status"] == 4

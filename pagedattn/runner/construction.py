@@ -114,8 +114,10 @@ def note_leftover_threads(config: pytest.Config, where: str = "") -> str:
     return line
 
 
-def end_despite_leftover_threads(config: pytest.Config, exitstatus: int) -> None:
-    """End this process now with ``exitstatus`` when threads the backend left still run.
+def end_despite_leftover_threads(config: pytest.Config, exitstatus: int, error: str = "") -> None:
+    """End this process now with ``exitstatus`` when threads the backend left still run
+    (first writing ``error``, which pytest would print after this, and the warning, to stderr
+    when no summary was printed: ``error`` given).
 
     Python joins every non-daemon thread before the interpreter exits (before ``atexit``
     handlers too), and nothing can stop or demote a running thread from outside: a backend
@@ -124,8 +126,12 @@ def end_despite_leftover_threads(config: pytest.Config, exitstatus: int) -> None
     XML and the JSON report are written and an xdist worker has sent its results, so
     ``os._exit`` loses nothing but the wait. A run started with ``pytest.main()`` inside a
     longer-lived process ends that process too, which would otherwise hang at its own exit."""
-    if not leftover_threads(config, grace=0.0):
+    left = leftover_threads(config, grace=0.0 if not error else LEFTOVER_GRACE_S)
+    if not left:
         return
+    if error:
+        sys.stderr.write(f"ERROR: {error}\n")
+        sys.stderr.write(f"warning: the backend left non-daemon thread(s) running: {describe_threads(left)}\n")
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(int(exitstatus))

@@ -416,3 +416,13 @@ class LeavesThreadWrongScale(LeavesThread):
 
     def paged_attention(self, case):
         return paged_attention_reference(case.replace(scale=case.scale * 1.01)).to(case.dtype)
+
+
+class LeavesThreadAndExits(LeavesThread):
+    """Starts its thread, then ``sys.exit(9)`` in the constructor: a usage error, thread left."""
+
+    def __init__(self):
+        import sys
+
+        super().__init__()
+        sys.exit(9)
