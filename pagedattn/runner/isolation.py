@@ -225,6 +225,23 @@ class RemoteCapabilities:
         return list(self._info["limit_lines"])
 
 
+def _own_path_first() -> list[str]:
+    """``sys.path`` for the child, with the directory holding this process's ``pagedattn``
+    first where the path as it is would find another copy first (pytest puts a test module's
+    root first: a checkout beside an installed or editable copy). The child runs the harness
+    of the process that talks to it through the pipe; otherwise the path is left as it is."""
+    import importlib.machinery
+
+    import pagedattn
+
+    ours = os.path.abspath(pagedattn.__file__)
+    found = importlib.machinery.PathFinder.find_spec("pagedattn", sys.path)
+    if found is None or found.origin is None or os.path.abspath(found.origin) == ours:
+        return list(sys.path)
+    root = os.path.dirname(os.path.dirname(ours))
+    return [root, *(p for p in sys.path if p != root)]
+
+
 class _Child:
     """The child process that holds the backend, and the pipe to it. Constructing one
     starts the child; a child that crashes while constructing raises ``BackendFault``,
@@ -247,14 +264,19 @@ class _Child:
         handle, log = tempfile.mkstemp(prefix="pagedattn-isolated-", suffix=".log")
         os.close(handle)
         self._log = open(log, "rb")  # noqa: SIM115 - read after every call, closed with the child
-        args = (child_conn, self.spec, list(sys.path), os.getpid(), log)
+        path = _own_path_first()
+        args = (child_conn, self.spec, path, os.getpid(), log)
         self._proc = ctx.Process(target=_child_main, args=args, daemon=True)
+        saved = sys.path[:]
         try:
+            sys.path[:] = path  # spawn imports this module in the child by the path it sees now
             self._proc.start()
+            sys.path[:] = saved
             self.generation += 1
             child_conn.close()
             ready = self._conn.poll(STARTUP_TIMEOUT_S)
         finally:
+            sys.path[:] = saved
             os.unlink(log)  # opened by both sides by now (or never): no file left behind, even on SIGKILL
         if not ready:
             self.close()
