@@ -10,16 +10,17 @@ case; the call raises ``BackendFault`` saying what happened.
 
 Tensors travel through a pipe on the CPU, serialized by value (never in shared memory:
 a tensor that arrives is the receiver's own, which the backend can no longer write, and
-no shared-memory segment outlives a killed run), and are moved to the
-case's device on the other side. What the backend does to its inputs comes back too
-(copied onto the caller's tensors), so the immutability property still sees a backend
-that writes into the cache.
+no shared-memory segment outlives a killed run), and are moved to the case's device on
+the other side. What the backend does to its inputs comes back too (copied onto the
+caller's tensors), so the immutability property still sees a backend that writes into
+the cache.
 
 The child dies with the process that started it (a parent-death signal on Linux, a
 watch of its parent elsewhere), so killing pytest while a case hangs leaves no child
-behind, nor multiprocessing's resource tracker (which the spawn starts, and which ends
-when the last process holding its pipe, pytest or a child, is gone); its stdout and stderr go to a file that the parent copies into its own stdout
-after each call, so the backend's prints land in the captured output of the case.
+behind, nor multiprocessing's resource tracker (the spawn starts it; it ends when the
+last process holding its pipe, pytest or a child, is gone). The child's stdout and
+stderr go to a file that the parent copies into its own stdout after each call, so the
+backend's prints land in the captured output of the case.
 """
 
 from __future__ import annotations
