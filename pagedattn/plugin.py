@@ -27,7 +27,14 @@ import pytest
 from pagedattn.runner import collection, report
 from pagedattn.runner import recording as recorder
 from pagedattn.runner.case_record import note, noted
-from pagedattn.runner.construction import construct_backend, usage_error
+from pagedattn.runner.construction import (
+    LEFTOVER_KEY,
+    THREADS_BEFORE_KEY,
+    construct_backend,
+    end_despite_leftover_threads,
+    note_leftover_threads,
+    usage_error,
+)
 from pagedattn.runner.expectations import load_expectations
 from pagedattn.runner.gate import NOTHING_JUDGED, gate_of, min_judged
 from pagedattn.runner.options import DEFAULT_TIMEOUT_S, PROFILES, case_timeout, positive_seconds
@@ -40,6 +47,8 @@ from pagedattn.runner.workers import is_controller, preload, usable_cores, worke
 
 if TYPE_CHECKING:
     from pagedattn.runner.suite import Suite
+
+SESSION_KEY = pytest.StashKey[pytest.Session]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -195,11 +204,18 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadgroup = True  # xdist's worker appends each item's group to its node id
     import torch
 
+    if worker is not None:
+        from pagedattn.runner.isolation import die_with_parent
+
+        # a worker whose controller was killed has nobody to report to: it ends too, and with
+        # it the isolated child of the case it was running, instead of running that case on
+        die_with_parent(os.getppid())
     if worker is not None and not device.startswith("cuda"):
         # one core per xdist worker: intra-op threads of several workers spin against each other
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(worker.get("workercount", 1))))
     if worker is not None and device == "cuda":
         device = run.device = worker_device(device, worker["workerid"], torch.cuda.device_count())
+    config.stash[THREADS_BEFORE_KEY] = frozenset(threading.enumerate())  # a backend's own threads are the rest
     try:
         backend, extra = construct_backend(run, spec, device)
     except pytest.UsageError as exc:
@@ -242,6 +258,7 @@ def pytest_sessionstart(session: pytest.Session) -> Generator[None, None, None]:
         run.preload.start()
 
 
+@pytest.hookimpl(trylast=True)  # last: a backend's leftover threads end the process here (below)
 def pytest_unconfigure(config: pytest.Config) -> None:
     from pagedattn.adapters.protocol import SupportsClose
 
@@ -255,6 +272,15 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     suite = config.stash.get(SUITE_KEY, None)
     if suite is not None and isinstance(suite.backend, SupportsClose):
         suite.backend.close()
+    session = config.stash.get(SESSION_KEY, None)
+    if session is not None:
+        end_despite_leftover_threads(config, int(session.exitstatus))
+    else:  # the run stopped in configure: a usage error, which pytest prints only after this hook
+        status = getattr(config, "_pagedattn_exit", None)
+        error = run.broken.removeprefix("usage error: ") if run is not None else ""
+        end_despite_leftover_threads(
+            config, int(status if status is not None else pytest.ExitCode.INTERNAL_ERROR), error=error
+        )
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
@@ -328,10 +354,24 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     run = config.stash.get(RUN_KEY, None)
     if run is not None and run.spec:
         report.terminal_summary(terminalreporter, config, run)
+    for line in config.stash.get(LEFTOVER_KEY, []):
+        terminalreporter.write_line(f"warning: {line}", yellow=True)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """On the xdist controller: a worker's warning about threads its backend left running."""
+    line = getattr(node, "workeroutput", {}).get("pagedattn_leftover_threads")
+    run = node.config.stash.get(RUN_KEY, None)
+    if line:
+        node.config.stash.setdefault(LEFTOVER_KEY, []).append(line)
+        if run is not None and run.book is not None:
+            run.book.notes.append(line)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    config.stash[SESSION_KEY] = session  # its final exit status, for pytest_unconfigure
     run = config.stash.get(RUN_KEY, None)
     if run is None or not run.spec:
         return
@@ -343,7 +383,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         from pagedattn.runner.warmup import remove_claims
 
         remove_claims(run.testrunuid)  # the workers' claim files
+    worker = getattr(config, "workerinput", None)
+    leftover = note_leftover_threads(config, f" on worker {worker['workerid']}" if worker else "")
+    if leftover and run.book is not None:
+        run.book.notes.append(leftover)
     if hasattr(config, "workerinput"):
+        config.workeroutput["pagedattn_leftover_threads"] = leftover  # type: ignore[attr-defined]
         config.workeroutput["pagedattn_info"] = run.info  # type: ignore[attr-defined]
         config.workeroutput["pagedattn_broken"] = run.broken  # type: ignore[attr-defined]
         config.workeroutput["pagedattn_gate"] = recorder.gate_output(config)  # type: ignore[attr-defined]

@@ -3,7 +3,13 @@ optional methods (protocols) of the backend in its child, never a method set to 
 capabilities answer every field the suite and the search read (the search ran under
 --isolate only once ``RemoteCapabilities`` had ``max_seq_len``)."""
 
+import glob
 import os
+import re
+import signal
+import subprocess
+import sys
+import time
 import types
 
 import pytest
@@ -104,3 +110,86 @@ def test_the_bundled_backends_meet_the_typed_contract() -> None:
         assert isinstance(backend, Backend), type(backend).__name__
     assert isinstance(reference, SupportsLse) and isinstance(reference, SupportsGather)
     assert isinstance(reference, SupportsWriteCache) and not accepts_out(reference)
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (``/proc/<pid>/task/*/children``, recursively)."""
+    found: set[int] = set()
+    stack = [pid]
+    while stack:
+        for path in glob.glob(f"/proc/{stack.pop()}/task/*/children"):
+            try:
+                kids = [int(k) for k in open(path).read().split()]
+            except OSError:
+                continue
+            found.update(kids)
+            stack.extend(kids)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, waiting for a parent that does not reap it, does not)."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize(
+    "sig, mode",
+    [
+        pytest.param(signal.SIGKILL, [], id="SIGKILL"),
+        pytest.param(signal.SIGTERM, [], id="SIGTERM", marks=pytest.mark.slow),
+        # the workers end with their controller, and their children with them
+        pytest.param(signal.SIGKILL, ["-n", "2"], id="SIGKILL-xdist", marks=pytest.mark.slow),
+    ],
+)
+def test_killing_pytest_while_a_case_hangs_leaves_no_process_behind(pytester, bad, sig, mode):
+    args = ["-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance.test_decode", *mode]
+    proc = pytester.popen(
+        [sys.executable, "-m", "pytest", *args, f"--backend={bad}:HangsForever", "--isolate", "--case-timeout=none"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    marker = pytester.path / "hanging.pid"
+    below: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists() or not marker.read_text():
+            assert proc.poll() is None, f"the run ended (exit status {proc.returncode}) before a case hung"
+            assert time.monotonic() < deadline, "no case started hanging within 120 s"
+            time.sleep(0.2)
+        child = int(marker.read_text())
+        below = _descendants(proc.pid)
+        assert child in below, f"the hanging process {child} is not below pytest {proc.pid}: {sorted(below)}"
+        proc.send_signal(sig)
+        proc.wait(30)
+        deadline = time.monotonic() + 5
+        while any(_alive(p) for p in below) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = sorted(p for p in below if _alive(p))
+        commands = {p: open(f"/proc/{p}/cmdline").read().replace("\0", " ")[:200] for p in left}
+        assert not left, f"{sig.name} of pytest left its descendants running: {commands}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for p in below:
+            if _alive(p):
+                os.kill(p, signal.SIGKILL)
+
+
+def test_the_isolated_backends_output_is_the_cases_captured_output(pytester, bad):
+    args = ["-p", "no:cacheprovider", "--pyargs", "pagedattn.conformance.test_decode", "-k", "fp32"]
+    result = pytester.runpytest_subprocess(*args, f"--backend={bad}:PrintsWrongOnSingleSequence", "--isolate")
+    assert result.ret == 1, f"exit status {result.ret}, want 1 (the single-sequence cases fail)"
+    out = result.stdout.str()
+    failures = out.split("Captured stdout call")[1:]
+    assert failures, f"no captured output of a failed case in:\n{out[-3000:]}"
+    for section in failures:  # up to the next section or the summary
+        assert section.split("\n_")[0].split("\n==")[0].count("planted-print 1 sequence(s)") == 1, section[:500]
+    # the passed (multi-sequence) cases' prints are captured and dropped: never on the terminal
+    shown = set(re.findall(r"planted-print (\d+) sequence", out + result.stderr.str()))
+    assert shown == {"1"}, f"prints of cases of {sorted(shown)} sequences on the terminal:\n{out[-3000:]}"

@@ -44,6 +44,15 @@ def _cause(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
 
 
+def _stopped(exc: BaseException, what: str) -> str:
+    """What a ``SystemExit`` or another ``BaseException`` escaping ``what`` (importing,
+    constructing) says in a usage error: a backend that ends the process there stops the run
+    before any case, as one clear error, not pytest's internal error."""
+    if isinstance(exc, SystemExit):
+        return f"{what} exited with code {exc.code!r} (sys.exit)"
+    return f"{what} raised {type(exc).__name__}:\n{_cause(exc)}"
+
+
 def _import_file(path: str) -> ModuleType:
     """The module of ``path``, executed once per process: a second load of the same file
     (the header, the isolation child, ``python -m pagedattn``) reuses it, because importing
@@ -78,6 +87,10 @@ def _instantiate(obj: Any, where: str) -> Backend:
             obj = obj()
         except Exception as exc:
             raise BackendLoadError(f"--backend={where}: constructing the backend failed:\n{_cause(exc)}") from exc
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise BackendLoadError(f"--backend={where}: " + _stopped(exc, "constructing the backend")) from None
     missing = [a for a in ("name", "capabilities", "paged_attention") if not hasattr(obj, a)]
     if missing:
         raise BackendLoadError(
@@ -109,6 +122,10 @@ def load_backend(spec: str) -> Backend:
             raise
         except Exception as exc:
             raise BackendLoadError(f"--backend={spec}: importing {where!r} failed:\n{_cause(exc)}") from exc
+        except BaseException as exc:
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise BackendLoadError(f"--backend={spec}: " + _stopped(exc, f"importing {where!r}")) from None
         if not hasattr(module, attr):
             raise BackendLoadError(f"--backend={spec}: {where!r} has no attribute {attr!r}")
         return _instantiate(getattr(module, attr), spec)
@@ -125,6 +142,11 @@ def load_backend(spec: str) -> Backend:
         raise BackendLoadError(
             f"--backend={spec}: loading entry point {known[spec].value!r} failed:\n{_cause(exc)}"
         ) from exc
+    except BaseException as exc:
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        what = f"loading entry point {known[spec].value!r}"
+        raise BackendLoadError(f"--backend={spec}: " + _stopped(exc, what)) from None
     return _instantiate(obj, spec)
 
 

@@ -8,6 +8,8 @@ import os
 import traceback
 from typing import Any
 
+import pytest
+
 
 class BackendFault(Exception):
     """The backend crashed, hung, raised, or could not be started.
@@ -24,6 +26,14 @@ class BackendFault(Exception):
         self.traceback = traceback
 
 
+def passes_through(exc: BaseException) -> bool:
+    """Whether ``exc``, raised by a backend call, is not the backend's fault: the user's
+    Ctrl-C (``KeyboardInterrupt``) stops the run, and pytest's outcomes (``pytest.skip``: the
+    adapter declines the case) reach pytest. Anything else a kernel raises, ``SystemExit`` and
+    other ``BaseException`` subclasses included, fails its case."""
+    return isinstance(exc, (KeyboardInterrupt, pytest.skip.Exception, pytest.fail.Exception))
+
+
 def describe_exception(exc: BaseException, backend_files: set[str]) -> tuple[str, str]:
     """``(short, full)`` for an exception a backend raised: one line with its type, message
     and the last frame in the backend's own file(s) (else the last frame outside
@@ -36,6 +46,8 @@ def describe_exception(exc: BaseException, backend_files: set[str]) -> tuple[str
     chosen = mine or outside or list(frames)
     text = str(exc).strip().splitlines()
     short = f"the backend raised {type(exc).__name__}" + (f": {text[0]}" if text else "")
+    if isinstance(exc, SystemExit):
+        short = f"the backend called sys.exit({exc.code!r}) (SystemExit)"
     if chosen:
         frame = chosen[-1]
         short += f" (at {os.path.basename(frame.filename)}:{frame.lineno} in {frame.name})"

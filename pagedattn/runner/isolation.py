@@ -8,17 +8,32 @@ a per-call timeout (``pagedattn.runner.options.DEFAULT_TIMEOUT_S`` unless ``--ca
 otherwise). A child that dies or times out is killed and replaced before the next
 case; the call raises ``BackendFault`` saying what happened.
 
-Tensors travel through a pipe on the CPU and are moved to the case's device on
-the other side. What the backend does to its inputs comes back too (copied onto
-the caller's tensors), so the immutability property still sees a backend that
-writes into the cache.
+Tensors travel through a pipe on the CPU, serialized by value (never in shared memory:
+a tensor that arrives is the receiver's own, which the backend can no longer write, and
+no shared-memory segment outlives a killed run), and are moved to the case's device on
+the other side. What the backend does to its inputs comes back too (copied onto the
+caller's tensors), so the immutability property still sees a backend that writes into
+the cache.
+
+The child dies with the process that started it (a parent-death signal on Linux, a
+watch of its parent elsewhere), so killing pytest while a case hangs leaves no child
+behind, nor multiprocessing's resource tracker (the spawn starts it; it ends when the
+last process holding its pipe, pytest or a child, is gone). The child's stdout and
+stderr go to a file that the parent copies into its own stdout after each call, so the
+backend's prints land in the captured output of the case.
 """
 
 from __future__ import annotations
 
+import ctypes
+import io
 import multiprocessing
+import os
 import signal
 import sys
+import tempfile
+import threading
+import time
 import traceback
 from functools import cache
 from multiprocessing.connection import Connection
@@ -35,6 +50,51 @@ from pagedattn.runner.faults import BackendFault, backend_files, describe_except
 STARTUP_TIMEOUT_S = 180.0
 #: Time allowed for ``backend.warmup(case)`` (a JIT compile), outside the case's limit.
 WARMUP_TIMEOUT_S = 1800.0
+
+
+#: ``prctl``'s option that sets the signal a process receives when its parent dies (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
+
+
+def _send(conn: Connection, message: Any) -> None:
+    """``message`` through the pipe, its tensors by value (``torch.save``, which takes every
+    dtype, fp8 included): torch's multiprocessing reducers (which ``Connection.send`` uses)
+    would move each tensor's storage into shared memory, where the sender's later writes show
+    in the receiver's tensor."""
+    buffer = io.BytesIO()
+    torch.save(message, buffer)
+    conn.send_bytes(buffer.getbuffer())
+
+
+def _recv(conn: Connection) -> Any:
+    # the peer is this package's own process, which sends pickled objects (strings, dicts)
+    return torch.load(io.BytesIO(conn.recv_bytes()), weights_only=False)
+
+
+def die_with_parent(parent: int) -> None:
+    """Make this process end when ``parent`` (the process that started it: pytest for the
+    isolated child, the pytest-xdist controller for a worker) ends, also when that is killed
+    by SIGKILL and runs no cleanup. The kernel's signal follows the thread that started this
+    process: both start it from their main thread, which lives as long as they do. On Linux the kernel sends SIGKILL on
+    the parent's death (``PR_SET_PDEATHSIG``); elsewhere a daemon thread watches the parent
+    pid. The parent may already have died before the signal was set: then exit now."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+            _watch_parent(parent)
+    else:
+        _watch_parent(parent)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _watch_parent(parent: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="pagedattn-parent-watch", daemon=True).start()
 
 
 def _to(x: Any, device: str | torch.device) -> Any:
@@ -72,34 +132,49 @@ def _serve(backend: Any, method: str, device: str, payload: Any) -> Any:
     raise ValueError(f"unknown method {method!r}")
 
 
-def _child_main(conn: Connection, spec: str, path: list[str]) -> None:
+def _child_main(conn: Connection, spec: str, path: list[str], parent: int, log: str) -> None:
     """The child: construct the backend, then serve calls until the pipe closes."""
+    die_with_parent(parent)
+    # Ctrl-C reaches the whole process group: the parent stops the run and kills this child;
+    # a KeyboardInterrupt here could then only come from the backend itself
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
     sys.path[:] = path
     import pytest
+
+    def answer(*message: Any) -> None:
+        sys.stdout.flush()  # the parent copies the file after each answer
+        sys.stderr.flush()
+        _send(conn, message)
 
     try:
         backend = load_backend(spec)
         info = backend_info(backend)
     except BackendLoadError as exc:
-        conn.send(("load_error", str(exc), ""))
+        answer("load_error", str(exc), "")
         return
-    except Exception:
-        conn.send(("load_error", f"--backend={spec}: describing the backend failed", traceback.format_exc()))
+    except BaseException:
+        answer("load_error", f"--backend={spec}: describing the backend failed", traceback.format_exc())
         return
-    conn.send(("ready", info, ""))
+    answer("ready", info, "")
     files = backend_files(backend)
     while True:
         try:
-            method, device, payload = conn.recv()
+            method, device, payload = _recv(conn)
         except EOFError:
             return
         try:
-            conn.send(("ok", _serve(backend, method, device, payload), ""))
+            result = _serve(backend, method, device, payload)
         except pytest.skip.Exception as exc:  # the adapter declines this case
-            conn.send(("skipped", str(exc.msg), ""))
-        except Exception as exc:
+            answer("skipped", str(exc.msg), "")
+        except BaseException as exc:  # SystemExit and the like from a kernel fail the case too
             short, full = describe_exception(exc, files)
-            conn.send(("raised", short, full))
+            answer("raised", short, full)
+        else:
+            answer("ok", result, "")
 
 
 def _describe_exit(code: int | None) -> str:
@@ -152,6 +227,23 @@ class RemoteCapabilities:
         return list(self._info["limit_lines"])
 
 
+def _own_path_first() -> list[str]:
+    """``sys.path`` for the child, with the directory holding this process's ``pagedattn``
+    first where the path as it is would find another copy first (pytest puts a test module's
+    root first: a checkout beside an installed or editable copy). The child runs the harness
+    of the process that talks to it through the pipe; otherwise the path is left as it is."""
+    import importlib.machinery
+
+    import pagedattn
+
+    ours = os.path.abspath(pagedattn.__file__)
+    found = importlib.machinery.PathFinder.find_spec("pagedattn", sys.path)
+    if found is None or found.origin is None or os.path.abspath(found.origin) == ours:
+        return list(sys.path)
+    root = os.path.dirname(os.path.dirname(ours))
+    return [root, *(p for p in sys.path if p != root)]
+
+
 class _Child:
     """The child process that holds the backend, and the pipe to it. Constructing one
     starts the child; a child that crashes while constructing raises ``BackendFault``,
@@ -164,30 +256,56 @@ class _Child:
         self.timeout = timeout
         self._proc: Any = None
         self._conn: Any = None
+        self._log: Any = None  # the child's stdout and stderr (read side)
         self.generation = 0  # how many children were started: a warm-up is lost with its child
         self.info: dict[str, Any] = self._start()
 
     def _start(self) -> dict[str, Any]:
         ctx = multiprocessing.get_context("spawn")
         self._conn, child_conn = ctx.Pipe()
-        self._proc = ctx.Process(target=_child_main, args=(child_conn, self.spec, list(sys.path)), daemon=True)
-        self._proc.start()
-        self.generation += 1
-        child_conn.close()
-        if not self._conn.poll(STARTUP_TIMEOUT_S):
+        handle, log = tempfile.mkstemp(prefix="pagedattn-isolated-", suffix=".log")
+        os.close(handle)
+        self._log = open(log, "rb")  # noqa: SIM115 - read after every call, closed with the child
+        path = _own_path_first()
+        args = (child_conn, self.spec, path, os.getpid(), log)
+        self._proc = ctx.Process(target=_child_main, args=args, daemon=True)
+        saved = sys.path[:]
+        try:
+            sys.path[:] = path  # spawn imports this module in the child by the path it sees now
+            self._proc.start()
+            sys.path[:] = saved
+            self.generation += 1
+            child_conn.close()
+            ready = self._conn.poll(STARTUP_TIMEOUT_S)
+        finally:
+            sys.path[:] = saved
+            os.unlink(log)  # opened by both sides by now (or never): no file left behind, even on SIGKILL
+        if not ready:
             self.close()
             raise BackendFault(f"the backend was not constructed within {STARTUP_TIMEOUT_S:g} s (it hangs?)")
         try:
-            status, detail, tb = self._conn.recv()
+            status, detail, tb = _recv(self._conn)
         except (EOFError, ConnectionResetError):
             self._proc.join(5)
             code = self._proc.exitcode
             self.close()
             raise BackendFault(f"the backend crashed while being constructed: {_describe_exit(code)}") from None
+        finally:
+            self.forward_output()
         if status != "ready":
             self.close()
             raise BackendLoadError(detail + (f"\n{tb}" if tb else ""))
         return detail
+
+    def forward_output(self) -> None:
+        """Copy what the child printed since the last call into this process's stdout (the
+        captured output of the case that is running)."""
+        if self._log is None:
+            return
+        text = self._log.read()
+        if text:
+            sys.stdout.write(text.decode(errors="replace"))
+            sys.stdout.flush()
 
     def close(self) -> None:
         if self._proc is not None:
@@ -196,7 +314,10 @@ class _Child:
             self._proc.join(5)
         if self._conn is not None:
             self._conn.close()
-        self._proc = self._conn = None
+        if self._log is not None:
+            self.forward_output()  # what a child that crashed or hung printed last
+            self._log.close()
+        self._proc = self._conn = self._log = None
 
     def request(self, method: str, payload: Any, timeout: float | None = None) -> Any:
         """Ask the child to run ``method`` on ``payload`` (``_serve``); its answer, or
@@ -206,7 +327,7 @@ class _Child:
             self._start()
         assert self._conn is not None and self._proc is not None
         limit = timeout if timeout is not None else self.timeout
-        self._conn.send((method, self.device, payload))
+        _send(self._conn, (method, self.device, payload))
         if not self._conn.poll(limit):
             self.close()
             raise BackendFault(
@@ -215,7 +336,7 @@ class _Child:
                 kind="timed_out",
             )
         try:
-            status, detail, tb = self._conn.recv()
+            status, detail, tb = _recv(self._conn)
         except (EOFError, ConnectionResetError):
             self._proc.join(5)
             what = _describe_exit(self._proc.exitcode)
@@ -223,6 +344,7 @@ class _Child:
             raise BackendFault(
                 f"the backend process {what} during {method}; a fresh process serves the next case"
             ) from None
+        self.forward_output()
         if status == "skipped":
             import pytest
 

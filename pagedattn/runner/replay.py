@@ -187,6 +187,16 @@ class ReplaySpec:
                 case, meta = load_case(path)
             except CaseFileError as exc:
                 raise pytest.UsageError(f"--replay={exc}") from None
+            import torch
+
+            # every generator draws a finite query (the poison of a poisoned-padding case sits
+            # in the cache's unread slots): a non-finite one is a damaged or hand-edited file
+            bad = int((~torch.isfinite(case.query.float())).sum())
+            if bad:
+                raise pytest.UsageError(
+                    f"--replay={path}: query holds {bad} non-finite value(s) of {case.query.numel()}; "
+                    "a case's query must be finite"
+                )
             family = meta.get("family")
             families = replay_families()
             if family not in families:

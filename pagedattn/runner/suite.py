@@ -24,7 +24,7 @@ from pagedattn.oracle import PagedCase, bits_equal, check_attention, check_atten
 from pagedattn.oracle.bitexact import BitCheck, bits_view
 from pagedattn.oracle.verdict import AttentionCheck
 from pagedattn.runner.case_record import AHEAD_KEY, note, noted
-from pagedattn.runner.faults import BackendFault, backend_files, describe_exception
+from pagedattn.runner.faults import BackendFault, backend_files, describe_exception, passes_through
 from pagedattn.runner.isolation import IsolatedBackend
 from pagedattn.runner.replay import ReplayFiles
 
@@ -108,16 +108,24 @@ class Suite:
 
     # ------------------------------------------------------------- plumbing
     def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """``backend.<method>(*args, **kwargs)``; an exception it raises becomes a
-        ``BackendFault`` of kind ``"raised"`` (short message, full traceback). A
-        ``pytest.skip`` it raises passes through: the case is unsupported, with its reason."""
+        """``backend.<method>(*args, **kwargs)``, its tensors owned by the caller
+        (``owned``); anything it raises (``SystemExit`` and other ``BaseException``
+        subclasses too) becomes a ``BackendFault`` of kind ``"raised"`` (short message, full
+        traceback). A ``pytest.skip`` it raises passes through (the case is unsupported, with
+        its reason), and so does ``KeyboardInterrupt`` (the user stops the run)."""
         try:
-            return getattr(self.backend, method)(*args, **kwargs)
+            result = getattr(self.backend, method)(*args, **kwargs)
         except BackendFault:
             raise
-        except Exception as exc:
+        except BaseException as exc:
+            if passes_through(exc):
+                raise
             short, full = describe_exception(exc, backend_files(self.backend))
             raise BackendFault(short, kind="raised", traceback=full) from None
+        out = kwargs.get("out")
+        if isinstance(out, torch.Tensor) and isinstance(result, torch.Tensor) and result.data_ptr() == out.data_ptr():
+            return result  # written into the caller's own `out=`: the property checks it is that buffer
+        return owned(result)
 
     def take_probe(self, reason: str) -> bool:
         """Whether one more case unclaimed for ``reason`` is probed (``--probe-unclaimed N``:
@@ -171,7 +179,9 @@ class Suite:
         """Run an unclaimed case anyway and say whether it would have passed."""
         try:
             check = check_attention(self.backend.paged_attention(case.clone()), case)
-        except Exception as exc:  # a probe never fails the run
+        except BaseException as exc:  # a probe never fails the run
+            if passes_through(exc):
+                raise
             return f"raises {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return "would pass" if check.passed else f"would fail (budget used {check.budget_used:.3g})"
 
@@ -297,6 +307,18 @@ class Suite:
         if check.passed and not bits_equal(new_copy, new):
             check = BitCheck(False, "cache write", problem="the backend modified its `new` argument")
         self._bit_verdict(node, spec, case, check, "write_cache")
+
+
+def owned(result: Any) -> Any:
+    """``result`` with every tensor (alone, or in a tuple or list) replaced by a copy: what a
+    backend returns may be a view of a buffer it reuses and rewrites on its next call (a
+    CUDA graph's static output), and a result kept across calls must not change under the
+    suite. Anything else (a backend's wrong answer) as it is."""
+    if isinstance(result, torch.Tensor):
+        return result.clone()
+    if type(result) in (tuple, list):
+        return type(result)(owned(r) for r in result)
+    return result
 
 
 def with_nan_payloads(pool: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:

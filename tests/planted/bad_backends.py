@@ -303,3 +303,126 @@ class DiesWarmingUpAhead(Correct):
             time.sleep(0.01)
         time.sleep(0.3)
         os.abort()
+
+
+class ReusesOutputBuffer(Correct):
+    """Returns a view of one buffer it rewrites on every call (a CUDA graph's static output),
+    and is nondeterministic: every other call moves the first element by one ulp."""
+
+    calls = 0
+
+    def __init__(self):
+        self._buffer = torch.empty(0)
+
+    def paged_attention(self, case):
+        ReusesOutputBuffer.calls += 1
+        out = _nudge(super().paged_attention(case), ReusesOutputBuffer.calls % 2)
+        buffer = self._buffer
+        if buffer.numel() < out.numel() or buffer.dtype != out.dtype or buffer.device != out.device:
+            buffer = self._buffer = torch.empty(4 * out.numel(), dtype=out.dtype, device=out.device)
+        buffer[: out.numel()].copy_(out.reshape(-1))
+        return buffer[: out.numel()].view(out.shape)
+
+
+class PlantedInterrupt(BaseException):
+    """A ``BaseException`` subclass that is not ``KeyboardInterrupt`` (as some runtimes raise
+    to unwind a worker)."""
+
+
+class ExitsOnSingleSequence(Correct):
+    """Calls ``sys.exit(3)`` inside the kernel on single-sequence cases."""
+
+    def paged_attention(self, case):
+        if case.num_seqs == 1:
+            import sys
+
+            sys.exit(3)
+        return super().paged_attention(case)
+
+
+class RaisesBaseExceptionOnSingleSequence(Correct):
+    def paged_attention(self, case):
+        if case.num_seqs == 1:
+            raise PlantedInterrupt("the runtime unwinds the call")
+        return super().paged_attention(case)
+
+
+class ExitsWhenConstructed(Correct):
+    """``sys.exit(7)`` in the constructor (a library that finds no device and exits)."""
+
+    def __init__(self):
+        import sys
+
+        sys.exit(7)
+
+
+def _sleep_forever() -> None:
+    """Sleep for ten minutes ("forever" for a test run), in a thread nobody joins."""
+    import time
+
+    time.sleep(600)
+
+
+class LeavesThread(Correct):
+    """Starts a non-daemon thread that sleeps "forever" when constructed (a runtime's
+    background thread that is never stopped)."""
+
+    def __init__(self):
+        import threading
+
+        threading.Thread(target=_sleep_forever, name="planted-forever", daemon=False).start()
+
+
+class HangsForever(Correct):
+    """Hangs on single-sequence cases for two minutes, whether or not its parent lives (a
+    kernel spinning on the device); writes its pid to ``hanging.pid`` in the working
+    directory when it starts hanging."""
+
+    def paged_attention(self, case):
+        if case.num_seqs == 1:
+            import os
+            import time
+
+            with open("hanging.pid", "w") as f:
+                f.write(str(os.getpid()))
+            time.sleep(120)
+        return super().paged_attention(case)
+
+
+class PrintsWrongOnSingleSequence(Correct):
+    """Prints a line on every call (a chatty kernel library), and is wrong (``WrongScale``) on
+    single-sequence cases."""
+
+    def paged_attention(self, case):
+        print(f"planted-print {case.num_seqs} sequence(s)")
+        scale = case.scale * (1.01 if case.num_seqs == 1 else 1.0)
+        return paged_attention_reference(case.replace(scale=scale)).to(case.dtype)
+
+
+class InterruptedOnFourthCall(Correct):
+    """Raises ``KeyboardInterrupt`` on its fourth call, as the user's Ctrl-C does there."""
+
+    calls = 0
+
+    def paged_attention(self, case):
+        InterruptedOnFourthCall.calls += 1
+        if InterruptedOnFourthCall.calls == 4:
+            raise KeyboardInterrupt
+        return super().paged_attention(case)
+
+
+class LeavesThreadWrongScale(LeavesThread):
+    """Leaves a thread running, and fails every case (``WrongScale``)."""
+
+    def paged_attention(self, case):
+        return paged_attention_reference(case.replace(scale=case.scale * 1.01)).to(case.dtype)
+
+
+class LeavesThreadAndExits(LeavesThread):
+    """Starts its thread, then ``sys.exit(9)`` in the constructor: a usage error, thread left."""
+
+    def __init__(self):
+        import sys
+
+        super().__init__()
+        sys.exit(9)
