@@ -1,5 +1,5 @@
-"""An fp8 cache: its decode tiles, fp16 dots for bf16 queries, every tile width, the sink's
-range, the cvt of fp8 pairs and where the compiler widens instead."""
+"""An fp8 cache: fp16 dots for bf16 queries, every tile width, the sink's range, the cvt of
+fp8 pairs and where the compiler widens instead."""
 
 import dataclasses
 
@@ -7,35 +7,18 @@ import pytest
 import torch
 
 from pagedattn.cases import CaseSpec
-from pagedattn.kernels import host
+from pagedattn.kernels.tuning import TUNING
 from pagedattn.oracle import check_attention, check_attention_lse
 from tests.test_triton_support import (
     DEVICE,
-    KERNEL_CASES,
+    attention,
     case_args,
     runs_kernel,
 )
 
 triton = pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
 from pagedattn.kernels import triton_paged_attention as tpa  # noqa: E402  (after the interpreter is decided)
-
-
-@runs_kernel
-@pytest.mark.parametrize("spec", KERNEL_CASES[-2:], ids=lambda s: s.id)
-def test_fp8_cache_takes_its_own_decode_tiles_and_splits(spec, monkeypatch):
-    """FP8_DECODE_BLOCK_N / FP8_SPLIT_SIZE apply to fp8 caches only (the cache's dtype, not
-    the batch, picks them), in the plan and in the kernel's split rule alike."""
-    monkeypatch.setattr(host, "FP8_DECODE_BLOCK_N", 32)
-    monkeypatch.setattr(host, "FP8_SPLIT_SIZE", 64)
-    monkeypatch.setattr(host, "SHORT_UNDER", 0)
-    case = spec.build().to(DEVICE)
-    sizes = (case.seq_lens_list, case.query_lens, 8, 2, 64, 16, case.dtype, False)
-    fp8, wide = host.plan_launch(*sizes, case.kv_dtype), host.plan_launch(*sizes)
-    assert (fp8.decode.BLOCK_N, fp8.decode.SPLIT_SIZE, fp8.max_splits) == (32, 64, -(-300 // 64))
-    assert (wide.decode.BLOCK_N, wide.decode.SPLIT_SIZE) == (host.DECODE_BLOCK_N, host.SPLIT_SIZE)
-    out = tpa.paged_attention(*case_args(case), scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
-    check = check_attention(out, case)
-    assert check.passed and not check.warning, str(check)
+from pagedattn.kernels import triton_tiles  # noqa: E402
 
 
 @runs_kernel
@@ -65,17 +48,16 @@ def test_fp8_cache_fp16_dots_keep_any_bf16_query_in_range(gain):
 @pytest.mark.parametrize("block_n", [16, 32, 64])
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-def test_fp8_prefill_at_every_tile_width(dtype, kv_dtype, block_n, monkeypatch):
+def test_fp8_prefill_at_every_tile_width(dtype, kv_dtype, block_n):
     """An fp8 cache under every key-tile width, prefill and decode: 16-key tiles went wrong on the
     H200 (triton 3.6) through the row-split widening of V, which tiles under 32 rows now skip; on a
     GPU of sm_89 or later the tiles are read as pairs (``_widen_pairs``) at every width."""
-    monkeypatch.setattr(host, "PREFILL_BLOCK_N", block_n)
-    monkeypatch.setattr(host, "FP8_DECODE_BLOCK_N", block_n)
+    t = dataclasses.replace(TUNING, prefill_block_n=block_n, decode_block_n=block_n)
     spec = CaseSpec(
         "t", ((70, 30), (20, 1)), num_heads=4, num_kv_heads=2, head_dim=32, dtype=dtype, kv_dtype=kv_dtype, v_scale=2.0
     )
     case = spec.build().to(DEVICE)
-    out = tpa.paged_attention(*case_args(case), scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
+    out = attention(case, t, scale=case.scale, k_scale=case.k_scale, v_scale=case.v_scale)
     check = check_attention(out, case)
     assert check.passed and not check.warning, str(check)
 
@@ -115,7 +97,7 @@ def test_widen_pairs_converts_every_fp8_pair_exactly(kv_dtype):
         r = tl.arange(0, 512)
         c = tl.arange(0, 128)
         x = tl.load(x_ptr + r[:, None] * 128 + c[None, :])  # [512, 128]: every pair
-        y = tpa._widen_pairs(x, E5M2)  # [512, 256]
+        y = triton_tiles._widen_pairs(x, E5M2)  # [512, 256]
         c2 = tl.arange(0, 256)
         tl.store(out_ptr + r[:, None] * 256 + c2[None, :], y)
 
@@ -124,8 +106,9 @@ def test_widen_pairs_converts_every_fp8_pair_exactly(kv_dtype):
     widen[(1,)](pairs, out, E5M2=kv_dtype == torch.float8_e5m2)
     want = pairs.view(torch.uint8).view(kv_dtype).to(torch.float16)  # little-endian: the lower byte first
     nan = want.isnan()
-    assert torch.equal(nan, out.isnan()), "NaN where the conversion gives none, or the other way"
-    assert torch.equal(out[~nan].view(torch.int16), want[~nan].view(torch.int16)), "an fp8 value widened wrongly"
+    assert torch.equal(nan, out.isnan()), f"{kv_dtype} pairs: NaN where the conversion gives none, or the other way"
+    wrong = out[~nan].view(torch.int16) != want[~nan].view(torch.int16)
+    assert not wrong.any(), f"{kv_dtype} pairs: {int(wrong.sum())} values widened to other bits than torch's"
 
 
 @runs_kernel

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from pagedattn.cases import CaseSpec
-from pagedattn.kernels import host
+from pagedattn.kernels import checks, launch_plan
 from tests.test_triton_support import (
     BASE,
     DEVICE,
@@ -18,7 +18,7 @@ from pagedattn.kernels import triton_paged_attention as tpa  # noqa: E402  (afte
 
 
 def test_bad_variant_fails_before_any_launch(monkeypatch):
-    monkeypatch.setattr(tpa, "plan_launch", lambda *a: pytest.fail("planned a launch for invalid input"))
+    monkeypatch.setattr(tpa, "plan_launch", lambda *a, **kw: pytest.fail("planned a launch for invalid input"))
     args = bad_args("query", lambda a: None)
     with pytest.raises(ValueError, match="sinks"):
         tpa.paged_attention(**args, sinks=torch.zeros(7))
@@ -28,7 +28,7 @@ def test_bad_variant_fails_before_any_launch(monkeypatch):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")], ids=["nan", "inf"])
 def test_non_finite_slopes_and_sinks_fail_before_any_launch(monkeypatch, field, bad):
     # prepare() hands them to the core checks' one device-to-host transfer
-    monkeypatch.setattr(tpa, "plan_launch", lambda *a: pytest.fail("planned a launch for invalid input"))
+    monkeypatch.setattr(tpa, "plan_launch", lambda *a, **kw: pytest.fail("planned a launch for invalid input"))
     args = bad_args("query", lambda a: None)
     values = torch.ones(args["query"].shape[1], dtype=torch.float32)
     values[-1] = bad
@@ -37,14 +37,14 @@ def test_non_finite_slopes_and_sinks_fail_before_any_launch(monkeypatch, field, 
 
 
 def test_scale_times_k_scale_must_stay_in_fp32_before_any_launch(monkeypatch):
-    monkeypatch.setattr(tpa, "plan_launch", lambda *a: pytest.fail("planned a launch for invalid input"))
+    monkeypatch.setattr(tpa, "plan_launch", lambda *a, **kw: pytest.fail("planned a launch for invalid input"))
     args = bad_args("query", lambda a: None)
     with pytest.raises(ValueError, match="scale"):
         tpa.paged_attention(**args, scale=1e39)
 
 
 def test_bad_input_fails_before_any_launch(monkeypatch):
-    monkeypatch.setattr(tpa, "plan_launch", lambda *a: pytest.fail("planned a launch for invalid input"))
+    monkeypatch.setattr(tpa, "plan_launch", lambda *a, **kw: pytest.fail("planned a launch for invalid input"))
     args = bad_args("block_tables", lambda a: a["block_tables"].__setitem__((0, 0), 10**6))
     with pytest.raises(ValueError, match="block_tables"):
         tpa.paged_attention(**args)
@@ -53,17 +53,17 @@ def test_bad_input_fails_before_any_launch(monkeypatch):
 def test_bad_scale_and_out():
     args = bad_args("query", lambda a: None)
     with pytest.raises(ValueError, match="scale"):
-        host.check_paged_inputs(**args, scale=-1.0)
+        checks.check_paged_inputs(**args, scale=-1.0)
     with pytest.raises(ValueError, match="out"):
-        host.check_paged_inputs(**args, out=torch.empty(3))
+        checks.check_paged_inputs(**args, out=torch.empty(3))
 
 
 def test_prepare_plans_with_the_window(monkeypatch):
     """``prepare`` hands the sliding window to the plan: the decode launch's shape counts only
-    the splits the new token sees (``host.decode_work``)."""
+    the splits the new token sees (``decode_splits.decode_work``)."""
     seen = []
     real = tpa.plan_launch
-    monkeypatch.setattr(tpa, "plan_launch", lambda *a: seen.append(a[9]) or real(*a))
+    monkeypatch.setattr(tpa, "plan_launch", lambda *a, **kw: seen.append(a[9]) or real(*a, **kw))
     case = CaseSpec("t", ((140, 1), (33, 4)), num_heads=4, num_kv_heads=2, head_dim=32, block_size=8).build()
     case = case.to(DEVICE)
     tpa.prepare(*case_args(case), scale=case.scale, sliding_window=45)
@@ -75,14 +75,14 @@ def test_cache_offsets_take_int32_only_when_every_offset_fits():
     """A cache is addressed in int32 only when its last element's offset is below 2**31
     (shapes on the meta device: no memory)."""
     fits = torch.empty(2**31 // (16 * 8 * 128), 16, 8, 128, device="meta")  # last offset 2**31 - 1
-    assert host.fits_int32(fits) and not host.fits_int32(torch.empty(fits.shape[0] + 1, 16, 8, 128, device="meta"))
+    assert checks.fits_int32(fits) and not checks.fits_int32(torch.empty(fits.shape[0] + 1, 16, 8, 128, device="meta"))
     # a head-major cache viewed as [N, bs, Hkv, D]: its last head starts at 7 * 2**29, past
     # 2**31, so it takes the int64 path, where the head term is widened too (it was not)
     heads_major = torch.empty(8, 2**21, 16, 16, device="meta").permute(1, 2, 0, 3)
-    assert heads_major.stride(2) * 7 > 2**31 and not host.fits_int32(heads_major)
+    assert heads_major.stride(2) * 7 > 2**31 and not checks.fits_int32(heads_major)
     # through strides: one K of an [N, 2, bs, Hkv, D] pool reaches twice as far as its size says
     pool = torch.empty(2**30 // (16 * 8 * 128) + 1, 2, 16, 8, 128, device="meta")
-    assert pool[:, 0].numel() < 2**31 and not host.fits_int32(pool[:, 0])
+    assert pool[:, 0].numel() < 2**31 and not checks.fits_int32(pool[:, 0])
 
 
 class _Launch:
@@ -122,20 +122,17 @@ def test_run_is_graph_capturable(dtype, monkeypatch):
     assert [c[0] for c in calls] == ["decode", "prefill"], calls
 
 
-def test_fp8_pairs_are_taken_only_where_they_apply(monkeypatch):
-    """``KV_FP8``: the cvt pairs need an fp8 cache, fp16 dots, a GPU that converts pairs and even
-    offsets; anything else widens through the compiler (1), and a cache in the query dtype is 0."""
+def test_fp8_pairs_are_taken_only_where_they_apply():
+    """``KV_FP8``: the cvt pairs (2 for e4m3, 3 for e5m2) need an fp8 cache, fp16 dots, a GPU that
+    converts pairs and even offsets; anything else widens through the compiler (1), and a cache in
+    the query dtype is 0."""
     e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
-    assert host.fp8_widening(torch.bfloat16, True, True, True) == 0
-    monkeypatch.setattr(host, "FP8_PAIRS_K", False)
-    assert host.fp8_widening(e4, True, True, True) == 2
-    assert host.fp8_widening(e5, True, True, True) == 3
+    widening = launch_plan.fp8_widening
+    assert widening(torch.bfloat16, True, True, True) == 0
+    assert (widening(e4, True, True, True), widening(e5, True, True, True)) == (2, 3)
     for missing in range(3):  # without any one condition: the compiler's widening
-        assert host.fp8_widening(e4, *[i != missing for i in range(3)]) == 1
-    monkeypatch.setattr(host, "FP8_PAIRS_K", True)
-    assert (host.fp8_widening(e4, True, True, True), host.fp8_widening(e5, True, True, True)) == (4, 5)
-    monkeypatch.setattr(host, "FP8_PAIRS", False)
-    assert host.fp8_widening(e5, True, True, True) == 1
+        assert widening(e4, *[i != missing for i in range(3)]) == 1
+        assert widening(e5, *[i != missing for i in range(3)]) == 1
     # the interpreter runs no inline assembly: never native there, whatever the device
     assert not tpa._fp8_native(torch.device("cuda"), True) and not tpa._fp8_native(torch.device("cpu"), False)
 

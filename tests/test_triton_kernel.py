@@ -1,16 +1,22 @@
 """The Triton kernel's numerics on the interpreter (or a GPU), judged by the oracle: every dtype,
-the variants, the softmax and addressing paths, ``out``, strided caches, compile-only."""
+the variants, the prefill's tiles, the addressing paths, ``out``, strided caches, compile-only."""
+
+import dataclasses
 
 import pytest
 import torch
 
 from pagedattn.cases import CaseSpec
-from pagedattn.kernels import host
+from pagedattn.kernels import checks, launch_plan
+from pagedattn.kernels.tuning import TUNING
 from pagedattn.oracle import check_attention, check_attention_lse, paged_attention_reference_lse
 from tests.test_triton_support import (
     DEVICE,
     KERNEL_CASES,
+    assert_same_bits,
+    attention,
     case_args,
+    force_flat_grid,
     runs_kernel,
 )
 
@@ -36,18 +42,10 @@ def test_lse_is_float32_natural_log_of_the_denominator():
     assert float((lse.double() - ref).abs().max()) < 1e-4  # natural log, not log2 (ln 2 apart)
 
 
-#: the first round's kernel (every issue-17 second-round switch off), and the switches one by one
-SOFTMAX_PATHS = {
-    "first-round": dict(EXP2_SOFTMAX=False, PREFILL_MASK_SPLIT=False, PREFILL_HEAVY_FIRST=False),
-    "exp2-only": dict(EXP2_SOFTMAX=True, PREFILL_MASK_SPLIT=False, PREFILL_HEAVY_FIRST=False),
-    "all": dict(EXP2_SOFTMAX=True, PREFILL_MASK_SPLIT=True, PREFILL_HEAVY_FIRST=True),
-}
-
-
 #: prefills long enough that whole key tiles lie below the diagonal (the unmasked tiles),
-#: several query tiles (the heavy-first order), decodes ending in a partial tile; with
-#: sinks and lse (both change units under EXP2), and with soft-cap + ALiBi (the scores
-#: are scaled before the exponent there) over an fp8 cache with fp16 dots
+#: several query tiles (the longest first), decodes ending in a partial tile; with sinks and
+#: lse (both turn from base 2 to natural units), and with soft-cap + ALiBi (the scores are
+#: scaled before the exponent there) over an fp8 cache with fp16 dots
 PATH_CASES = [
     CaseSpec(
         "t",
@@ -86,10 +84,12 @@ PATH_CASES = [
 ]
 
 
-def _assert_output_and_lse_within_policy(case):
-    """The kernel on ``case`` with every variant the case carries, output and lse judged."""
-    out, lse = tpa.paged_attention(
-        *case_args(case),
+def _assert_output_and_lse_within_policy(case, tuning=TUNING):
+    """The kernel on ``case`` (under ``tuning``) with every variant the case carries, output and
+    lse judged."""
+    out, lse = attention(
+        case,
+        tuning,
         scale=case.scale,
         sliding_window=case.sliding_window,
         logits_soft_cap=case.logits_soft_cap,
@@ -104,47 +104,50 @@ def _assert_output_and_lse_within_policy(case):
 
 
 @runs_kernel
-@pytest.mark.parametrize("path", sorted(SOFTMAX_PATHS))
 @pytest.mark.parametrize("spec", PATH_CASES, ids=lambda s: s.id)
-def test_softmax_paths_within_policy(spec, path, monkeypatch):
-    for name, value in SOFTMAX_PATHS[path].items():
-        monkeypatch.setattr(host, name, value)
-    monkeypatch.setattr(host, "PREFILL_BLOCK_N", 16)  # several whole tiles below the diagonal on a small case
-    monkeypatch.setattr(host, "PREFILL_ROWS", 32)  # and several query tiles
+def test_prefill_tiles_within_policy(spec):
+    """Small prefill tiles, so that a small case has several whole key tiles below the diagonal
+    (taken without a mask) and several query tiles (the longest first)."""
+    t = dataclasses.replace(TUNING, prefill_block_n=16, prefill_rows=32)
     case = spec.build().to(DEVICE)
-    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, False)
+    plan = launch_plan.plan_launch(
+        case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, False, tuning=t
+    )
     assert plan.other.grid[1] >= 2, "several query tiles"
-    _assert_output_and_lse_within_policy(case)
+    _assert_output_and_lse_within_policy(case, t)
 
 
-#: the addressing paths the defaults do not take: int64 cache offsets (a cache past 2**31
-#: elements), each decode grid order (for every batch size)
-ADDRESSING_PATHS = {
-    "int64-offsets": {(tpa, "OFFSETS_I32"): False},
-    **{f"{name.replace('_', '-')}-decode-grid": {(host, "DECODE_GRID"): name} for name in host.DECODE_GRIDS},
-}
+def _int64_cache_offsets(monkeypatch):
+    """Address the caches in int64, as a cache past 2**31 elements is (the query and output stay int32)."""
+    monkeypatch.setattr(tpa, "fits_int32", lambda t: t.dim() != 4 and checks.fits_int32(t))
+
+
+#: the addressing paths small cases do not take: int64 cache offsets (a cache past 2**31
+#: elements), the decode grid on one axis (past 65535 sequences or split groups)
+ADDRESSING_PATHS = {"int64-offsets": _int64_cache_offsets, "flat-decode-grid": force_flat_grid}
 
 
 @runs_kernel
 @pytest.mark.parametrize("path", sorted(ADDRESSING_PATHS))
 @pytest.mark.parametrize("spec", PATH_CASES[:2], ids=lambda s: s.id)
 def test_addressing_paths_within_policy(spec, path, monkeypatch):
-    for (owner, name), value in ADDRESSING_PATHS[path].items():
-        monkeypatch.setattr(owner, name, value)
+    ADDRESSING_PATHS[path](monkeypatch)
     case = spec.build().to(DEVICE)
     _assert_output_and_lse_within_policy(case)
 
 
 @runs_kernel
-def test_fp32_takes_the_compiled_tiles_within_policy(monkeypatch):
-    """fp32 runs 16 x 16 tiles when compiled (FP32_PREFILL_ROWS, FP32_BLOCK_N) but 32 x 32 on
-    the interpreter (FP32_TILE_INTERPRETER, for speed): the compiled shape, run here too."""
-    monkeypatch.setattr(host, "FP32_TILE_INTERPRETER", host.FP32_BLOCK_N)
+def test_fp32_takes_the_compiled_tiles_within_policy():
+    """fp32 runs 16 x 16 tiles when compiled (``fp32_prefill_rows``, ``fp32_block_n``) but 32 x 32
+    on the interpreter (``fp32_tile_interpreter``, for speed): the compiled shape, run here too."""
+    t = dataclasses.replace(TUNING, fp32_tile_interpreter=TUNING.fp32_block_n)
     spec = PATH_CASES[-1]  # fp32, window, sinks; a prefill over several query tiles
     case = spec.build().to(DEVICE)
-    plan = host.plan_launch(case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, True)
-    assert plan.other.BLOCK_N == host.FP32_BLOCK_N == plan.decode.BLOCK_N and plan.other.rows == host.FP32_PREFILL_ROWS
-    _assert_output_and_lse_within_policy(case)
+    plan = launch_plan.plan_launch(
+        case.seq_lens_list, case.query_lens, 4, 2, 32, spec.block_size, case.dtype, True, tuning=t
+    )
+    assert plan.other.BLOCK_N == t.fp32_block_n == plan.decode.BLOCK_N and plan.other.rows == t.fp32_prefill_rows
+    _assert_output_and_lse_within_policy(case, t)
 
 
 @runs_kernel
@@ -152,7 +155,8 @@ def test_out_is_fully_written_and_returned():
     case = KERNEL_CASES[3].build().to(DEVICE)
     out = torch.full_like(case.query, float("nan"))
     got = tpa.paged_attention(*case_args(case), scale=case.scale, out=out)
-    assert got is out and not torch.isnan(out).any()
+    assert got is out, "paged_attention returned another tensor than the out it was given"
+    assert not torch.isnan(out).any(), f"{KERNEL_CASES[3].id}: {int(out.isnan().sum())} elements of out left unwritten"
 
 
 @runs_kernel
@@ -163,7 +167,8 @@ def test_noncontiguous_cache_strides_are_honoured():
     k, v = both[:, 0], both[:, 1]
     assert not k.is_contiguous()
     out = tpa.paged_attention(case.query, k, v, case.block_tables, case.seq_lens, case.query_start_loc)
-    assert check_attention(out, case).passed
+    check = check_attention(out, case)
+    assert check.passed, f"{KERNEL_CASES[0].id} over strided caches: {check}"
 
 
 @runs_kernel
@@ -222,5 +227,6 @@ def test_cuda_graph_replay_computes_what_run_computes():
         out.fill_(float("nan"))
         graph.replay()
         torch.cuda.synchronize()
-        assert torch.equal(out, want_out) and torch.equal(lse, want_lse), f"step {step}: replay differs from run"
+        assert_same_bits(out, want_out, f"{spec.id}, step {step}: out of the graph's replay against run")
+        assert_same_bits(lse, want_lse, f"{spec.id}, step {step}: lse of the graph's replay against run")
         assert int(prep.done.abs().sum()) == 0, f"step {step}: split counters left at {prep.done.tolist()}"

@@ -3,55 +3,53 @@ splits, the decode launch's shape and grid, the launch limits. No kernel runs he
 
 import dataclasses
 import functools
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
-from pagedattn.kernels import host
-from tests.test_triton_support import (
-    plan_of,
-)
+from pagedattn.kernels import checks, decode_splits, launch_plan
+from pagedattn.kernels.decode_splits import decode_launch_shape, decode_work
+from pagedattn.kernels.tuning import TUNING
+from tests.test_triton_support import plan_of
 
 
-def test_launch_limits_fail_before_any_launch(monkeypatch):
+def test_launch_limits_fail_before_any_launch():
     """What one launch cannot hold is a ProblemError naming the field, from sizes alone: a
     query needing more than 65535 query tiles (fp32, a GQA group of 16: one token a tile),
     a decode scratch past int32 offsets; a strided query past int32 offsets."""
     with pytest.raises(ValueError, match=r"query_start_loc.*65535"):
         plan_of([70000], [70000], heads=16, kv=1, dtype=torch.float32)
     assert plan_of([65535], [65535], heads=16, kv=1, dtype=torch.float32).other.grid[1] == 65535
-    with monkeypatch.context() as m:  # one split a program: the scratch holds every split
-        m.setattr(host, "DECODE_WHOLE_FILL", 2.0)
-        with pytest.raises(ValueError, match=r"seq_lens.*2\*\*31"):
-            plan_of([2**24] * 66, [1] * 66)
+    never_whole = dataclasses.replace(TUNING, decode_whole_fill=2.0)  # one split a program: every split stored
+    with pytest.raises(ValueError, match=r"seq_lens.*2\*\*31"):
+        plan_of([2**24] * 66, [1] * 66, tuning=never_whole)
     # whole sequences a program (528 programs, 2 waves of 264) store no split: one a sequence
     plan = plan_of([2**24] * 66, [1] * 66)
-    assert (plan.decode.SPLIT_WHOLE, plan.scratch_splits, plan.max_splits) == (True, 1, 2**24 // host.SPLIT_LONG)
+    assert (plan.decode.SPLIT_WHOLE, plan.scratch_splits, plan.max_splits) == (True, 1, 2**24 // TUNING.split_long)
     wide = torch.empty(4, 8, 128, device="meta").as_strided((4, 8, 128), (2**30, 128, 1))
-    assert host.last_offset(wide) == 3 * 2**30 + 7 * 128 + 127 > host.INT32_MAX
+    assert checks.last_offset(wide) == 3 * 2**30 + 7 * 128 + 127 > checks.INT32_MAX
 
 
-def test_plan_splits_decode_from_the_rest(monkeypatch):
+def test_plan_splits_decode_from_the_rest():
     plan = plan_of([5000, 40, 300, 1], [1, 40, 7, 1])
     assert plan.decode_seqs == [0, 3] and plan.other_seqs == [1, 2]
-    assert plan.max_splits == -(-5000 // host.SPLIT_SIZE)
-    long_and_short = max(host.LONG_FROM // host.SPLIT_LONG, -(-5000 // host.SPLIT_SIZE))
-    assert plan_of([host.LONG_FROM, 5000], [1, 1]).max_splits == long_and_short
-    assert plan_of([4 * host.LONG_FROM], [1]).max_splits == 4 * host.LONG_FROM // host.SPLIT_LONG
-    # the decode grid in the order the host picks for two sequences
-    grids = {0: (2, plan.max_splits, 8), 1: (8 * plan.max_splits * 2, 1, 1), 2: (8, plan.max_splits, 2)}
-    order = host.DECODE_GRIDS[host.DECODE_GRID]
-    picked = (plan.decode.GRID_ORDER, plan.decode.grid)
-    assert picked == (order, grids[order]) == host.decode_grid(2, plan.max_splits, 8)
-    # the three-axis orders hold at most GRID_YZ_MAX programs on their second and third axes
-    # (sequences or splits, kv heads): past that, the one-axis form
-    big = host.GRID_YZ_MAX + 1
-    for name, order in host.DECODE_GRIDS.items():
-        monkeypatch.setattr(host, "DECODE_GRID", name)
-        assert host.decode_grid(host.GRID_YZ_MAX, host.GRID_YZ_MAX, 8)[0] == order
-        one_axis = (1, (8 * 3 * big, 1, 1))
-        assert host.decode_grid(big, 3, 8) == {0: (0, (big, 3, 8)), 1: one_axis, 2: one_axis}[order]
-        assert host.decode_grid(2, big, 8) == (1, (8 * big * 2, 1, 1))
+    t = TUNING
+    assert plan.max_splits == -(-5000 // t.split_size)
+    long_and_short = max(t.long_from // t.split_long, -(-5000 // t.split_size))
+    assert plan_of([t.long_from, 5000], [1, 1]).max_splits == long_and_short
+    assert plan_of([4 * t.long_from], [1]).max_splits == 4 * t.long_from // t.split_long
+    # the decode grid for two sequences: kv heads, split groups, sequences, on three axes
+    picked = (plan.decode.FLAT_GRID, plan.decode.grid)
+    assert picked == (False, (8, plan.max_splits, 2)) == launch_plan.decode_grid(2, plan.max_splits, 8)
+    # three axes hold at most GRID_YZ_MAX programs on their second and third (split groups,
+    # sequences): past that, one axis in the same order
+    most = launch_plan.GRID_YZ_MAX
+    assert launch_plan.decode_grid(most, most, 8) == (False, (8, most, most))
+    assert launch_plan.decode_grid(most + 1, 3, 8) == (True, (8 * 3 * (most + 1), 1, 1))
+    assert launch_plan.decode_grid(2, most + 1, 8) == (True, (8 * (most + 1) * 2, 1, 1))
     assert plan.decode.BLOCK_Q == 1
     assert plan.other.grid == (2, -(-40 // plan.other.BLOCK_Q), 8)
     for split in (plan.decode.SPLIT_SIZE, plan.decode.SPLIT_LONG):
@@ -76,7 +74,7 @@ def test_tile_sizes(heads, kv, d, group_pad_decode, group_pad_other, d_pad):
         d_pad,
     )
     for cfg in (plan.decode, plan.other):
-        assert min(cfg.rows, cfg.BLOCK_N, cfg.HEAD_DIM_PAD) >= host.MIN_DOT, "tl.dot needs >= 16 on the GPU"
+        assert min(cfg.rows, cfg.BLOCK_N, cfg.HEAD_DIM_PAD) >= launch_plan.MIN_DOT, "tl.dot needs >= 16 on the GPU"
         assert not cfg.UPCAST
 
 
@@ -93,7 +91,7 @@ def test_plan_is_batch_invariant():
     assert alone_d.decode == dataclasses.replace(batch.decode, **{k: getattr(alone_d.decode, k) for k in shape})
     fp8 = functools.partial(plan_of, query_lens=[1] * 41, kv_dtype=torch.float8_e4m3fn)
     alone_f, batch_f = fp8([3000], query_lens=[1]), fp8([3000] * 41)
-    assert alone_f.decode.maxnreg is None and batch_f.decode.maxnreg == host.FP8_DECODE_MAXNREG
+    assert alone_f.decode.maxnreg is None and batch_f.decode.maxnreg == TUNING.fp8_decode_maxnreg
     assert alone_f.decode == dataclasses.replace(batch_f.decode, **{k: getattr(alone_f.decode, k) for k in shape})
     assert alone_p.other == dataclasses.replace(batch.other, grid=alone_p.other.grid)
 
@@ -104,72 +102,52 @@ def test_bf16_upcast_only_on_the_interpreter():
     assert not plan_of([9], [1], dtype=torch.float16, interpreter=True).decode.UPCAST
 
 
-def test_decode_launch_shape_fits_the_split_loop_in_one_wave(monkeypatch):
+def test_decode_launch_shape_fits_the_split_loop_in_one_wave():
     """``decode_launch_shape``: the split loop with the fewest splits a program (up to
-    ``DECODE_SPP_MAX`` and the history's) that fit the launch in ``DECODE_WAVE`` programs, else
-    one split a program without the loop; the switches force either; the plan's grid holds the
-    split groups."""
-    monkeypatch.setattr(host, "DECODE_WAVE", 64)
-    monkeypatch.setattr(host, "DECODE_SPP_MAX", 4)
-    monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 2.0)  # never past one wave (its own test)
+    ``decode_spp_max`` and the history's) that fit the launch in ``decode_wave`` programs, else
+    one split a program without the loop; the plan's grid holds the split groups."""
+    # never whole sequences past one wave (their own test)
+    t = dataclasses.replace(TUNING, decode_wave=64, decode_spp_max=4, decode_whole_fill=2.0)
 
     def shape(n, splits, heads, **kw):  # n histories of `splits` 512-key splits each
-        return host.decode_launch_shape([(splits, 0, 512)] * n, heads, **kw)[:2]
+        return decode_launch_shape([(splits, 0, 512)] * n, heads, tuning=t, **kw)[:2]
 
     assert shape(1, 8, 8) == (True, 1)  # 64 programs: one wave
     assert shape(2, 8, 8) == (True, 2) and shape(3, 8, 8) == (True, 4)  # 3 * 8 * 2 programs
     assert shape(2, 9, 8) == (True, 3)  # the fewest splits a program that fit: 2 * 8 * 3
     assert shape(5, 8, 8) == (False, 1) and shape(4, 17, 8) == (False, 1)  # no fit up to the cap
     assert shape(64, 1, 8) == (False, 1) and shape(8, 1, 8) == (True, 1)  # never past the history's splits
-    plan = plan_of([5000] * 2, [1] * 2, heads=32, kv=8)  # 10 splits of 512 each: 2 * 8 * 4 programs of 3
+    plan = plan_of([5000] * 2, [1] * 2, heads=32, kv=8, tuning=t)  # 10 splits of 512 each: 2 * 8 * 4 programs of 3
     assert (plan.decode.SPLIT_LOOP, plan.decode.SPLITS_PER_PROGRAM, plan.decode.SPLIT_GROUPS) == (True, 3, 4)
-    assert (plan.decode.GRID_ORDER, plan.decode.grid) == host.decode_grid(2, 4, 8)
-    assert not plan_of([5000] * 9, [1] * 9).decode.SPLIT_LOOP
-    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", True)
-    assert shape(5, 8, 8) == (True, 1) and shape(1, 8, 8) == (True, 1)
-    monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", 3)
-    assert shape(1, 8, 8) == (True, 3) and shape(1, 2, 8) == (True, 2)
-    plan = plan_of([5000], [1])
-    assert (plan.decode.SPLITS_PER_PROGRAM, plan.decode.SPLIT_GROUPS, plan.max_splits) == (3, 4, 10)
-    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", False)
-    assert shape(1, 8, 8) == (False, 1)
-    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", None)
-    monkeypatch.setattr(host, "DECODE_SPLITS_PER_PROGRAM", 0)
+    assert (plan.decode.FLAT_GRID, plan.decode.grid) == launch_plan.decode_grid(2, 4, 8)
+    assert not plan_of([5000] * 9, [1] * 9, tuning=t).decode.SPLIT_LOOP
     # an fp8 cache takes its own rule (its own test), and the register cap only in a launch of
-    # more than DECODE_WAVE programs at one split each
+    # more than decode_wave programs at one split each
     assert shape(1, 8, 8, kv_fp8=True) == (False, 1)
-    fp8 = functools.partial(plan_of, query_lens=[1], kv_dtype=torch.float8_e4m3fn)
+    fp8 = functools.partial(plan_of, query_lens=[1], kv_dtype=torch.float8_e4m3fn, tuning=t)
     assert fp8([100]).decode.maxnreg is None and not fp8([100]).decode.SPLIT_LOOP  # 8 programs
-    assert fp8([5000]).decode.maxnreg == host.FP8_DECODE_MAXNREG  # 8 * 10 programs
+    assert fp8([5000]).decode.maxnreg == t.fp8_decode_maxnreg  # 8 * 10 programs
     assert fp8([5000], heads=8, kv=8, d=256).decode.maxnreg is None  # wider tiles would spill
     assert fp8([512 * 8]).decode.maxnreg is None and fp8([512 * 8 + 1]).decode.maxnreg  # 64 programs; 72
     assert fp8([5000], dtype=torch.float32).decode.maxnreg is None  # fp32 queries: their own tiles
     # the split sizes are checked whatever the batch's histories: the short tier's too
-    monkeypatch.setattr(host, "SHORT_UNDER", 4096)
-    monkeypatch.setattr(host, "SPLIT_SHORT", 100)
     with pytest.raises(RuntimeError, match="splits of 100 keys are not whole tiles of 64"):
-        plan_of([5000], [1])
-    monkeypatch.setattr(host, "SHORT_UNDER", 0)
+        plan_of([5000], [1], tuning=dataclasses.replace(t, short_under=4096, split_short=100))
     # the kernel walks a program's splits in whole tiles: a split size that is not is refused
-    monkeypatch.setattr(host, "SPLIT_SIZE", 40)
     with pytest.raises(RuntimeError, match="splits of 40 keys are not whole tiles of 64"):
-        plan_of([5000], [1])
+        plan_of([5000], [1], tuning=dataclasses.replace(t, short_under=0, split_size=40))
 
 
-def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
-    """An fp8 cache: the split loop at the most splits a program, from ``FP8_DECODE_SPP`` halving
-    down to 2, at which at least ``FP8_LOOP_MIN_PROGRAMS`` programs (a kv head each) have keys to
-    read, filling at least ``FP8_LOOP_FILL`` of their waves' slots (``FP8_DECODE_WAVE``),
+def test_decode_launch_shape_over_an_fp8_cache():
+    """An fp8 cache: the split loop at the most splits a program, from ``fp8_decode_spp`` halving
+    down to 2, at which at least ``fp8_loop_min_programs`` programs (a kv head each) have keys to
+    read, filling at least ``fp8_loop_fill`` of their waves' slots (``fp8_decode_wave``),
     balanced, short of a whole history; else one split a program without the loop, whatever fits
-    a wave. ``FP8_DECODE_SPLIT_LOOP`` gives it the bf16 cache's rule, ``DECODE_SPLIT_LOOP``
-    forces either."""
-    monkeypatch.setattr(host, "FP8_DECODE_SPP", 4)
-    monkeypatch.setattr(host, "FP8_LOOP_MIN_PROGRAMS", 512)
-    monkeypatch.setattr(host, "FP8_DECODE_WAVE", 528)
-    monkeypatch.setattr(host, "FP8_LOOP_FILL", 0.8)
+    a wave."""
+    t = dataclasses.replace(TUNING, fp8_decode_spp=4, fp8_loop_min_programs=512, fp8_decode_wave=528, fp8_loop_fill=0.8)
 
-    def shape(work, heads=8, cap_ok=True):
-        return host.decode_launch_shape(work, heads, kv_fp8=True, cap_ok=cap_ok)
+    def shape(work, heads=8, cap_ok=True, tuning=t):
+        return decode_launch_shape(work, heads, kv_fp8=True, cap_ok=cap_ok, tuning=tuning)
 
     assert shape([(8, 0, 512)] * 32) == (True, 4, False)  # 32 * 2 * 8 = 512 programs of four splits
     assert shape([(8, 0, 512)] * 32, cap_ok=False) == (False, 1, False)  # the waves assume the cap
@@ -183,32 +161,21 @@ def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
     assert shape([(8, 0, 512)] * 48) == (True, 2, False)
     assert shape([(8, 0, 512)] * 66) == (True, 4, False)  # 1056 at four: two full waves
     assert shape([(4, 0, 512)] * 40) == (False, 1, False)  # 640 at two: 0.61 of two waves
-    with monkeypatch.context() as m:
-        m.setattr(host, "FP8_LOOP_FILL", 0.6)
-        assert shape([(4, 0, 512)] * 40) == (True, 2, False)
+    assert shape([(4, 0, 512)] * 40, tuning=dataclasses.replace(t, fp8_loop_fill=0.6)) == (True, 2, False)
     # the programs before a window read nothing and are not counted: splits 6 and 7 of 8 visible,
     # one program a history at four or two
-    assert host.decode_work(4096, sliding_window=1000) == (8, 6, 512)
-    assert shape([host.decode_work(4096, sliding_window=1000)] * 63) == (False, 1, False)  # 63 * 1 * 8
-    assert shape([host.decode_work(4096, sliding_window=1000)] * 64) == (True, 4, False)  # 512
-    # balance (mean work over the longest program's, DECODE_BALANCE 0.75), a kv head: 16 programs
+    assert decode_work(4096, sliding_window=1000) == (8, 6, 512)
+    assert shape([decode_work(4096, sliding_window=1000)] * 63) == (False, 1, False)  # 63 * 1 * 8
+    assert shape([decode_work(4096, sliding_window=1000)] * 64) == (True, 4, False)  # 512
+    # balance (mean work over the longest program's, decode_balance 0.75), a kv head: 16 programs
     # of four splits beside 100 of one (0.353; 928 programs fill 0.88), 32 of two beside them (0.621)
     assert shape([(8, 0, 512)] * 8 + [(1, 0, 512)] * 100) == (False, 1, False)
     # 40 of four beside 26 of one (0.705; 528 programs, one full wave), 80 of two beside them
-    # (0.877; 848 programs fill 0.803 of two waves, just over FP8_LOOP_FILL)
+    # (0.877; 848 programs fill 0.803 of two waves, just over fp8_loop_fill)
     assert shape([(8, 0, 512)] * 20 + [(1, 0, 512)] * 26) == (True, 2, False)
     assert shape([(8, 0, 512)] * 26 + [(1, 0, 512)] * 14) == (True, 4, False)  # 52 beside 14: 0.841
-    monkeypatch.setattr(host, "FP8_DECODE_SPP", 1)
-    assert shape([(8, 0, 512)] * 64) == (False, 1, False)
-    monkeypatch.setattr(host, "FP8_DECODE_SPP", 2)
-    assert shape([(8, 0, 512)] * 64) == (True, 2, False)
-    monkeypatch.setattr(host, "FP8_DECODE_SPLIT_LOOP", True)  # the bf16 cache's rule: one wave of 264
-    assert shape([(8, 0, 512)] * 32) == (True, 8, False)  # 256 programs of whole sequences
-    monkeypatch.setattr(host, "FP8_DECODE_SPLIT_LOOP", False)
-    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", False)
-    assert shape([(8, 0, 512)] * 64) == (False, 1, False)
-    monkeypatch.setattr(host, "DECODE_SPLIT_LOOP", None)
-    monkeypatch.setattr(host, "FP8_DECODE_SPP", 4)
+    assert shape([(8, 0, 512)] * 64, tuning=dataclasses.replace(t, fp8_decode_spp=1)) == (False, 1, False)
+    assert shape([(8, 0, 512)] * 64, tuning=dataclasses.replace(t, fp8_decode_spp=2)) == (True, 2, False)
     # the plan: 32 histories of 4096 keys under 8 kv heads take the loop at four splits a
     # program, at the fp8 register cap (a launch past one wave), and fold the merge's parts (2
     # splits each) in it
@@ -216,7 +183,7 @@ def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
     d = fp8([4096] * 32, [1] * 32).decode
     assert (d.SPLIT_LOOP, d.SPLITS_PER_PROGRAM, d.SPLIT_GROUPS) == (True, 4, 2)
     assert d.LOOP_PARTS and not d.SPLIT_WHOLE
-    assert d.maxnreg == host.FP8_DECODE_MAXNREG
+    assert d.maxnreg == TUNING.fp8_decode_maxnreg
     d = fp8([1024] * 64, [1] * 64).decode  # 4 splits of 256, parts of one: stored, merged by parts
     assert (d.SPLIT_LOOP, d.SPLITS_PER_PROGRAM, d.LOOP_PARTS) == (True, 2, False)
     d = fp8([4096] * 32, [1] * 32, sliding_window=1000).decode  # 256 programs with keys to read
@@ -226,21 +193,18 @@ def test_decode_launch_shape_over_an_fp8_cache(monkeypatch):
     # uncapped tiles (fp32 queries, head_dim 256) take one split a program, as before the rule
     assert not fp8([4096] * 32, [1] * 32, dtype=torch.float32).decode.SPLIT_LOOP
     assert not fp8([4096] * 32, [1] * 32, heads=8, d=256).decode.SPLIT_LOOP
-    monkeypatch.setattr(host, "FP8_DECODE_MAXNREG", None)
-    assert not fp8([4096] * 32, [1] * 32).decode.SPLIT_LOOP
 
 
-def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
+def test_decode_launch_shape_whole_sequences_past_one_wave():
     """Past one wave of the split loop, a whole sequence a program where its programs fill at
-    least ``DECODE_WHOLE_FILL`` of the waves' slots, at two programs an SM (``DECODE_WAVE``) or, where the tiles
-    allow the cap, at three (``DECODE_WAVE_CAPPED``, ``DECODE_WHOLE_MAXNREG``): the fuller wave,
-    two on a tie; else one split a program. Programs of a launch much shorter than its longest
-    (a long history beside short ones) take one split each."""
-    monkeypatch.setattr(host, "DECODE_WAVE", 64)
-    monkeypatch.setattr(host, "DECODE_WAVE_CAPPED", 96)
+    least ``decode_whole_fill`` of the waves' slots, at two programs an SM (``decode_wave``) or,
+    where the tiles allow the cap, at three (``decode_wave_capped``, ``decode_whole_maxnreg``):
+    the fuller wave, two on a tie; else one split a program. Programs of a launch much shorter
+    than its longest (a long history beside short ones) take one split each."""
+    t = dataclasses.replace(TUNING, decode_wave=64, decode_wave_capped=96)
 
-    def shape(n, splits=8, heads=8, cap_ok=True, keys=512):
-        return host.decode_launch_shape([(splits, 0, keys)] * n, heads, cap_ok=cap_ok)
+    def shape(n, splits=8, heads=8, cap_ok=True, keys=512, tuning=t):
+        return decode_launch_shape([(splits, 0, keys)] * n, heads, cap_ok=cap_ok, tuning=tuning)
 
     assert shape(8) == (True, 8, False)  # 64 programs: one wave of the loop
     assert shape(16) == (True, 8, False)  # 128: two full waves of 64, or 2 of 96 (0.67 full)
@@ -249,57 +213,62 @@ def test_decode_launch_shape_whole_sequences_past_one_wave(monkeypatch):
     assert shape(24) == (True, 8, False)  # 192: 3 waves of 64 or 2 of 96, both full: two an SM
     assert shape(10) == (True, 8, True)  # 80: 0.63 and 0.83 of the slots filled
     assert shape(9) == (False, 1, False)  # 72: 0.56 and 0.75
-    assert shape(30, splits=40) == (True, 40, False)  # 240 of 256 (0.94), past DECODE_SPP_MAX splits
-    monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 0.7)
-    assert shape(9) == (True, 8, True)
-    monkeypatch.setattr(host, "DECODE_WHOLE_FILL", 0.8)
-    with monkeypatch.context() as m:  # the least fill is taken: 16 programs in 2 waves of 10, 0.8
-        m.setattr(host, "DECODE_WAVE", 10)
-        m.setattr(host, "DECODE_WAVE_CAPPED", 0)
-        assert shape(2, heads=8) == (True, 8, False)
-    with monkeypatch.context() as m:  # storing and merging splits instead: never whole past one wave
-        m.setattr(host, "DECODE_MERGE_IN_LOOP", False)
-        assert shape(16) == shape(12) == (False, 1, False)
-        m.setattr(host, "DECODE_WAVE", 264)
-        plan = plan_of([5000] * 48, [1] * 48)
-        assert (plan.decode.SPLIT_LOOP, plan.decode.SPLIT_WHOLE, plan.decode.maxnreg) == (False, False, None)
-    monkeypatch.setattr(host, "DECODE_WAVE_CAPPED", 0)
-    assert shape(12) == (False, 1, False)
+    assert shape(30, splits=40) == (True, 40, False)  # 240 of 256 (0.94), past decode_spp_max splits
+    assert shape(9, tuning=dataclasses.replace(t, decode_whole_fill=0.7)) == (True, 8, True)
+    # the least fill is taken: 16 programs in 2 waves of 10, 0.8
+    assert shape(2, heads=8, tuning=dataclasses.replace(t, decode_wave=10, decode_wave_capped=0)) == (True, 8, False)
+    assert shape(12, tuning=dataclasses.replace(t, decode_wave_capped=0)) == (False, 1, False)
     # balance: one history of 16 2048-key splits beside seven of 4 256-key ones (8 kv heads):
     # 4 splits a program would fit one wave of 264, but its 8192-key programs would run while
     # the others (1024 keys) idle; the same at whole sequences past one wave
-    monkeypatch.setattr(host, "DECODE_WAVE", 264)
+    t = dataclasses.replace(t, decode_wave=264)
     mixed = [(16, 0, 2048)] + [(4, 0, 256)] * 7
-    assert host.decode_launch_shape(mixed, 8) == (False, 1, False)
-    assert host.decode_launch_shape([(16, 0, 2048)] * 8, 8)[:2] == (True, 4)  # the same launch, balanced
-    assert host.decode_launch_shape(mixed[:2], 8)[:2] == (True, 1)  # one split a program fits: always taken
-    assert host.decode_launch_shape([(16, 0, 2048), (16, 0, 256)], 8) == (True, 1, False)  # ... even unbalanced (0.56)
-    monkeypatch.setattr(host, "DECODE_WAVE_CAPPED", 396)
-    assert host.decode_launch_shape([(16, 0, 512)] * 48, 8, cap_ok=True) == (True, 16, True)  # one wave of 396
-    assert host.decode_launch_shape([(16, 0, 512)] * 24 + [(2, 0, 512)] * 24, 8, cap_ok=True) == (False, 1, False)
+    assert decode_launch_shape(mixed, 8, tuning=t) == (False, 1, False)
+    assert decode_launch_shape([(16, 0, 2048)] * 8, 8, tuning=t)[:2] == (True, 4)  # the same launch, balanced
+    assert decode_launch_shape(mixed[:2], 8, tuning=t)[:2] == (True, 1)  # one split a program fits: always taken
+    # ... even unbalanced (0.56)
+    assert decode_launch_shape([(16, 0, 2048), (16, 0, 256)], 8, tuning=t) == (True, 1, False)
+    t = dataclasses.replace(t, decode_wave_capped=396)
+    assert decode_launch_shape([(16, 0, 512)] * 48, 8, cap_ok=True, tuning=t) == (True, 16, True)  # one wave of 396
+    unbalanced = [(16, 0, 512)] * 24 + [(2, 0, 512)] * 24
+    assert decode_launch_shape(unbalanced, 8, cap_ok=True, tuning=t) == (False, 1, False)
     # a window: the splits before it have no work (``decode_work``), so long histories under
     # one window are as balanced as short ones
-    assert host.decode_work(32768, sliding_window=4096) == (16, 14, 2048)
-    assert host.decode_work(5000, sliding_window=10**6) == (10, 0, 512)
-    assert host.decode_work(5000) == (10, 0, 512)
-    assert host.decode_work(1100, sliding_window=77) == (5, 3, 256)  # keys 1023 on: split 3 (768-1023)
-    assert host.decode_work(1100, sliding_window=1) == (5, 4, 256)  # key 1099 alone
-    assert host.decode_work(1100, sliding_window=1100) == (5, 0, 256)
+    assert decode_work(32768, sliding_window=4096) == (16, 14, 2048)
+    assert decode_work(5000, sliding_window=10**6) == (10, 0, 512)
+    assert decode_work(5000) == (10, 0, 512)
+    assert decode_work(1100, sliding_window=77) == (5, 3, 256)  # keys 1023 on: split 3 (768-1023)
+    assert decode_work(1100, sliding_window=1) == (5, 4, 256)  # key 1099 alone
+    assert decode_work(1100, sliding_window=1100) == (5, 0, 256)
     # the splits before the window make no programs: three visible a history, two a program
     # (splits 20-21, of which 21 visible, and 22-23): mean 1.5 splits of the longest 2, 0.75
-    assert host._balanced([(24, 21, 512)] * 8, 2)
+    assert decode_splits._balanced([(24, 21, 512)] * 8, 2)
     # only the visible splits are work: 16 + 7 x 1 splits over 8 programs of up to 16
-    assert not host._balanced([(16, 0, 512)] + [(16, 15, 512)] * 7, 16)
-    windowed = [host.decode_work(n, sliding_window=1000) for n in [12000] + [5000] * 7]  # 3 splits each
-    assert host._balanced(windowed, 24) and not host._balanced([host.decode_work(n) for n in [12000] + [5000] * 7], 24)
+    assert not decode_splits._balanced([(16, 0, 512)] + [(16, 15, 512)] * 7, 16)
+    windowed = [decode_work(n, sliding_window=1000) for n in [12000] + [5000] * 7]  # 3 splits each
+    assert decode_splits._balanced(windowed, 24) and not decode_splits._balanced(
+        [decode_work(n) for n in [12000] + [5000] * 7], 24
+    )
     # the plan: whole sequences need no scratch beyond one split; the capped launch's registers
     plan = plan_of([5000] * 64, [1] * 64)  # 512 programs, 2 waves of 264 (0.97 full)
     assert (plan.decode.SPLIT_WHOLE, plan.decode.maxnreg, plan.scratch_splits, plan.max_splits) == (True, None, 1, 10)
     plan = plan_of([5000] * 48, [1] * 48)  # 384 programs: one wave of 396
-    assert (plan.decode.SPLIT_WHOLE, plan.decode.maxnreg) == (True, host.DECODE_WHOLE_MAXNREG)
+    assert (plan.decode.SPLIT_WHOLE, plan.decode.maxnreg) == (True, TUNING.decode_whole_maxnreg)
     assert plan_of([5000] * 48, [1] * 48, d=256, heads=8, kv=8).decode.maxnreg is None  # wider tiles: no cap ...
     assert not plan_of([5000] * 48, [1] * 48, d=256, heads=8, kv=8).decode.SPLIT_WHOLE  # ... and 0.73 filled
     assert plan_of([5000] * 48, [1] * 48, heads=256, kv=8).decode.maxnreg is None  # a GQA group of 32
     assert plan_of([5000] * 48, [1] * 48, dtype=torch.float32).decode.maxnreg is None
     plan = plan_of([5000] * 36, [1] * 36)  # 288 programs: 0.55 / 0.73 of the slots
     assert (plan.decode.SPLIT_WHOLE, plan.decode.SPLIT_LOOP, plan.scratch_splits) == (False, False, 10)
+
+
+def test_the_host_side_imports_no_triton():
+    """The checks, the launch plan and the tuning run where triton is absent (the plan's tests
+    here, the oracle's machines): importing them loads no triton."""
+    code = (
+        "import sys; import pagedattn.kernels.host, pagedattn.kernels.launch_plan; "
+        "assert 'triton' not in sys.modules, 'the host side imported triton'"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, f"importing the kernel's host side failed or loaded triton:\n{proc.stderr[-2000:]}"

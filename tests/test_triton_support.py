@@ -1,5 +1,6 @@
 """Shared helpers of the ``test_triton_*`` modules (no tests here): the device, the cases
-several modules run, the plan's arguments, and a marker for kernel runs."""
+several modules run, the plan's arguments, a marker for kernel runs, and the assertions
+that compare the kernel's bits."""
 
 import importlib.util
 
@@ -8,7 +9,8 @@ import torch
 
 from pagedattn.adapters.triton import MIN_INTERPRETER_TRITON
 from pagedattn.cases import CaseSpec
-from pagedattn.kernels import host
+from pagedattn.kernels import launch_plan
+from pagedattn.kernels.tuning import TUNING
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -62,9 +64,12 @@ def plan_of(
     interpreter=False,
     kv_dtype=None,
     sliding_window=None,
+    tuning=TUNING,
 ):
     """``plan_launch`` of a batch, with the shapes most tests use as defaults."""
-    return host.plan_launch(seq_lens, query_lens, heads, kv, d, bs, dtype, interpreter, kv_dtype, sliding_window)
+    return launch_plan.plan_launch(
+        seq_lens, query_lens, heads, kv, d, bs, dtype, interpreter, kv_dtype, sliding_window, tuning=tuning
+    )
 
 
 KERNEL_CASES = (
@@ -137,3 +142,37 @@ KERNEL_CASES = (
         for dt, kv in ((torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2))
     ]
 )
+
+
+def assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """``got`` holds exactly ``want``'s values (``torch.equal``); else a failure naming ``what``
+    (the case and the two runs compared) and how much differs."""
+    __tracebackhide__ = True
+    if torch.equal(got, want):
+        return
+    if got.shape != want.shape or got.dtype != want.dtype:
+        pytest.fail(f"{what}: got {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}")
+    differs = got != want
+    worst = float((got.double() - want.double()).abs().nan_to_num(nan=float("inf")).max())
+    pytest.fail(f"{what}: {int(differs.sum())} of {got.numel()} elements differ (largest difference {worst:.3g})")
+
+
+def attention(case, tuning=TUNING, **kw):
+    """The kernel on ``case`` (``prepare`` then ``run``) under ``tuning``; ``kw``: ``prepare``'s
+    other arguments (scale, variants, ``return_lse``)."""
+    from pagedattn.kernels import triton_paged_attention as tpa  # imports triton: only where a kernel runs
+
+    prep = tpa.prepare(*case_args(case), tuning=tuning, **kw)
+    return tpa.run(prep, case.query, case.key_cache, case.value_cache)
+
+
+def force_decode_shape(monkeypatch, shape):
+    """Plan every decode launch at ``shape`` (``decode_launch_shape``'s: the split loop, splits a
+    program, the whole-sequence register cap) instead of the batch's: a launch shape changes no
+    bit, so a small case can take any."""
+    monkeypatch.setattr(launch_plan, "decode_launch_shape", lambda *a, **kw: shape)
+
+
+def force_flat_grid(monkeypatch):
+    """Plan every decode grid on one axis, as past ``GRID_YZ_MAX`` programs on the second or third."""
+    monkeypatch.setattr(launch_plan, "decode_grid", lambda n, groups, heads: (True, (heads * groups * n, 1, 1)))
