@@ -2,7 +2,7 @@
 tensor-core and memory instructions per iteration of each key loop, and registers.
 
     python benchmarks/sass_loop_stats.py                      # this checkout's defaults
-    python benchmarks/sass_loop_stats.py --switch OFFSETS_I32=False
+    python benchmarks/sass_loop_stats.py --switch OFF_I32=False --switch prefill_block_n=32
     python benchmarks/sass_loop_stats.py --root /path/to/other/checkout
 
 It compiles the configuration the sm_90 compile test compiles (bf16, Hq=32, Hkv=8, D=128,
@@ -87,7 +87,13 @@ def loop_stats(sass: str) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    ap.add_argument("--switch", action="append", default=[], help="NAME=VALUE, a host or kernel-module constant")
+    ap.add_argument(
+        "--switch",
+        action="append",
+        default=[],
+        help="NAME=VALUE: a tuning field (prefill_block_n=32), a kernel flag (OFF_I32=False, KV_FP8=1, "
+        "FLAT_GRID=True) or a decode launch shape (decode_shape=[False,1,False]), as the compile test takes them",
+    )
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kv-dtype", default=None, help="e.g. float8_e4m3fn")
     args = ap.parse_args()
