@@ -244,8 +244,8 @@ def _decode_kernel(
         if not SPLIT_LOOP:  # one split a program (the host sets splits_per_program 1), every tile masked
             lo = tl.maximum(sa * split_size, first)
             hi = tl.minimum(seq_len, sa * split_size + split_size)
-            s_scale = _folded_scale(qk_scale, USE_SOFTCAP, USE_ALIBI)
             table_ptr = block_tables_ptr + seq * stride_bt
+            s_scale = _folded_scale(qk_scale, USE_SOFTCAP, USE_ALIBI)
             j_next = lo + tl.arange(0, BLOCK_N)
             blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
             m, l_sum, acc, blk_next = _attend_tiles(
