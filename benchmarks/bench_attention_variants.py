@@ -42,8 +42,6 @@ def variants(cfg: dict, Hq: int, device: str) -> dict[str, dict]:
         "sinks": {"sinks": sinks},
         "fp8_e4m3": {"kv": torch.float8_e4m3fn, "k_scale": 0.37, "v_scale": 1.9},
         "fp8_e5m2": {"kv": torch.float8_e5m2, "k_scale": 0.37, "v_scale": 1.9},
-        # the path the fp16 dots replaced: fp8 tiles widened to bf16 for bf16 dots
-        "fp8_e4m3_bf16dots": {"kv": torch.float8_e4m3fn, "k_scale": 0.37, "v_scale": 1.9, "bf16_dots": True},
         "lse": {"return_lse": True},
         "window128+sinks": {"sliding_window": 128, "sinks": sinks},
     }
@@ -55,7 +53,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     device = "cpu" if args.cpu else "cuda"
-    from pagedattn.kernels import triton_paged_attention as kernel
     from pagedattn.kernels.triton_paged_attention import prepare, run
 
     cfg = CPU if args.cpu else GPU
@@ -70,7 +67,6 @@ def main(argv: list[str] | None = None) -> None:
     for name, kw in variants(cfg, Hq, device).items():
         kw = dict(kw)
         kv = kw.pop("kv", None)
-        kernel.F16_DOTS_FOR_FP8 = not kw.pop("bf16_dots", False)
         row: dict = {"variant": name}
         for label, (q, k, v, tables, seq_lens, loc) in (("decode", dec), ("prefill", pre)):
             if kv is not None:
@@ -87,7 +83,6 @@ def main(argv: list[str] | None = None) -> None:
                 W = kw.get("sliding_window")
                 pairs = P * (P + 1) / 2 if W is None else sum(min(i + 1, W) for i in range(P))
                 row["prefill_TFLOPs"] = 4 * pairs * Hq * D / t / 1e9
-        kernel.F16_DOTS_FOR_FP8 = True
         rows.append(row)
         print(
             f"{name:18s} decode {row['decode_ms'] * 1e3:9.1f} us {row['decode_TBps']:6.2f} TB/s   "

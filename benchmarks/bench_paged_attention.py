@@ -17,6 +17,7 @@ so the harness itself never rots (tests/test_benchmarks.py runs it).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -266,13 +267,10 @@ def run(device: str, out: str | None) -> dict:
     grid = GPU_GRID if device == "cuda" else CPU_GRID
     Hq, Hkv, D = grid["heads"]
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
-    from pagedattn.kernels import host
+    # the kernel's tuning as measured
+    from pagedattn.kernels.tuning import TUNING
 
-    # the kernel's tile and launch switches as measured (host.py's upper-case constants)
-    from pagedattn.kernels import triton_paged_attention as tpa
-
-    kernel_cfg = {k: v for k, v in vars(host).items() if k.isupper() and isinstance(v, (int, float, type(None)))}
-    kernel_cfg.update(TABLE_AHEAD=tpa.TABLE_AHEAD, F16_DOTS_FOR_FP8=tpa.F16_DOTS_FOR_FP8, OFFSETS_I32=tpa.OFFSETS_I32)
+    kernel_cfg = dataclasses.asdict(TUNING)
     result = {
         "machine": machine(device),
         "config": {"dtype": str(dtype), "Hq": Hq, "Hkv": Hkv, "D": D},

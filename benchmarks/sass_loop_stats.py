@@ -2,11 +2,11 @@
 tensor-core and memory instructions per iteration of each key loop, and registers.
 
     python benchmarks/sass_loop_stats.py                      # this checkout's defaults
-    python benchmarks/sass_loop_stats.py --switch OFFSETS_I32=False
+    python benchmarks/sass_loop_stats.py --switch OFF_I32=False --switch prefill_block_n=32
     python benchmarks/sass_loop_stats.py --root /path/to/other/checkout
 
 It compiles the configuration the sm_90 compile test compiles (bf16, Hq=32, Hkv=8, D=128,
-page 16; ``tests/test_triton.py``'s ``_AOT`` script, taken from ``--root``, run there without
+page 16; ``tests/test_triton_compile.py``'s ``_AOT`` script, taken from ``--root``, run there without
 the interpreter) and reads the cubins with the ``nvdisasm`` and ``ptxas`` that ship with
 triton. Set PYTHONPATH to pick the triton (the H200 runs 3.6). A loop is a backward branch
 spanning more than 40 instructions; the prefill kernel has two (unmasked, then masked tiles).
@@ -25,12 +25,17 @@ import tempfile
 
 
 def aot_script(root: str) -> str:
-    """The ``_AOT`` compile script of ``root``'s ``tests/test_triton.py``."""
-    tree = ast.parse(open(os.path.join(root, "tests", "test_triton.py")).read())
-    for node in tree.body:
-        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "_AOT":
-            return ast.literal_eval(node.value)
-    raise SystemExit(f"{root}: tests/test_triton.py has no _AOT script")
+    """The ``_AOT`` compile script of ``root``'s ``tests/test_triton_compile.py`` (``tests/test_triton.py``
+    in checkouts from before the tests were split)."""
+    for name in ("test_triton_compile.py", "test_triton.py"):
+        path = os.path.join(root, "tests", name)
+        if not os.path.exists(path):
+            continue
+        tree = ast.parse(open(path).read())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "_AOT":
+                return ast.literal_eval(node.value)
+    raise SystemExit(f"{root}: tests/test_triton_compile.py has no _AOT script")
 
 
 def _bin(tool: str) -> str:
@@ -82,7 +87,13 @@ def loop_stats(sass: str) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--root", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    ap.add_argument("--switch", action="append", default=[], help="NAME=VALUE, a host or kernel-module constant")
+    ap.add_argument(
+        "--switch",
+        action="append",
+        default=[],
+        help="NAME=VALUE: a tuning field (prefill_block_n=32), a kernel flag (OFF_I32=False, KV_FP8=1, "
+        "FLAT_GRID=True) or a decode launch shape (decode_shape=[False,1,False]), as the compile test takes them",
+    )
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--kv-dtype", default=None, help="e.g. float8_e4m3fn")
     args = ap.parse_args()

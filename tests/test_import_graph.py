@@ -1,6 +1,6 @@
 """Arrows run one way: the problem's rules and the index helpers import nothing of ours;
 kernels and adapters never import the simulator or each other (``adapters.tlsim`` runs
-the tlsim programs, and the Triton kernel has its host side in ``kernels.host``)."""
+the tlsim programs, and the Triton kernel's modules import its own host side and tiles)."""
 
 import ast
 from pathlib import Path
@@ -54,9 +54,23 @@ def test_kernels_import_neither_the_simulator_nor_each_other():
     for path in (PKG / "kernels").glob("*.py"):
         mod = _module(path)
         got = {m for m in _imports(path) if m.startswith("pagedattn.kernels.")}
+        k = "pagedattn.kernels."
         allowed = {
-            "pagedattn.kernels.tlsim_programs": {"pagedattn.kernels.tlsim"},  # programs written in the model
-            "pagedattn.kernels.triton_paged_attention": {"pagedattn.kernels.host"},  # its own host side
+            k + "tlsim_programs": {k + "tlsim"},  # programs written in the model
+            # the Triton kernel: its host side (checks, launch plan, tuning; no triton), its
+            # shared tiles, its two kernels, and the host API that launches them
+            k + "decode_splits": {k + "tuning"},
+            k + "launch_plan": {k + "checks", k + "decode_splits", k + "tuning"},
+            k + "host": {k + "checks", k + "decode_splits", k + "launch_plan", k + "tuning"},
+            k + "triton_prefill": {k + "triton_tiles"},
+            k + "triton_decode": {k + "triton_tiles"},
+            k + "triton_paged_attention": {
+                k + "checks",
+                k + "launch_plan",
+                k + "triton_decode",
+                k + "triton_prefill",
+                k + "tuning",
+            },
         }.get(mod, set())
         assert got <= allowed, f"{mod} imports {sorted(got - allowed)}"
 

@@ -1,0 +1,208 @@
+"""The Triton kernel's input checks: the problem's rules and the kernel's own (contiguous
+last dimensions, int32 offsets, fp32 scales, ``out``). Plain Python and torch, tested on
+any machine; nothing here imports triton."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pagedattn.problem import (
+    ProblemError,
+    check_options,
+    check_per_head,
+    check_tensors,
+    positive_float_problem,
+)
+
+#: the owner the kernel's errors name: ``paged_attention.seq_lens: must ...``
+OWNER = "paged_attention"
+#: query dtypes the kernel computes in
+QUERY_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: the kernel receives its scales as fp32 arguments: outside fp32's normal range a scale
+#: would become inf or flush to 0 (every score 0) on the way in
+FP32_MAX = float(torch.finfo(torch.float32).max)
+FP32_TINY = float(torch.finfo(torch.float32).tiny)
+#: what the kernel indexes with int32 (the query, the output, the decode scratch; the caches
+#: too where every offset fits, else int64: the kernels' ``OFF_I32``)
+INT32_MAX = 2**31 - 1
+
+
+def last_offset(t: torch.Tensor) -> int:
+    """The largest element offset of ``t`` from its first element, through its strides
+    (what an int32 offset must hold to address every element)."""
+    return sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+
+
+def fits_int32(t: torch.Tensor) -> bool:
+    """True when every element offset of ``t`` (``last_offset``) is at most 2**31 - 1: the
+    kernel can address it in int32."""
+    return last_offset(t) <= INT32_MAX
+
+
+def _check_int32_offsets(name: str, t: torch.Tensor) -> None:
+    """``ProblemError`` naming ``name`` when an element of ``t`` lies past an int32 offset."""
+    if not fits_int32(t):
+        raise ProblemError(OWNER, name, f"must keep every element offset <= 2**31 - 1 (int32), got {last_offset(t)}")
+
+
+def fp32_scale_problem(x: float) -> str:
+    """``""`` when the real number ``x > 0`` survives the conversion to an fp32 argument
+    (inside ``[FP32_TINY, FP32_MAX]``); else what is wrong."""
+    if not FP32_TINY <= x <= FP32_MAX:
+        normal = f"[{FP32_TINY:.3g}, {FP32_MAX:.4g}]"
+        return f"must be inside fp32's normal range {normal} (the kernel's fp32 argument), got {x:g}"
+    return ""
+
+
+def check_paged_inputs(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+    *,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+) -> tuple[list[int], list[int]]:
+    """Every check of the tensors the kernel needs before a launch: the problem's rules
+    (``pagedattn.problem.check_tensors``, as ``PagedCase`` applies them) and the kernel's
+    own (a contiguous last dimension, int32 offsets, fp32 scales, ``out``). Raises
+    ``ProblemError`` (a ``ValueError``) naming the field and the bound. Returns
+    ``(seq_lens, query_start_loc)`` as lists: the values reach the host once, in one
+    transfer, and serve the launch plan too.
+
+    Args:
+        query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
+        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the
+            query dtype or float8_e4m3fn/float8_e5m2.
+        block_tables: ``[num_seqs, max_blocks]`` int32; seq_lens: ``[num_seqs]`` int32;
+            query_start_loc: ``[num_seqs + 1]`` int32.
+        scale: a real number > 0 inside fp32's normal range, or ``None`` (the default).
+        out: optional ``[num_tokens, num_heads, head_dim]`` in the query dtype.
+        alibi_slopes, sinks: optional ``[num_heads]`` float32, finite: checked here
+            because their finiteness rides on the same transfer (a separate check would
+            cost the launch a second device synchronization).
+    """
+    lens_loc = check_tensors(
+        OWNER,
+        query,
+        key_cache,
+        value_cache,
+        block_tables,
+        seq_lens,
+        query_start_loc,
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        query_dtypes=QUERY_DTYPES,
+    )
+    assert lens_loc is not None  # sync=True reads the values
+    named = dict(query=query, key_cache=key_cache, value_cache=value_cache)
+    for name, t in named.items():
+        if t.stride(-1) != 1:
+            raise ProblemError(
+                OWNER, name, f"must have a contiguous last (head_dim) dimension (stride 1), got strides {t.stride()}"
+            )
+    for name, t, dim in (
+        ("block_tables", block_tables, 1),
+        ("seq_lens", seq_lens, 0),
+        ("query_start_loc", query_start_loc, 0),
+    ):
+        if t.stride(dim) != 1:
+            raise ProblemError(
+                OWNER, name, f"must be contiguous in dimension {dim} (stride 1), got strides {t.stride()}"
+            )
+    # The kernel addresses the query and the output with int32 offsets (the caches in int64
+    # where they need it): their strides must keep every element within 2**31 - 1.
+    _check_int32_offsets("query", query)
+    if scale is not None:
+        problem = positive_float_problem(scale) or fp32_scale_problem(float(scale))
+        if problem:
+            raise ProblemError(OWNER, "scale", problem)
+    if out is not None:
+        if not isinstance(out, torch.Tensor) or out.shape != query.shape or out.dtype != query.dtype:
+            got = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ProblemError(OWNER, "out", f"must be a {query.dtype} tensor of shape {tuple(query.shape)}, got {got}")
+        if out.device != query.device:
+            raise ProblemError(OWNER, "out", f"must be on the query's device {query.device}, got {out.device}")
+        if out.stride(-1) != 1:
+            raise ProblemError(OWNER, "out", f"must have a contiguous last dimension, got strides {out.stride()}")
+        _check_int32_offsets("out", out)
+    return lens_loc
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The attention variants of one batch, checked (see ``check_variants``)."""
+
+    sliding_window: int | None = None
+    logits_soft_cap: float | None = None
+    alibi_slopes: torch.Tensor | None = None  # [num_heads] float32
+    sinks: torch.Tensor | None = None  # [num_heads] float32
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    return_lse: bool = False
+
+
+def check_variants(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    *,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
+    return_lse: bool = False,
+    scale: float | None = None,
+) -> Variants:
+    """The variants' arguments, checked on the host (no device transfer): the problem's
+    rules (``pagedattn.problem.check_options``/``check_per_head``) and the kernel's own
+    (an int32 window, fp32 scales, contiguous per-head tensors). Raises
+    ``ProblemError`` (a ``ValueError``) naming the field and the bound.
+
+    ``scale`` is the softmax scale as given to ``check_paged_inputs`` (``None``: the
+    default ``head_dim ** -0.5``): the kernel receives ``scale * k_scale`` as one fp32
+    argument, so that product must stay inside fp32's normal range. Whether
+    ``alibi_slopes`` and ``sinks`` are finite is checked by ``check_paged_inputs``, in
+    its one device transfer."""
+    check_options(
+        OWNER,
+        key_cache.dtype,
+        scale=scale,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        k_scale=k_scale,
+        v_scale=v_scale,
+    )
+    if sliding_window is not None and sliding_window > INT32_MAX:
+        raise ProblemError(
+            OWNER, "sliding_window", f"must be <= 2**31 - 1 (an int32 in the kernel), got {sliding_window}"
+        )
+    problem = fp32_scale_problem(float(scale)) if scale is not None else ""
+    if problem:
+        raise ProblemError(OWNER, "scale", problem)
+    softmax_scale = float(query.shape[2]) ** -0.5 if scale is None else float(scale)
+    for name, x in (("k_scale", softmax_scale * float(k_scale)), ("v_scale", float(v_scale))):
+        problem = fp32_scale_problem(x)
+        if problem:
+            what = "scale * k_scale" if name == "k_scale" else "v_scale"
+            raise ProblemError(OWNER, name, f"{what} {problem}")
+    for name, t in (("alibi_slopes", alibi_slopes), ("sinks", sinks)):
+        check_per_head(OWNER, name, t, query.shape[1], query.device)
+        if t is not None and t.stride(0) != 1:
+            raise ProblemError(OWNER, name, f"must be contiguous, got stride {t.stride(0)}")
+    return Variants(
+        sliding_window=sliding_window,
+        logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        alibi_slopes=alibi_slopes,
+        sinks=sinks,
+        k_scale=float(k_scale),
+        v_scale=float(v_scale),
+        return_lse=bool(return_lse),
+    )
