@@ -37,7 +37,7 @@ if TYPE_CHECKING:
         paged_attention_reference,
         paged_gather,
     )
-    from pagedattn.problem import ProblemError
+    from pagedattn.validation import ProblemError
 
 #: each lazy public name and the module that defines it
 _LAZY = {
@@ -52,7 +52,7 @@ _LAZY = {
     "SupportsOut": "pagedattn.adapters.protocol",
     "SupportsWarmup": "pagedattn.adapters.protocol",
     "SupportsWriteCache": "pagedattn.adapters.protocol",
-    "ProblemError": "pagedattn.problem",
+    "ProblemError": "pagedattn.validation",
     "AttentionCheck": "pagedattn.oracle",
     "PagedCase": "pagedattn.oracle",
     "check_attention": "pagedattn.oracle",

@@ -49,7 +49,7 @@ def _narrowed_for_this_torch(reason: str) -> bool:
 
 # The Triton kernel's whole quick profile on the interpreter takes about 47 s of a core, a
 # quarter of the default run's: it is `slow` (CI's second step runs it, and the README's first
-# command is the same run); tests/test_triton.py runs the kernel in the default run. FlexAttention's,
+# command is the same run); tests/test_triton_*.py run the kernel in the default run. FlexAttention's,
 # eager on the CPU, takes ~30 s of a core, and tlsim's (the Triton model, interpreted tile by tile)
 # ~35 s: `slow` too (CI's second step); the default run runs their decode families
 # (``test_backend_passes_the_decode_family``).
@@ -131,7 +131,7 @@ def _sdpa_with_a_half_precision_bias(case):
     return out
 
 
-@pytest.mark.parametrize("backend", [b for b in _SLOW_PROFILES if b != "triton"])  # (the kernel: test_triton.py)
+@pytest.mark.parametrize("backend", [b for b in _SLOW_PROFILES if b != "triton"])  # (the kernel: test_triton_*.py)
 def test_backend_passes_the_decode_family(pytester, backend):
     """The default run's FlexAttention and tlsim backends (their whole quick profiles are `slow`):
     the decode family, every claimed case passed, none expected to fail, and a case left out

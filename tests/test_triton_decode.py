@@ -11,7 +11,7 @@ from pagedattn.kernels import launch_plan
 from pagedattn.kernels.decode_splits import decode_fold, decode_split
 from pagedattn.kernels.tuning import TUNING
 from pagedattn.oracle import check_attention, check_attention_lse
-from tests.test_triton_support import (
+from tests.triton_support import (
     DEVICE,
     KERNEL_CASES,
     SLOW,

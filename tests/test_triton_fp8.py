@@ -9,7 +9,7 @@ import torch
 from pagedattn.cases import CaseSpec
 from pagedattn.kernels.tuning import TUNING
 from pagedattn.oracle import check_attention, check_attention_lse
-from tests.test_triton_support import (
+from tests.triton_support import (
     DEVICE,
     attention,
     case_args,

@@ -6,7 +6,7 @@ import torch
 
 from pagedattn.cases import CaseSpec
 from pagedattn.kernels import checks, launch_plan
-from tests.test_triton_support import (
+from tests.triton_support import (
     BASE,
     DEVICE,
     bad_args,

@@ -10,7 +10,7 @@ from pagedattn.cases import CaseSpec
 from pagedattn.kernels import checks, launch_plan
 from pagedattn.kernels.tuning import TUNING
 from pagedattn.oracle import check_attention, check_attention_lse, paged_attention_reference_lse
-from tests.test_triton_support import (
+from tests.triton_support import (
     DEVICE,
     KERNEL_CASES,
     assert_same_bits,

@@ -13,7 +13,7 @@ import torch
 from pagedattn.kernels import checks, decode_splits, launch_plan
 from pagedattn.kernels.decode_splits import decode_launch_shape, decode_work
 from pagedattn.kernels.tuning import TUNING
-from tests.test_triton_support import plan_of
+from tests.triton_support import plan_of
 
 
 def test_launch_limits_fail_before_any_launch():
@@ -266,7 +266,7 @@ def test_the_host_side_imports_no_triton():
     """The checks, the launch plan and the tuning run where triton is absent (the plan's tests
     here, the oracle's machines): importing them loads no triton."""
     code = (
-        "import sys; import pagedattn.kernels.host, pagedattn.kernels.launch_plan; "
+        "import sys; import pagedattn.kernels.checks, pagedattn.kernels.launch_plan; "
         "assert 'triton' not in sys.modules, 'the host side imported triton'"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}

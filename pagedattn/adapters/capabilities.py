@@ -23,7 +23,7 @@ from pagedattn.adapters.exclusion import (
 )
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.policy import PRECISIONS, QK_PRECISIONS, TANH_PRECISIONS
-from pagedattn.problem import VARIANTS, ProblemError, default_scale
+from pagedattn.validation import VARIANTS, ProblemError, default_scale
 
 
 def _either(names: tuple[str, ...]) -> str:

@@ -14,7 +14,7 @@ import math
 
 import torch
 
-from pagedattn.problem import ProblemError, sliding_window_problem
+from pagedattn.validation import ProblemError, sliding_window_problem
 
 LN2 = math.log(2.0)
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from pagedattn.oracle.case import PagedCase
-from pagedattn.problem import VARIANTS, ProblemError
+from pagedattn.validation import VARIANTS, ProblemError
 
 CORE_DTYPES = frozenset({torch.float32, torch.float16, torch.bfloat16})
 #: ``lse``: ``paged_attention_lse(case) -> (out, lse)``, the output and its log-sum-exp

@@ -27,7 +27,7 @@ import torch
 
 from pagedattn.indexing import index_rows
 from pagedattn.oracle import PagedCase
-from pagedattn.problem import ProblemError
+from pagedattn.validation import ProblemError
 
 
 def _loc(lens: list[int], device) -> torch.Tensor:

@@ -16,7 +16,7 @@ import torch
 from pagedattn.cases.grid import DTYPES
 from pagedattn.cases.spec import DTYPE_NAMES, CaseSpec
 from pagedattn.oracle.case import PagedCase
-from pagedattn.problem import FP8_DTYPES
+from pagedattn.validation import FP8_DTYPES
 
 #: the variants a configuration switches on by name (an fp8 cache is its ``kv_dtype``)
 SWITCHED = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")

@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from pagedattn.cases.spec import CaseSpec
-from pagedattn.problem import ProblemError
 from pagedattn.runner.options import PROFILES
+from pagedattn.validation import ProblemError
 
 #: the core families, then one family per attention variant (capability-gated) and their
 #: combinations; ``lse`` checks the log-sum-exp output (an optional operation)

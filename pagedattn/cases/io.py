@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from pagedattn.oracle.case import PagedCase
-from pagedattn.problem import OPTIONAL_TENSOR_FIELDS, SCALAR_FIELDS, TENSOR_FIELDS
+from pagedattn.validation import OPTIONAL_TENSOR_FIELDS, SCALAR_FIELDS, TENSOR_FIELDS
 
 FORMAT = "pagedattn-case/1"
 #: family names before they took the ``PagedCase`` field names (0.x files still replay)

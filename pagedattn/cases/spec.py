@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.oracle.case import PagedCase
-from pagedattn.problem import FP8_DTYPES, ProblemError
+from pagedattn.validation import FP8_DTYPES, ProblemError
 
 LAYOUTS = ("sequential", "permuted", "interleaved", "shared")
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}

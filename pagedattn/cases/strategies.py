@@ -15,7 +15,7 @@ from pagedattn.cases.configuration import SWITCHED as _SWITCHED
 from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.grid import DTYPES, FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS
 from pagedattn.cases.spec import CaseSpec
-from pagedattn.problem import FP8_DTYPES
+from pagedattn.validation import FP8_DTYPES
 
 #: (max history, max sequences, max query heads) per profile
 BOUNDS = {"quick": (96, 3, 8), "standard": (1024, 6, 16), "thorough": (8192, 8, 32)}

@@ -8,11 +8,12 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedattn.problem import (
+from pagedattn.validation import (
     ProblemError,
     check_options,
     check_per_head,
     check_tensors,
+    default_scale,
     positive_float_problem,
 )
 
@@ -70,7 +71,7 @@ def check_paged_inputs(
     sinks: torch.Tensor | None = None,
 ) -> tuple[list[int], list[int]]:
     """Every check of the tensors the kernel needs before a launch: the problem's rules
-    (``pagedattn.problem.check_tensors``, as ``PagedCase`` applies them) and the kernel's
+    (``pagedattn.validation.check_tensors``, as ``PagedCase`` applies them) and the kernel's
     own (a contiguous last dimension, int32 offsets, fp32 scales, ``out``). Raises
     ``ProblemError`` (a ``ValueError``) naming the field and the bound. Returns
     ``(seq_lens, query_start_loc)`` as lists: the values reach the host once, in one
@@ -162,7 +163,7 @@ def check_variants(
     scale: float | None = None,
 ) -> Variants:
     """The variants' arguments, checked on the host (no device transfer): the problem's
-    rules (``pagedattn.problem.check_options``/``check_per_head``) and the kernel's own
+    rules (``pagedattn.validation.check_options``/``check_per_head``) and the kernel's own
     (an int32 window, fp32 scales, contiguous per-head tensors). Raises
     ``ProblemError`` (a ``ValueError``) naming the field and the bound.
 
@@ -187,7 +188,7 @@ def check_variants(
     problem = fp32_scale_problem(float(scale)) if scale is not None else ""
     if problem:
         raise ProblemError(OWNER, "scale", problem)
-    softmax_scale = float(query.shape[2]) ** -0.5 if scale is None else float(scale)
+    softmax_scale = default_scale(query.shape[2]) if scale is None else float(scale)
     for name, x in (("k_scale", softmax_scale * float(k_scale)), ("v_scale", float(v_scale))):
         problem = fp32_scale_problem(x)
         if problem:

@@ -13,7 +13,7 @@ from pagedattn.indexing import next_power_of_2
 from pagedattn.kernels.checks import INT32_MAX, OWNER
 from pagedattn.kernels.decode_splits import decode_fold, decode_launch_shape, decode_work
 from pagedattn.kernels.tuning import TUNING, KernelTuning
-from pagedattn.problem import FP8_DTYPES, ProblemError
+from pagedattn.validation import FP8_DTYPES, ProblemError
 
 #: tl.dot needs every dimension >= 16 on NVIDIA GPUs (the interpreter accepts less).
 MIN_DOT = 16

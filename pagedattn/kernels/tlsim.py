@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.indexing import cdiv, is_byte_float, next_power_of_2
-from pagedattn.problem import ProblemError
+from pagedattn.validation import ProblemError
 
 __all__ = ["Program", "arange", "cdiv", "launch", "load", "next_power_of_2", "store"]
 

@@ -13,7 +13,7 @@ import torch
 from pagedattn.indexing import token_to_seq
 from pagedattn.kernels import tlsim as tl
 from pagedattn.oracle import PagedCase
-from pagedattn.problem import ProblemError, check_slot_mapping
+from pagedattn.validation import ProblemError, check_slot_mapping
 
 
 # --------------------------------------------------------------------- gather
@@ -92,7 +92,7 @@ def _slots_kernel(prog: tl.Program, pool, slots, rows, n: int, ROW: int, TILE: i
 def gather_slots(pool: torch.Tensor, slot_mapping: torch.Tensor, tile: int = 16) -> torch.Tensor:
     """``pool.view(-1, ...)[slot_mapping]``: ``[n, num_kv_heads, head_dim]`` from a
     ``[num_blocks, block_size, num_kv_heads, head_dim]`` pool; every slot in
-    ``[0, num_blocks * block_size)`` (``pagedattn.problem.check_slot_mapping``)."""
+    ``[0, num_blocks * block_size)`` (``pagedattn.validation.check_slot_mapping``)."""
     check_slot_mapping("gather_slots", pool, slot_mapping)
     pool = pool.contiguous()
     row = pool[0, 0].numel()
@@ -115,7 +115,7 @@ def gather_slots(pool: torch.Tensor, slot_mapping: torch.Tensor, tile: int = 16)
 def write_slots(pool: torch.Tensor, slot_mapping: torch.Tensor, new: torch.Tensor, tile: int = 16) -> None:
     """``pool.view(-1, ...)[slot] = new[i]`` for every ``slot >= 0``, in place.
     pool must be contiguous (it is written through a flat view); slots and ``new`` as
-    ``pagedattn.problem.check_slot_mapping`` states."""
+    ``pagedattn.validation.check_slot_mapping`` states."""
     check_slot_mapping("write_slots", pool, slot_mapping, new)
     if not pool.is_contiguous():
         raise ProblemError(

@@ -33,6 +33,7 @@ from pagedattn.kernels.launch_plan import MIN_DOT, LaunchConfig, LaunchPlan, fp8
 from pagedattn.kernels.triton_decode import _decode_kernel
 from pagedattn.kernels.triton_prefill import _prefill_kernel
 from pagedattn.kernels.tuning import TUNING, KernelTuning
+from pagedattn.validation import default_scale
 
 __all__ = [
     "MIN_DOT",
@@ -146,7 +147,7 @@ def prepare(
     upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
     return PreparedBatch(
         plan=plan,
-        scale=float(D**-0.5 if scale is None else scale) * var.k_scale,
+        scale=(default_scale(D) if scale is None else float(scale)) * var.k_scale,
         query_shape=tuple(query.shape),
         cache_shape=tuple(key_cache.shape),
         dtype=query.dtype,

@@ -13,7 +13,7 @@ from pagedattn.oracle.reference import (
     write_cache_by_indexing,
 )
 from pagedattn.oracle.verdict import AttentionCheck, check_attention, check_attention_lse
-from pagedattn.problem import FP8_DTYPES, VARIANTS, ProblemError
+from pagedattn.validation import FP8_DTYPES, VARIANTS, ProblemError
 
 __all__ = [
     "DTYPE_TABLE",

@@ -3,7 +3,7 @@
 A ``PagedCase`` is what every backend receives and what the oracle reads. Its
 invariants are checked once, here, so that neither the oracle nor an adapter
 has to second-guess its input: a case that exists is a valid case. The rules
-themselves live in ``pagedattn.problem``, which the Triton kernel's host checks share.
+themselves live in ``pagedattn.validation``, which the Triton kernel's host checks share.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedattn.problem import (
+from pagedattn.validation import (
     FP8_DTYPES,
     OPTIONAL_TENSOR_FIELDS,
     SCALAR_FIELDS,
@@ -78,7 +78,7 @@ class PagedCase:
 
     Raises:
         ProblemError: (a ``ValueError``) ``PagedCase.<field>: must ..., got ...``, naming
-            the field and the bound it breaks (``pagedattn.problem`` states the rules).
+            the field and the bound it breaks (``pagedattn.validation`` states the rules).
     """
 
     query: torch.Tensor

@@ -38,7 +38,7 @@ from pagedattn.oracle.error_model import (
 from pagedattn.oracle.reference import Chunk, iter_chunks
 from pagedattn.oracle.sequence_stats import _decode_sums, _KeyMax, _spent, _value_moments, _visible_keys_grow
 from pagedattn.oracle.subnormal import _subnormal_weights, _weights_stay_normal
-from pagedattn.problem import ProblemError
+from pagedattn.validation import ProblemError
 
 #: how fp32 dot products round their operands (``Capabilities.fp32_precision``):
 #: ``ieee`` (exact fp32 products) or ``tf32`` (operands rounded to TF32 first)

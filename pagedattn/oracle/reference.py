@@ -23,7 +23,7 @@ import torch
 
 from pagedattn.indexing import index_rows
 from pagedattn.oracle.case import PagedCase
-from pagedattn.problem import ProblemError
+from pagedattn.validation import ProblemError
 
 #: Working memory of one block of rows (its float64 score-sized tensors), unless
 #: ``PAGEDATTN_ORACLE_MAX_BYTES`` says otherwise: a 32k-token prefill fits in it.

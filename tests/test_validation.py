@@ -1,4 +1,4 @@
-"""The problem's rules (``pagedattn.problem``), stated once: one table of bad inputs,
+"""The problem's rules (``pagedattn.validation``), stated once: one table of bad inputs,
 run against both callers, ``PagedCase`` and the Triton kernel's host checks. Each must
 raise a ``ProblemError`` that names the same field and states the bound."""
 
@@ -8,9 +8,9 @@ import torch
 
 from pagedattn import PagedCase
 from pagedattn.cases import CaseSpec
-from pagedattn.kernels import host, tlsim_programs
+from pagedattn.kernels import checks, tlsim_programs
 from pagedattn.oracle import case as case_module
-from pagedattn.problem import ProblemError, check_tensors
+from pagedattn.validation import ProblemError, check_tensors
 from tests.asserts import assert_equal
 
 E4M3 = torch.float8_e4m3fn
@@ -202,9 +202,9 @@ def _kernel(a: dict) -> None:
     """What the kernel's ``prepare`` checks, in its order (no triton needed)."""
     heads = {k: a[k] for k in ("alibi_slopes", "sinks") if k in a}
     tensors = {k: a[k] for k in _TENSORS}
-    host.check_paged_inputs(**tensors, scale=a.get("scale"), **heads)
+    checks.check_paged_inputs(**tensors, scale=a.get("scale"), **heads)
     options = {k: v for k, v in a.items() if k not in _TENSORS}
-    host.check_variants(a["query"], a["key_cache"], **options)
+    checks.check_variants(a["query"], a["key_cache"], **options)
 
 
 CALLERS = {"PagedCase": _case, "paged_attention": _kernel}
@@ -228,14 +228,14 @@ def test_check_variants_alone_names_field_and_bound(name):
     change(args)
     options = {k: v for k, v in args.items() if k not in _TENSORS}
     with pytest.raises(ProblemError) as info:
-        host.check_variants(args["query"], args["key_cache"], **options)
+        checks.check_variants(args["query"], args["key_cache"], **options)
     msg = str(info.value)
     assert info.value.field == field and msg.startswith(f"paged_attention.{field}: ") and text in msg, f"{name}: {msg}"
 
 
 def test_check_variants_returns_the_checked_variants():
     args = _args()
-    var = host.check_variants(
+    var = checks.check_variants(
         args["query"],
         args["key_cache"].to(E4M3),
         scale=0.3,
