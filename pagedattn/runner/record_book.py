@@ -13,10 +13,10 @@ Whatever kills the process, the file on disk is valid and accounts for every cas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -36,10 +36,6 @@ CRASH_HINT = (
     "--isolate or --warmup-ahead=off puts it on its own case)"
 )
 
-#: a finished case is written at once unless the file was written less than this ago (the
-#: next case's start writes it in any case: a started case must be on disk before it runs)
-FLUSH_S = 2.0
-
 
 class RecordBook:
     """Every collected case's record, written by one owner and flushed to ``path``
@@ -57,7 +53,6 @@ class RecordBook:
         self.complete = False
         #: record -> a command that reruns that case (for a crash that left no replay file)
         self.rerun: Callable[[CaseRecord], str] | None = None
-        self._flushed = 0.0
         #: appended to a crash's message where something else ran beside the case (the warm-up ahead)
         self.crash_hint = ""
         #: each record's clean dict and its JSON text, redone only for records changed since
@@ -117,10 +112,10 @@ class RecordBook:
             if rec.replay == self.rerun(rec):  # set in case it died; it did not
                 rec.replay = None
         if done:
+            # every verdict is on disk as it arrives: a SIGKILL of this process loses none (under
+            # pytest-xdist the next start on another worker may come seconds later, or never)
             self.running.discard(report.nodeid)
-            # the next case's start writes the file anyway; between cases, at most every FLUSH_S
-            if time.monotonic() - self._flushed > FLUSH_S:
-                self.flush()
+            self.flush()
         return rec
 
     def _decide(self, rec: CaseRecord, report: pytest.TestReport, facts: dict[str, Any], crash_hint: str) -> bool:
@@ -225,7 +220,6 @@ class RecordBook:
             head = json.dumps(clean(self._head(self.case_dicts())))
             cases = ", ".join(self._texts[n] for n in self.records)
             write_atomic(self.path, head[:-1] + f', "cases": [{cases}]}}', indent=None, text=True)
-        self._flushed = time.monotonic()
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
@@ -257,3 +251,72 @@ def write_atomic(path: str, data: Any, indent: int | None = 1, text: bool = Fals
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def claim_report(path: str) -> str:
+    """Check that ``--report-json=path`` can be written and that no other live run is writing it;
+    take it (a lock file ``path.lock`` holding this process's id) and return the lock's path,
+    or raise ``pytest.UsageError`` with one line saying why not. A lock whose process is gone
+    (a run killed with SIGKILL) is taken over."""
+    where = f"--report-json={path}"
+    if os.path.isdir(path):
+        raise pytest.UsageError(f"{where}: is a directory; give a file path, e.g. {os.path.join(path, 'report.json')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(f"{where}: cannot create its directory {folder}: {exc.strerror or exc}") from None
+    lock = os.path.abspath(path) + ".lock"
+    try:
+        # the lock appears with its process id in it (a hard link of a written file): a run that
+        # finds it never reads it half written
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pagedattn-lock-")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+    except OSError as exc:
+        raise pytest.UsageError(f"{where}: cannot write in {folder}: {exc.strerror or exc}") from None
+    try:
+        for _ in range(2):  # the second try follows the removal of a dead run's lock
+            try:
+                os.link(tmp, lock)
+                return lock
+            except FileExistsError:
+                other = _lock_owner(lock)
+                if other is not None:
+                    raise pytest.UsageError(
+                        f"{where}: another run (pid {other}) is writing this report (lock file {lock}); "
+                        "give each run its own --report-json"
+                    ) from None
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)
+            except OSError as exc:
+                raise pytest.UsageError(f"{where}: cannot write in {folder}: {exc.strerror or exc}") from None
+    finally:
+        os.unlink(tmp)
+    raise pytest.UsageError(f"{where}: its lock file {lock} keeps reappearing: another run is starting beside this one")
+
+
+def release_report(lock: str) -> None:
+    """Remove the lock file ``claim_report`` made, if it is still this process's."""
+    if _lock_owner(lock) == os.getpid():
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+
+
+def _lock_owner(lock: str) -> int | None:
+    """The id of the live process named in ``lock``, or ``None`` (no file, no number, or a dead
+    process: one that signal 0 cannot reach for lack of it)."""
+    try:
+        with open(lock) as f:
+            pid = int(f.read().strip() or "0")
+    except (OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, another user's
+        return pid
+    return pid
