@@ -227,6 +227,14 @@ def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
             never[r.reason] = never.get(r.reason, 0) + 1
     for reason, n in never.items():
         tr.write_line(f"not run: {n} case{'s' if n > 1 else ''}: {reason}", red=True)
+    starved = sum(1 for r in recs if r.extra.get("starved"))
+    if starved:
+        tr.write_line(
+            f"search: {starved} {'item' if starved == 1 else 'items'} starved: {'it' if starved == 1 else 'they'} "
+            "judged no case within --search-budget on this machine (warned, not failed); raise it, or give "
+            "--search-budget=none with --search-examples N (the same cases every run)",
+            yellow=True,
+        )
     configurations = {r.configuration for r in recs if r.configuration}
     tr.write_line(f"{len(recs)} cases in {len(configurations)} configurations")
     ahead = ahead_summary(run.info)
