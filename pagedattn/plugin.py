@@ -38,6 +38,7 @@ from pagedattn.runner.workers import (
     StopAtFirstStartFailure,
     backend_file_problem,
     is_controller,
+    loadgroup_problem,
     preload,
     usable_cores,
     worker_device,
@@ -172,8 +173,13 @@ def pytest_configure(config: pytest.Config) -> None:
         # effective -n mode. Not without --isolate: pytest-xdist 3.8's group scheduler fails
         # (KeyError, or a hang) when it replaces a crashed worker; plain load replaces it.
         run.controller = True
-        if config.getoption("dist") == "load" and run.isolate:
+        # where the installed pair cannot group (``loadgroup_problem``), --isolate keeps --dist
+        # load, and an asked-for loadgroup is said not to group from the header on
+        ungrouped = loadgroup_problem()
+        if config.getoption("dist") == "load" and run.isolate and not ungrouped:
             config.option.dist = "loadgroup"
+        if config.getoption("dist") == "loadgroup" and ungrouped:
+            run.grouping_lost = f"--dist loadgroup does not group the cases by configuration: {ungrouped}"
         from pagedattn.runner.backend_spec import spec_problem
 
         # before the workers start (each would fail to load it), where they see what this process sees

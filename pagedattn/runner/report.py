@@ -92,6 +92,11 @@ def header_lines(config: pytest.Config, run: Run) -> list[str]:
         how = "(each configuration on one worker)"
         if dist != "loadgroup":
             how = "(--dist loadgroup keeps each configuration on one worker; the default with --isolate)"
+        from pagedattn.runner.workers import loadgroup_problem  # workers imports this module
+
+        ungrouped = loadgroup_problem() if run.grouping_lost or run.isolate else ""
+        if ungrouped:  # said at the start, not only in the summary
+            how = f"(not grouped: a configuration may compile on each worker; {ungrouped})"
         device = run.chosen_device or "the default (cuda where torch sees one, else cpu)"
         return [
             f"pagedattn {__version__}: backend {run.spec} (loaded in each xdist worker, not in this process)",

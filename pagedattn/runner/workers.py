@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pagedattn._version import dist_version
 from pagedattn.runner import report
 from pagedattn.runner.session import Run
 
@@ -52,6 +53,26 @@ def preload(run: Run) -> None:
         import hypothesis  # noqa: F401
     except BaseException:  # noqa: BLE001 - the main thread meets any error where it needs these
         pass
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """``"9.2.0"`` -> ``(9, 2)``: the major and minor numbers of a version (``(0,)`` if none)."""
+    return tuple(int(x) for x in re.findall(r"\d+", version)[:2]) or (0,)
+
+
+def loadgroup_problem(pytest_version: str | None = None, xdist_version: str | None = None) -> str:
+    """Why ``--dist loadgroup`` cannot group cases with the installed pytest and pytest-xdist,
+    or ``""``: pytest >= 9.2 keeps a node's id in a structured field that pytest-xdist <= 3.8's
+    worker does not update when it appends the group (``item._nodeid``), so its scheduler sees
+    no groups (pytest-xdist#1386)."""
+    pytest_version = pytest_version or pytest.__version__
+    xdist_version = xdist_version or dist_version("pytest-xdist")
+    if xdist_version == "not installed" or _release(pytest_version) < (9, 2) or _release(xdist_version) > (3, 8):
+        return ""
+    return (
+        f"pytest {pytest_version} ignores the groups pytest-xdist {xdist_version} gives (pytest-xdist#1386); "
+        "pytest < 9.2 groups them"
+    )
 
 
 def backend_file_problem(spec: str) -> str | None:
