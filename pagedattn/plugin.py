@@ -142,6 +142,7 @@ def pytest_configure(config: pytest.Config) -> None:
         run.report_lock = claim_report(path) if path else None
         stop_on_signals(run)  # SIGTERM, SIGHUP: as Ctrl-C, the report settled and written
         book = run.book = RecordBook(path, header=lambda: report.report_header(config))
+        book.remote = is_controller(config)
         book.rerun = lambda rec: rerun_command(
             rec.nodeid, rec.extra.get("file"), str(config.rootpath), run.spec, run.device, run.profile
         )

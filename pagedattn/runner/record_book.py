@@ -17,6 +17,7 @@ import contextlib
 import json
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,6 +38,10 @@ CRASH_HINT = (
 )
 
 
+#: the longest a report in progress keeps its header (duration, expectations) before redoing it
+HEADER_S = 1.0
+
+
 class RecordBook:
     """Every collected case's record, written by one owner and flushed to ``path``
     (write-ahead, atomic) when given. ``header`` is the report's non-case part (a dict
@@ -47,6 +52,13 @@ class RecordBook:
     ) -> None:
         self.path = path
         self.header = header
+        #: the file is written on each start (a started case is on disk as ``crashed`` before it
+        #: runs, with the verdict before it) and, where the cases run in other processes (the
+        #: pytest-xdist controller's book), on each verdict as it arrives: a worker's next start
+        #: may come seconds later, or never. In this process (or its --isolate child) a case's
+        #: verdict, its teardown and the next start are milliseconds apart
+        self.remote = False
+        self._header: tuple[float, dict[str, Any]] | None = None  # (when, the header) of a report in progress
         self.records: dict[str, CaseRecord] = {}
         self.running: set[str] = set()
         self.notes: list[str] = []  # run-level events (a worker crash, a construction failure)
@@ -112,10 +124,11 @@ class RecordBook:
             if rec.replay == self.rerun(rec):  # set in case it died; it did not
                 rec.replay = None
         if done:
-            # every verdict is on disk as it arrives: a SIGKILL of this process loses none (under
-            # pytest-xdist the next start on another worker may come seconds later, or never)
             self.running.discard(report.nodeid)
-            self.flush()
+            if self.remote:
+                # on disk as it arrives: a SIGKILL of this process loses no verdict (the next
+                # report from a worker may come seconds later, or never)
+                self.flush()
         return rec
 
     def _decide(self, rec: CaseRecord, report: pytest.TestReport, facts: dict[str, Any], crash_hint: str) -> bool:
@@ -191,7 +204,7 @@ class RecordBook:
 
     def _head(self, cases: list[dict[str, Any]]) -> dict[str, Any]:
         """The report without its cases (``header``, then the counts of ``cases``)."""
-        header = self.header() if callable(self.header) else dict(self.header or {})
+        header = self._header_now()
         counts = {s.value: 0 for s in Status}
         for c in cases:
             counts[c["status"]] += 1
@@ -204,6 +217,17 @@ class RecordBook:
             "notes": list(self.notes),
             "summary": summary_rows(cases),
         }
+
+    def _header_now(self) -> dict[str, Any]:
+        """``header``'s dict: fresh for the finished report; for one in progress, at most
+        ``HEADER_S`` old (its versions, device name and expectations cost milliseconds a call,
+        more than the rest of a write)."""
+        if not callable(self.header):
+            return dict(self.header or {})
+        now = time.monotonic()
+        if self.complete or self._header is None or now - self._header[0] > HEADER_S:
+            self._header = (now, self.header())
+        return self._header[1]
 
     def report(self) -> dict[str, Any]:
         cases = self.case_dicts()
