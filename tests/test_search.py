@@ -488,7 +488,7 @@ def test_a_starved_search_warns_and_fails_no_run(pytester):
     its items are warned with ``starved`` in the report, and the summary says so and what to do."""
     pytester.makepyfile(planted=PLANTED)
     args = [*SUITE_RUN, "-p", "no:cacheprovider", SEARCH_MODULE, "--report-json=report.json"]
-    result = run_inprocess(pytester, *args, "--backend=planted.py:Slow", "--search-budget=0.01", "-k", "seed1")
+    result = run_inprocess(pytester, *args, "--backend=planted.py:Slow", "--search-budget=1e-6", "-k", "seed1")
     assert result.ret == 0, result.stdout.str()[-3000:]
     (rec,) = [c for c in json.loads((pytester.path / "report.json").read_text())["cases"] if c["family"] == "search"]
     assert rec["status"] == "warned" and rec["starved"] is True and rec["examples"] == 0, rec
