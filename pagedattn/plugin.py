@@ -161,7 +161,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise pytest.UsageError(f"--device={device}: torch sees no CUDA device here")
+            usage_error(config, run, f"--device={device}: torch sees no CUDA device here")
     timeout = config.getoption("--case-timeout")
     run.isolate = bool(config.getoption("--isolate") or isinstance(timeout, float))
     run.timeout = timeout if isinstance(timeout, float) else (DEFAULT_TIMEOUT_S if timeout is None else None)

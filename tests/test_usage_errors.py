@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+import torch
 
 DECODE = "pagedattn.conformance.test_decode"
 
@@ -70,9 +71,14 @@ def test_an_unusable_report_path_is_a_usage_error(pytester, where):
     [
         ("--replay=missing.pt", "--replay=missing.pt"),
         ("--expectations=missing.json", "--expectations=missing.json: cannot read it as JSON"),
+        pytest.param(
+            "--device=cuda",
+            "--device=cuda: torch sees no CUDA device here",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is here"),
+        ),
     ],
 )
-def test_bad_replay_or_expectations_files_are_usage_errors_kept_in_the_report(pytester, option, want):
+def test_bad_files_or_device_are_usage_errors_kept_in_the_report(pytester, option, want):
     _one_error_line(_run(pytester, "--backend=reference", "--report-json=r.json", option), want)
     _report_error(pytester, want)
     assert not (pytester.path / "r.json.lock").exists(), "the report's lock outlived the run"
