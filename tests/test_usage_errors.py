@@ -127,6 +127,7 @@ def test_xdist_controller_finds_a_broken_backend_file_before_the_workers_start(p
     _report_error(pytester, want)
 
 
+@pytest.mark.slow
 def test_xdist_stops_at_the_first_worker_that_cannot_load_the_backend(pytester):
     """A failure only an import shows: the first worker's ends the run (each of the two workers
     may report it; pytest-xdist would otherwise replace them eight times)."""
