@@ -38,12 +38,21 @@ from pagedattn.runner.construction import (
 from pagedattn.runner.expectations import load_expectations
 from pagedattn.runner.gate import NOTHING_JUDGED, gate_of, min_judged
 from pagedattn.runner.options import DEFAULT_TIMEOUT_S, PROFILES, case_timeout, positive_seconds
-from pagedattn.runner.record_book import RecordBook
+from pagedattn.runner.record_book import RecordBook, claim_report, release_report
 from pagedattn.runner.replay import ReplaySpec, prune, rerun_command
-from pagedattn.runner.session import RUN_KEY, SUITE_DIR, SUITE_KEY, Run
+from pagedattn.runner.session import RUN_KEY, SUITE_DIR, SUITE_KEY, Run, restore_signals, stop_on_signals
 from pagedattn.runner.shard import shard_spec
 from pagedattn.runner.warmup_start import start_warmup_ahead
-from pagedattn.runner.workers import is_controller, preload, usable_cores, worker_device, workers_share_this_process
+from pagedattn.runner.workers import (
+    StopAtFirstStartFailure,
+    backend_file_problem,
+    is_controller,
+    loadgroup_problem,
+    preload,
+    usable_cores,
+    worker_device,
+    workers_share_this_process,
+)
 
 if TYPE_CHECKING:
     from pagedattn.runner.suite import Suite
@@ -104,9 +113,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--search-budget",
         type=positive_seconds,
         default=None,
-        metavar="SECONDS",
+        metavar="SECONDS|none",
         help="seconds for the whole search family, finding and shrinking, shared by its items (default: 60 on a "
-        "GPU, 30 on the CPU)",
+        "GPU, 30 on the CPU); 'none': no time limit, --search-examples alone bounds it (the same cases every run)",
     )
     group.addoption(
         "--warmup-ahead",
@@ -157,8 +166,27 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     run.spec = spec
     run.profile = config.getoption("--profile")
-    if config.getoption("--replay"):
-        ReplaySpec.load(config.getoption("--replay"))  # a bad file: one usage error, now
+    worker = getattr(config, "workerinput", None)
+    if worker is None:
+        # the process that writes the report: its path checked and taken now (a directory, an
+        # uncreatable folder or another run's report is one usage error), and the book made
+        # before any other usage error, so that the report keeps it
+        path = config.getoption("--report-json")
+        run.report_lock = claim_report(path) if path else None
+        stop_on_signals(run)  # SIGTERM, SIGHUP: as Ctrl-C, the report settled and written
+        book = run.book = RecordBook(path, header=lambda: report.report_header(config) | gate_of(config).header())
+        book.remote = is_controller(config)
+        book.rerun = lambda rec: rerun_command(
+            rec.nodeid, rec.extra.get("file"), str(config.rootpath), run.spec, run.device, run.profile
+        )
+        config.pluginmanager.register(recorder.Recorder(config, run, book), "pagedattn-recorder")
+        prune(config.getoption("--replay-dir"), spare=config.getoption("--replay"))  # bounded across runs
+    try:
+        if config.getoption("--replay"):
+            ReplaySpec.load(config.getoption("--replay"))  # a bad file: one usage error, now
+        run.expectations = load_expectations(config.getoption("--expectations"))
+    except pytest.UsageError as exc:
+        usage_error(config, run, str(exc))
     device = config.getoption("--device") or ""
     # the xdist controller imports torch only to check an asked-for CUDA device; its default
     # device is picked when first read (``Run.device``), after xdist has started the workers
@@ -167,38 +195,34 @@ def pytest_configure(config: pytest.Config) -> None:
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
         if device.startswith("cuda") and not torch.cuda.is_available():
-            raise pytest.UsageError(f"--device={device}: torch sees no CUDA device here")
-    run.expectations = load_expectations(config.getoption("--expectations"))
+            usage_error(config, run, f"--device={device}: torch sees no CUDA device here")
     timeout = config.getoption("--case-timeout")
     run.isolate = bool(config.getoption("--isolate") or isinstance(timeout, float))
     run.timeout = timeout if isinstance(timeout, float) else (DEFAULT_TIMEOUT_S if timeout is None else None)
     if not run.isolate:
         run.timeout = None
     run.device = device
-    worker = getattr(config, "workerinput", None)
-    if worker is None:
-        book = run.book = RecordBook(
-            config.getoption("--report-json"), header=lambda: report.report_header(config) | gate_of(config).header()
-        )
-        book.rerun = lambda rec: rerun_command(
-            rec.nodeid, rec.extra.get("file"), str(config.rootpath), run.spec, run.device, run.profile
-        )
-        config.pluginmanager.register(recorder.Recorder(config, run, book), "pagedattn-recorder")
-        prune(config.getoption("--replay-dir"), spare=config.getoption("--replay"))  # bounded across runs
     if is_controller(config):
         # the workers load the backend; the controller only distributes and reports. Under
         # --isolate, one configuration (compile key) per worker: --dist loadgroup becomes the
         # effective -n mode. Not without --isolate: pytest-xdist 3.8's group scheduler fails
         # (KeyError, or a hang) when it replaces a crashed worker; plain load replaces it.
         run.controller = True
-        if config.getoption("dist") == "load" and run.isolate:
+        # where the installed pair cannot group (``loadgroup_problem``), --isolate keeps --dist
+        # load, and an asked-for loadgroup is said not to group from the header on
+        ungrouped = loadgroup_problem()
+        if config.getoption("dist") == "load" and run.isolate and not ungrouped:
             config.option.dist = "loadgroup"
+        if config.getoption("dist") == "loadgroup" and ungrouped:
+            run.grouping_lost = f"--dist loadgroup does not group the cases by configuration: {ungrouped}"
         from pagedattn.runner.backend_spec import spec_problem
 
         # before the workers start (each would fail to load it), where they see what this process sees
-        problem = spec_problem(spec) if workers_share_this_process(config.getoption("tx", None)) else None
+        shared = workers_share_this_process(config.getoption("tx", None))
+        problem = (spec_problem(spec) or backend_file_problem(spec)) if shared else None
         if problem is not None:
             usage_error(config, run, problem)
+        config.pluginmanager.register(StopAtFirstStartFailure(config), "pagedattn-start-failure")
         return
     if worker is not None and worker.get("pagedattn_loadgroup"):
         config.option.loadgroup = True  # xdist's worker appends each item's group to its node id
@@ -272,6 +296,10 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     suite = config.stash.get(SUITE_KEY, None)
     if suite is not None and isinstance(suite.backend, SupportsClose):
         suite.backend.close()
+    if run is not None:
+        restore_signals(run)
+        if run.report_lock:
+            release_report(run.report_lock)
     session = config.stash.get(SESSION_KEY, None)
     if session is not None:
         end_despite_leftover_threads(config, int(session.exitstatus))

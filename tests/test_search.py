@@ -5,11 +5,13 @@ first, and a failure message in the suite's shape."""
 import importlib
 import importlib.util
 import json
+import math
 import os
 import re
 import sys
 import time
 import types
+import warnings
 
 import hypothesis
 import pytest
@@ -136,8 +138,9 @@ def test_items_split_the_draws_and_half_stay_on_the_grid():
         assert fresh == sorted(fresh) and 0 < sum(fresh) < count + (count == 1), f"{profile}: {fresh}"
 
 
-def test_budget_option_accepts_positive_finite_seconds_only():
+def test_budget_option_accepts_positive_finite_seconds_or_none():
     assert positive_seconds("2.5") == 2.5
+    assert positive_seconds("none") == positive_seconds("None") == math.inf
     for bad in ("0", "-1", "inf", "nan", "ten"):
         with pytest.raises(ValueError, match="positive, finite seconds"):
             positive_seconds(bad)
@@ -240,12 +243,11 @@ def test_pace_estimates_from_the_large_draws():
     assert pace.estimate(10_000) == pytest.approx(0.1 + 0.9 / 1100 * 10_000)
 
 
-@pytest.mark.parametrize("late, status", [(1.5, "passed"), (2.5, "not_run")])
+@pytest.mark.parametrize("late, status", [(1.5, "passed"), (2.5, "warned")])
 def test_an_items_first_claimed_draw_runs_late_but_not_past_twice_its_share(tmp_path, monkeypatch, late, status):
     """On a loaded machine hypothesis' own start can take an item's share: its first claimed draw
     still runs (every item judges a case) until twice the share has passed; past that the item is
-    not run and says why (it was reported unsupported, "no drawn case was claimed", which is false,
-    and a test calling the search then passed by skipping)."""
+    starved: warned (a slow machine fails no run), ``starved`` in its record, and it says why."""
     reads = [0]
 
     def monotonic():  # the item's start, then every read `late` shares (seconds) on
@@ -258,11 +260,13 @@ def test_an_items_first_claimed_draw_runs_late_but_not_past_twice_its_share(tmp_
     if status == "passed":
         searched(run)
     else:
-        with pytest.raises(pytest.skip.Exception, match=r"^not run: no draw was judged within 2 s, twice .*\(1 s\)"):
-            run.run()
+        with pytest.warns(search.PagedAttnWarning, match=r"search-seed1: starved: no draw was judged within 2 s"):
+            searched(run)
     rec = noted(node)
     assert rec["status"] == status and rec["examples"] == (1 if status == "passed" else 0), rec
-    assert ("not_run" in rec) == (status == "not_run"), rec
+    assert rec.get("starved", False) == (status == "warned"), rec
+    if status == "warned":
+        assert re.match(r"starved: no draw was judged within 2 s, twice .*\(1 s\)", rec["message"]), rec
 
 
 @pytest.mark.parametrize(
@@ -276,8 +280,8 @@ def test_an_items_first_claimed_draw_runs_late_but_not_past_twice_its_share(tmp_
 )
 def test_a_backend_that_declines_every_draw(tmp_path, monkeypatch, how, ends):
     """A backend that declines every draw (a skip at run time, or its capabilities) is unsupported
-    when hypothesis ends the item; when the budget does, the item is not run, and says how many
-    draws were declined (no budget would mend a backend that takes none, but none can tell)."""
+    when hypothesis ends the item; when the budget does, the item is starved (warned), and says how
+    many draws were declined (no budget would mend a backend that takes none, but none can tell)."""
     # "budget": every read 0.1 s on, so the item's two shares (2 s) pass within 20 reads
     _fake_clock(monkeypatch, tick=0.1 if ends == "budget" else 0.0)
     backend = _planted().Correct()
@@ -290,13 +294,41 @@ def test_a_backend_that_declines_every_draw(tmp_path, monkeypatch, how, ends):
     else:
         backend.capabilities = Capabilities(case_filter=lambda case, op: "no case drawn here")
     node = _node()
-    want = r"^not run: no draw was judged .*; the backend declined the \d+ drawn before: raise it$"
+    run = SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 5), budget_s=2.0)
     if ends == "hypothesis":
-        want = "^unsupported: no drawn case was claimed by the backend$"
-    with pytest.raises(pytest.skip.Exception, match=want):
-        SearchRun(_suite(backend, tmp_path), node, SearchItem(1, 2, 5), budget_s=2.0).run()
+        with pytest.raises(pytest.skip.Exception, match="^unsupported: no drawn case was claimed by the backend$"):
+            run.run()
+    else:
+        with pytest.warns(search.PagedAttnWarning, match=r"starved: no draw was judged .*; the backend declined"):
+            searched(run)
     rec = noted(node)
-    assert rec["status"] == ("not_run" if ends == "budget" else "unsupported"), rec
+    assert rec["status"] == ("warned" if ends == "budget" else "unsupported"), rec
+    if ends == "budget":
+        assert rec["starved"] is True
+        assert re.search(r"; the backend declined the \d+ drawn before: raise it$", rec["message"]), rec
+
+
+def test_without_a_time_limit_the_draws_alone_bound_the_search(tmp_path, monkeypatch):
+    """``--search-budget=none``: a machine however slow (each clock read 100 s on) judges the same
+    cases as any other, as many as ``--search-examples`` gives; the same clock with a time limit
+    starves the item."""
+
+    def judged(budget_s):
+        _fake_clock(monkeypatch, tick=100.0)
+        node = _node()
+        run = SearchRun(_suite(_planted().Correct(), tmp_path), node, SearchItem(1, 2, 6), budget_s=budget_s)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", search.PagedAttnWarning)
+            searched(run)
+        return noted(node), [spec for spec, verdict in run.seen.items() if verdict is not None]
+
+    rec, first = judged(math.inf)
+    assert rec["status"] == "passed" and rec["examples"] == 6 and rec["budget_s"] is None, rec
+    assert rec["skipped_too_large"] == 0, rec
+    _, second = judged(math.inf)
+    assert first == second, "two runs without a time limit judged different cases"
+    starved, none = judged(2.0)
+    assert starved["status"] == "warned" and starved["starved"] is True and not none, starved
 
 
 def test_draws_too_large_for_the_budget_left_are_not_run(tmp_path, monkeypatch):
@@ -449,6 +481,18 @@ def test_search_items_find_save_and_replay(pytester):
     passing = run_inprocess(pytester, *args, "--backend=planted.py:Correct", "--search-budget=2", "-v")
     passing.assert_outcomes(passed=2)
     passing.stdout.fnmatch_lines(["*test_search?seed0? PASSED*", "*test_search?seed1? PASSED*"])
+
+
+def test_a_starved_search_warns_and_fails_no_run(pytester):
+    """A search whose budget a slow machine spends before any draw is judged: the run passes,
+    its items are warned with ``starved`` in the report, and the summary says so and what to do."""
+    pytester.makepyfile(planted=PLANTED)
+    args = [*SUITE_RUN, "-p", "no:cacheprovider", SEARCH_MODULE, "--report-json=report.json"]
+    result = run_inprocess(pytester, *args, "--backend=planted.py:Slow", "--search-budget=1e-6", "-k", "seed1")
+    assert result.ret == 0, result.stdout.str()[-3000:]
+    (rec,) = [c for c in json.loads((pytester.path / "report.json").read_text())["cases"] if c["family"] == "search"]
+    assert rec["status"] == "warned" and rec["starved"] is True and rec["examples"] == 0, rec
+    result.stdout.fnmatch_lines(["*search: 1 item starved: it judged no case within --search-budget*"])
 
 
 def test_fresh_draws_take_only_claimed_axes(tmp_path):

@@ -32,11 +32,14 @@ def case_timeout(text: str) -> float | str:
 
 
 def positive_seconds(text: str) -> float:
-    """``--search-budget``'s type: positive, finite seconds."""
+    """``--search-budget``'s type: positive, finite seconds, or ``none`` (no time limit: infinity,
+    the draws of ``--search-examples`` alone bound the search)."""
+    if text.strip().lower() == NO_LIMIT:
+        return math.inf
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
     if not 0.0 < value < math.inf:
-        raise ValueError(f"must be positive, finite seconds, got {text!r}")
+        raise ValueError(f"must be positive, finite seconds or 'none', got {text!r}")
     return value

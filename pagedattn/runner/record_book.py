@@ -13,6 +13,7 @@ Whatever kills the process, the file on disk is valid and accounts for every cas
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -36,9 +37,9 @@ CRASH_HINT = (
     "--isolate or --warmup-ahead=off puts it on its own case)"
 )
 
-#: a finished case is written at once unless the file was written less than this ago (the
-#: next case's start writes it in any case: a started case must be on disk before it runs)
-FLUSH_S = 2.0
+
+#: the longest a report in progress keeps its header (duration, expectations) before redoing it
+HEADER_S = 1.0
 
 
 class RecordBook:
@@ -51,13 +52,19 @@ class RecordBook:
     ) -> None:
         self.path = path
         self.header = header
+        #: the file is written on each start (a started case is on disk as ``crashed`` before it
+        #: runs, with the verdict before it) and, where the cases run in other processes (the
+        #: pytest-xdist controller's book), on each verdict as it arrives: a worker's next start
+        #: may come seconds later, or never. In this process (or its --isolate child) a case's
+        #: verdict, its teardown and the next start are milliseconds apart
+        self.remote = False
+        self._header: tuple[float, dict[str, Any]] | None = None  # (when, the header) of a report in progress
         self.records: dict[str, CaseRecord] = {}
         self.running: set[str] = set()
         self.notes: list[str] = []  # run-level events (a worker crash, a construction failure)
         self.complete = False
         #: record -> a command that reruns that case (for a crash that left no replay file)
         self.rerun: Callable[[CaseRecord], str] | None = None
-        self._flushed = 0.0
         #: appended to a crash's message where something else ran beside the case (the warm-up ahead)
         self.crash_hint = ""
         #: each record's clean dict and its JSON text, redone only for records changed since
@@ -118,8 +125,9 @@ class RecordBook:
                 rec.replay = None
         if done:
             self.running.discard(report.nodeid)
-            # the next case's start writes the file anyway; between cases, at most every FLUSH_S
-            if time.monotonic() - self._flushed > FLUSH_S:
+            if self.remote:
+                # on disk as it arrives: a SIGKILL of this process loses no verdict (the next
+                # report from a worker may come seconds later, or never)
                 self.flush()
         return rec
 
@@ -196,7 +204,7 @@ class RecordBook:
 
     def _head(self, cases: list[dict[str, Any]]) -> dict[str, Any]:
         """The report without its cases (``header``, then the counts of ``cases``)."""
-        header = self.header() if callable(self.header) else dict(self.header or {})
+        header = self._header_now()
         counts = {s.value: 0 for s in Status}
         for c in cases:
             counts[c["status"]] += 1
@@ -209,6 +217,17 @@ class RecordBook:
             "notes": list(self.notes),
             "summary": summary_rows(cases),
         }
+
+    def _header_now(self) -> dict[str, Any]:
+        """``header``'s dict: fresh for the finished report; for one in progress, at most
+        ``HEADER_S`` old (its versions, device name and expectations cost milliseconds a call,
+        more than the rest of a write)."""
+        if not callable(self.header):
+            return dict(self.header or {})
+        now = time.monotonic()
+        if self.complete or self._header is None or now - self._header[0] > HEADER_S:
+            self._header = (now, self.header())
+        return self._header[1]
 
     def report(self) -> dict[str, Any]:
         cases = self.case_dicts()
@@ -225,7 +244,6 @@ class RecordBook:
             head = json.dumps(clean(self._head(self.case_dicts())))
             cases = ", ".join(self._texts[n] for n in self.records)
             write_atomic(self.path, head[:-1] + f', "cases": [{cases}]}}', indent=None, text=True)
-        self._flushed = time.monotonic()
 
 
 def _skip_reason(report: pytest.TestReport) -> str:
@@ -257,3 +275,72 @@ def write_atomic(path: str, data: Any, indent: int | None = 1, text: bool = Fals
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def claim_report(path: str) -> str:
+    """Check that ``--report-json=path`` can be written and that no other live run is writing it;
+    take it (a lock file ``path.lock`` holding this process's id) and return the lock's path,
+    or raise ``pytest.UsageError`` with one line saying why not. A lock whose process is gone
+    (a run killed with SIGKILL) is taken over."""
+    where = f"--report-json={path}"
+    if os.path.isdir(path):
+        raise pytest.UsageError(f"{where}: is a directory; give a file path, e.g. {os.path.join(path, 'report.json')}")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as exc:
+        raise pytest.UsageError(f"{where}: cannot create its directory {folder}: {exc.strerror or exc}") from None
+    lock = os.path.abspath(path) + ".lock"
+    try:
+        # the lock appears with its process id in it (a hard link of a written file): a run that
+        # finds it never reads it half written
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=".pagedattn-lock-")
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+    except OSError as exc:
+        raise pytest.UsageError(f"{where}: cannot write in {folder}: {exc.strerror or exc}") from None
+    try:
+        for _ in range(2):  # the second try follows the removal of a dead run's lock
+            try:
+                os.link(tmp, lock)
+                return lock
+            except FileExistsError:
+                other = _lock_owner(lock)
+                if other is not None:
+                    raise pytest.UsageError(
+                        f"{where}: another run (pid {other}) is writing this report (lock file {lock}); "
+                        "give each run its own --report-json"
+                    ) from None
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)
+            except OSError as exc:
+                raise pytest.UsageError(f"{where}: cannot write in {folder}: {exc.strerror or exc}") from None
+    finally:
+        os.unlink(tmp)
+    raise pytest.UsageError(f"{where}: its lock file {lock} keeps reappearing: another run is starting beside this one")
+
+
+def release_report(lock: str) -> None:
+    """Remove the lock file ``claim_report`` made, if it is still this process's."""
+    if _lock_owner(lock) == os.getpid():
+        with contextlib.suppress(OSError):
+            os.unlink(lock)
+
+
+def _lock_owner(lock: str) -> int | None:
+    """The id of the live process named in ``lock``, or ``None`` (no file, no number, or a dead
+    process: one that signal 0 cannot reach for lack of it)."""
+    try:
+        with open(lock) as f:
+            pid = int(f.read().strip() or "0")
+    except (OSError, ValueError):
+        return None
+    if pid <= 0:
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:  # alive, another user's
+        return pid
+    return pid

@@ -92,6 +92,11 @@ def header_lines(config: pytest.Config, run: Run) -> list[str]:
         how = "(each configuration on one worker)"
         if dist != "loadgroup":
             how = "(--dist loadgroup keeps each configuration on one worker; the default with --isolate)"
+        from pagedattn.runner.workers import loadgroup_problem  # workers imports this module
+
+        ungrouped = loadgroup_problem() if run.grouping_lost or run.isolate else ""
+        if ungrouped:  # said at the start, not only in the summary
+            how = f"(not grouped: a configuration may compile on each worker; {ungrouped})"
         device = run.chosen_device or "the default (cuda where torch sees one, else cpu)"
         return [
             f"pagedattn {__version__}: backend {run.spec} (loaded in each xdist worker, not in this process)",
@@ -227,6 +232,14 @@ def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
             never[r.reason] = never.get(r.reason, 0) + 1
     for reason, n in never.items():
         tr.write_line(f"not run: {n} case{'s' if n > 1 else ''}: {reason}", red=True)
+    starved = sum(1 for r in recs if r.extra.get("starved"))
+    if starved:
+        tr.write_line(
+            f"search: {starved} {'item' if starved == 1 else 'items'} starved: {'it' if starved == 1 else 'they'} "
+            "judged no case within --search-budget on this machine (warned, not failed); raise it, or give "
+            "--search-budget=none with --search-examples N (the same cases every run)",
+            yellow=True,
+        )
     configurations = {r.configuration for r in recs if r.configuration}
     tr.write_line(f"{len(recs)} cases in {len(configurations)} configurations")
     ahead = ahead_summary(run.info)

@@ -14,8 +14,11 @@ far, exceeds what is left is not run (a smaller one may still fit). An item that
 judged no case yet keeps drawing until twice its share has passed, so that an item whose
 share went before its first draw (hypothesis' own start, on a slow or loaded machine) still
 judges one: the family may then take up to a share more per such item. An item the budget
-stops with no case judged is reported not run, with that reason (and how many draws the
-backend declined); one that hypothesis ends with none claimed is unsupported. Every failing
+stops with no case judged is starved: reported warned (``starved`` in its record, a line in
+the summary), with that reason and how many draws the backend declined, and it fails no run
+(a slow or loaded machine is not a kernel's fault); one that hypothesis ends with none
+claimed is unsupported. ``--search-budget=none`` leaves the draws (``--search-examples``) as
+the only bound: every run then judges the same cases, whatever the machine. Every failing
 draw smaller than the smallest so far is saved at once, with its replay command, so
 whatever stops the item, the smallest failing case found is on disk and in the report.
 """
@@ -23,6 +26,7 @@ whatever stops the item, the smallest failing case found is on disk and in the r
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import time
 import warnings
@@ -315,13 +319,15 @@ class SearchRun:
             seed=self.item.index,
             examples=self.examples,
             skipped_too_large=self.too_large,
-            budget_s=round(self._share, 3),
+            budget_s=round(self._share, 3) if self._share < math.inf else None,  # None: --search-budget=none
             elapsed_s=round(elapsed, 3),
             shapes=f"grid ({len(configs)} configurations)" if configs else "new",
         )
         check: AttentionCheck | None = None
         if reason and self.starved:
-            fields.update(status="not_run", reason=reason, not_run=reason)
+            # the machine's pace, not the kernel: a warning that shows in the summary, not a
+            # failure (a loaded CI runner does not turn a run red); ``starved`` marks it
+            fields.update(status="warned", warned=True, starved=True, message=f"starved: {reason}")
         elif reason:
             fields.update(status="unsupported", reason=reason)
         elif self.smallest is not None:
@@ -333,8 +339,11 @@ class SearchRun:
         else:
             fields.update(status="passed")
         note(self.node, **fields, **({"metrics": check.metrics()} if check is not None else {}))
+        if reason and self.starved:
+            warnings.warn(PagedAttnWarning(f"{self.item.id}: starved: {reason}"), stacklevel=2)
+            return
         if reason:
-            pytest.skip(f"{'not run' if self.starved else 'unsupported'}: {reason}")
+            pytest.skip(f"unsupported: {reason}")
         if self.smallest is not None:
             pytest.fail(f"{spec.id} [attention]: {message}\n  replay: {replay}", pytrace=False)
         if check is not None and check.status == "warned":

@@ -6,6 +6,9 @@ Torch-free: the plugin module that every pytest session imports reads these keys
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +17,7 @@ import pytest
 
 if TYPE_CHECKING:
     import subprocess
-    import threading
+    from types import FrameType
 
     from pagedattn.runner.record_book import RecordBook
     from pagedattn.runner.suite import Suite
@@ -46,6 +49,9 @@ class Run:
     expectations: list[dict[str, Any]] = field(default_factory=list)  # --expectations entries
     testrunuid: str = ""  # pytest-xdist's run id, seen by the controller (the warm-up's claims)
     preload: threading.Thread | None = None  # the controller's imports in the background (plugin)
+    report_lock: str | None = None  # the lock file beside --report-json (``record_book.claim_report``)
+    #: the handlers ``stop_on_signals`` replaced, to put back at the end
+    replaced_handlers: dict[int, Any] = field(default_factory=dict)
 
     @property
     def device(self) -> str:
@@ -63,6 +69,45 @@ class Run:
     @device.setter
     def device(self, value: str) -> None:
         self.chosen_device = value
+
+
+#: signals that end a run as Ctrl-C does: a CI runner's cancel (SIGTERM) or a closed terminal (SIGHUP)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def stop_on_signals(run: Run) -> None:
+    """Make SIGTERM and SIGHUP end the run as Ctrl-C does (``KeyboardInterrupt``): pytest then
+    finishes the session, so the report is settled and written (a case running then is
+    ``crashed``, the rest ``not_run``, every verdict that arrived kept) and the exit status is 2.
+    Only where the signal's handler is the default one (a handler someone installed stays), and
+    from the main thread (the only one Python lets set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in STOP_SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_DFL:
+            run.replaced_handlers[signum] = signal.signal(signum, _interrupt(run))
+
+
+def restore_signals(run: Run) -> None:
+    """Put back the handlers ``stop_on_signals`` replaced."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum, handler in run.replaced_handlers.items():
+        signal.signal(signum, handler)
+    run.replaced_handlers.clear()
+
+
+def _interrupt(run: Run) -> Any:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if run.book is not None and run.book.complete:
+            # the report is written: end as the signal's default would (no traceback of the
+            # interpreter's shutdown), whatever the process is doing now
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        raise KeyboardInterrupt(f"{signal.Signals(signum).name} received")
+
+    return handler
 
 
 SUITE_KEY = pytest.StashKey["Suite | None"]()
