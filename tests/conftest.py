@@ -90,3 +90,23 @@ def bad(pytester):
     """tests/planted/bad_backends.py copied next to a pytester run; its path."""
     shutil.copy(Path(__file__).parent / "planted" / "bad_backends.py", pytester.path / "bad_backends.py")
     return str(pytester.path / "bad_backends.py")
+
+
+#: skip reasons that mean the installed Triton cannot run a part of the project (the kernel on
+#: its interpreter, the GPU verdict kernel, the sm_90 compile script): said in the summary
+_TRITON_SKIPS = ("cannot run the kernel", "verdict kernel cannot run", "takes no constexprs")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Tests skipped because the installed Triton cannot run what they test, counted by reason,
+    so that an older Triton's skipped kernel is said outright rather than lost among skips."""
+    reasons: dict[str, int] = {}
+    for rep in terminalreporter.stats.get("skipped", []):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) else str(rep.longrepr)
+        if any(s in reason for s in _TRITON_SKIPS):
+            reason = reason.removeprefix("Skipped: ")
+            reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.write_sep("-", "not tested with this Triton")
+        for reason, n in sorted(reasons.items()):
+            terminalreporter.write_line(f"{n} tests skipped: {reason}", yellow=True)

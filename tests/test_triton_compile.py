@@ -164,6 +164,19 @@ HOPPER_CONFIGS = {
 }
 
 
+def _aot_problem() -> str:
+    """Why the compile script cannot run with the installed Triton ("" where it can): it builds
+    ``ASTSource(..., constexprs=...)``, which older Triton (3.2) does not take."""
+    import inspect
+
+    from triton.compiler import ASTSource
+
+    if "constexprs" not in inspect.signature(ASTSource.__init__).parameters:
+        return f"triton {triton.__version__}'s ASTSource takes no constexprs= (the compile script's API)"
+    return ""
+
+
+@pytest.mark.skipif(bool(_aot_problem()), reason=_aot_problem() or "compiles here")
 @pytest.mark.parametrize(
     "group", ["representative", pytest.param("rest", marks=pytest.mark.slow)], ids=["representative", "rest"]
 )
