@@ -27,6 +27,7 @@ import pytest
 from pagedattn.runner import collection, report
 from pagedattn.runner import recording as recorder
 from pagedattn.runner.case_record import note, noted
+from pagedattn.runner.command_line import add_options
 from pagedattn.runner.construction import (
     LEFTOVER_KEY,
     THREADS_BEFORE_KEY,
@@ -36,12 +37,11 @@ from pagedattn.runner.construction import (
     usage_error,
 )
 from pagedattn.runner.expectations import load_expectations
-from pagedattn.runner.gate import NOTHING_JUDGED, gate_of, min_judged
-from pagedattn.runner.options import DEFAULT_TIMEOUT_S, PROFILES, case_timeout, positive_seconds
+from pagedattn.runner.gate import gate_of
+from pagedattn.runner.options import DEFAULT_TIMEOUT_S
 from pagedattn.runner.record_book import RecordBook, claim_report, release_report
 from pagedattn.runner.replay import ReplaySpec, prune, rerun_command
 from pagedattn.runner.session import RUN_KEY, SUITE_DIR, SUITE_KEY, Run, restore_signals, stop_on_signals
-from pagedattn.runner.shard import shard_spec
 from pagedattn.runner.warmup_start import start_warmup_ahead
 from pagedattn.runner.workers import (
     StopAtFirstStartFailure,
@@ -61,98 +61,7 @@ SESSION_KEY = pytest.StashKey[pytest.Session]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
-    group = parser.getgroup("pagedattn", "paged-attention conformance")
-    group.addoption(
-        "--backend",
-        default=None,
-        help="backend under test: an entry-point name (pagedattn.backends), package.module:attr, "
-        "or path/to/file.py:attr",
-    )
-    group.addoption("--device", default=None, help="cuda when available, else cpu")
-    group.addoption("--profile", default="quick", choices=PROFILES, help="case grid profile (default quick)")
-    group.addoption("--report-json", default=None, metavar="PATH", help="write a JSON report here")
-    group.addoption("--replay", default=None, metavar="FILE", help="run only the case saved in FILE")
-    group.addoption(
-        "--case-timeout",
-        type=case_timeout,
-        default=None,
-        metavar="SECONDS|none",
-        help="seconds (positive, finite) a case may take before it counts as timed out; implies --isolate. "
-        f"'none': no limit. Default under --isolate: {DEFAULT_TIMEOUT_S:g}",
-    )
-    group.addoption(
-        "--isolate",
-        action="store_true",
-        help="construct and run the backend in a child process that is replaced when it crashes (segfault, "
-        "CUDA fault) or hangs",
-    )
-    group.addoption(
-        "--expectations",
-        default=None,
-        metavar="FILE",
-        help='JSON file of known failures: {"expected_failures": [{"case": PATTERN, "reason": TEXT}]}',
-    )
-    group.addoption(
-        "--probe-unclaimed",
-        type=int,
-        nargs="?",
-        const=3,
-        default=0,
-        metavar="N",
-        help="run up to N (default 3) unclaimed cases per reason anyway and report which would pass",
-    )
-    group.addoption(
-        "--search-examples",
-        type=int,
-        default=None,
-        metavar="N",
-        help="hypothesis draws of the whole search family, shared by its items (default: 25 quick, 100 standard, "
-        "300 thorough)",
-    )
-    group.addoption(
-        "--search-budget",
-        type=positive_seconds,
-        default=None,
-        metavar="SECONDS|none",
-        help="seconds for the whole search family, finding and shrinking, shared by its items (default: 60 on a "
-        "GPU, 30 on the CPU); 'none': no time limit, --search-examples alone bounds it (the same cases every run)",
-    )
-    group.addoption(
-        "--warmup-ahead",
-        default="auto",
-        choices=("auto", "on", "off"),
-        help="compile later cases' kernels in a background thread while cases run, for backends with "
-        "warmup_ahead (auto: on a GPU; never on the CPU unless 'on', nor under --isolate, --replay or "
-        "--collect-only)",
-    )
-    group.addoption(
-        "--replay-dir",
-        default=os.path.join(".pagedattn", "failures"),
-        metavar="DIR",
-        help="where failing cases are saved for replay (default .pagedattn/failures)",
-    )
-    # the run as a CI gate (pagedattn.runner.gate, pagedattn.runner.shard)
-    group.addoption(
-        "--min-judged",
-        type=min_judged,
-        default=None,
-        metavar="N|FRACTION",
-        help=f"fail (exit {NOTHING_JUDGED}) unless at least N cases, or this fraction of the collected ones, reach a "
-        "verdict (passed, failed, warned, xfailed, xpassed); default 1",
-    )
-    group.addoption(
-        "--lenient-expectations",
-        action="store_true",
-        help="report unexpected passes and expectations that match no collected case without failing the run",
-    )
-    group.addoption(
-        "--shard",
-        type=shard_spec,
-        default=None,
-        metavar="I/N",
-        help="run shard I of N (1-based): whole configurations per shard, every case in one shard; merge the "
-        "shards' JSON reports with python -m pagedattn report A.json B.json ...",
-    )
+    add_options(parser)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -229,7 +138,7 @@ def pytest_configure(config: pytest.Config) -> None:
     import torch
 
     if worker is not None:
-        from pagedattn.runner.isolation import die_with_parent
+        from pagedattn.runner.isolation_child import die_with_parent
 
         # a worker whose controller was killed has nobody to report to: it ends too, and with
         # it the isolated child of the case it was running, instead of running that case on
