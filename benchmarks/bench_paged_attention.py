@@ -308,7 +308,7 @@ def run(device: str, out: str | None) -> dict:
 
 
 def check_targets(result: dict) -> list[dict]:
-    """Each target of issue 17 with its floor, the figure, and whether it is met."""
+    """Each performance target with its floor, the figure, and whether it is met."""
     rows = []
 
     def row(target, value, floor):

@@ -63,13 +63,13 @@ def test_fp8_prefill_at_every_tile_width(dtype, kv_dtype, block_n):
 
 
 @runs_kernel
-# bf16: the control (bf16 weights keep the range, so it passed on the old kernel too)
+# bf16: the control (bf16 weights keep the range, so a sink seeded first would pass there too)
 @pytest.mark.parametrize("kv_dtype", [None, torch.float8_e4m3fn], ids=["bf16", "e4m3"])
 def test_a_sink_far_above_the_keys_leaves_the_prefill_weights_in_range(kv_dtype):
     """A sink e^25 above every key: relative to it, each key's weight is ~1e-11, below fp16's
     range, and bf16 queries over an fp8 cache run fp16 dots (``F16_DOTS``). Seeded with the sink,
-    the prefill's running softmax flushed those weights to 0 and its rows came out 0 (an H200
-    thorough search, 2026-12-01); the sink now joins after the keys, as in the decode merge."""
+    the prefill's running softmax would flush those weights to 0 and its rows would come out 0;
+    the sink joins after the keys, as in the decode merge."""
     spec = CaseSpec(
         "t", ((40, 40), (30, 1)), num_heads=4, num_kv_heads=2, head_dim=32, dtype=torch.bfloat16, kv_dtype=kv_dtype
     )
