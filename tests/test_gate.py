@@ -215,3 +215,58 @@ def test_report_command_rejects_what_is_not_a_report(tmp_path, capsys):
 def test_expected_failures_count_as_judged_single_sequence_counts():
     # the planted runs above rely on the quick grid having both kinds of fp32 case
     assert N_SINGLE > 0 and len(PASSING) == 2 and FAILING.endswith("L300")
+
+
+#: backends that end the process with status 0 behind the suite's back
+SILENT_EXITS = """
+import os
+from pagedattn import Capabilities, paged_attention_reference
+
+
+class ExitsZeroMidRun:
+    '''Ends the process with status 0 on its third call, as a library calling exit(0) would.'''
+    name = "exits-zero"
+    capabilities = Capabilities()
+    calls = 0
+
+    def paged_attention(self, case):
+        ExitsZeroMidRun.calls += 1
+        if ExitsZeroMidRun.calls == 3:
+            os._exit(0)
+        return paged_attention_reference(case).to(case.dtype)
+
+
+class ExitsZeroWhenConstructed:
+    name = "exits-zero-constructed"
+    capabilities = Capabilities()
+
+    def __init__(self):
+        os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("backend", ["ExitsZeroMidRun", "ExitsZeroWhenConstructed"])
+def test_a_process_that_exits_zero_behind_the_suite_leaves_a_report_that_fails(pytester, backend):
+    """pytest's own status is 0 when a backend ends the process with ``os._exit(0)``: nothing
+    can change that from inside. The report, written ahead, is incomplete (mid-run: the case
+    that ran is ``crashed``, the rest ``not_run``; in the constructor: no case reached it), and
+    ``pagedattn report`` on it fails, which is why the CI recipe runs it after pytest."""
+    (pytester.path / "silent.py").write_text(SILENT_EXITS)
+    result = pytester.runpytest_subprocess(
+        "-p",
+        "no:cacheprovider",
+        "--pyargs",
+        DECODE,
+        f"--backend={pytester.path / 'silent.py'}:{backend}",
+        "--report-json=r.json",
+    )
+    assert result.ret == 0, "os._exit(0) ends pytest with status 0; the report must carry the verdict"
+    path = pytester.path / "r.json"
+    assert path.exists(), "the write-ahead report must exist"
+    report = json.loads(path.read_text())
+    assert not report.get("complete", True), f"an interrupted run's report must say it is unfinished: {report}"
+    if backend == "ExitsZeroMidRun":
+        statuses = _statuses(report)
+        assert len(statuses) == N_DECODE and list(statuses.values()).count("passed") == 2, statuses
+        assert list(statuses.values()).count("crashed") == 1, statuses
+    assert pagedattn_main(["report", str(path)]) != 0, "pagedattn report must fail an unfinished run"
