@@ -73,6 +73,13 @@ class RaisesOnLongHistories(Correct):
         return super().paged_attention(case)
 
 
+class ExitsOnLongHistories(Correct):
+    def paged_attention(self, case):
+        if case.max_seq_len > 40:
+            raise SystemExit(3)
+        return super().paged_attention(case)
+
+
 class Slow(Correct):
     def paged_attention(self, case):
         time.sleep(0.2)
@@ -431,6 +438,17 @@ def test_a_raising_backend_is_a_failure_with_a_replay(tmp_path):
     node = _node()
     run = SearchRun(_suite(_planted().RaisesOnLongHistories(), tmp_path), node, SearchItem(1, 2, 200), budget_s=30.0)
     with pytest.raises(pytest.fail.Exception, match=r"the backend raised RuntimeError: kernel launch failed"):
+        searched(run)
+    assert run.smallest is not None and run.smallest[0].seqs == ((41, 1),), run.smallest[0]
+    assert "--replay" in noted(node)["replay"]
+
+
+def test_a_kernel_that_exits_fails_its_draw_with_a_replay(tmp_path):
+    """``SystemExit`` from a kernel inside the search is a failed draw, shrunk and saved, not
+    the end of the run."""
+    node = _node()
+    run = SearchRun(_suite(_planted().ExitsOnLongHistories(), tmp_path), node, SearchItem(1, 2, 200), budget_s=30.0)
+    with pytest.raises(pytest.fail.Exception, match=r"the backend raised SystemExit: 3"):
         searched(run)
     assert run.smallest is not None and run.smallest[0].seqs == ((41, 1),), run.smallest[0]
     assert "--replay" in noted(node)["replay"]

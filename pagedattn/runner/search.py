@@ -292,7 +292,9 @@ class SearchRun:
             return None
         except BackendFault as exc:
             return self._failed(spec, pristine, f"backend fault: {exc}")
-        except Exception as exc:
+        except KeyboardInterrupt:
+            raise  # the user stops the run
+        except BaseException as exc:  # SystemExit and the like from a kernel: a failed draw, as in a case
             first = str(exc).splitlines()[0] if str(exc) else ""
             return self._failed(spec, pristine, f"the backend raised {type(exc).__name__}: {first}")
         check = check_attention(out, pristine, **self.suite.policy)
