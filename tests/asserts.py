@@ -7,6 +7,8 @@ import torch
 
 #: a float64 round trip through one or two roundings (log2(e) and back): a few ulps of 2**-53
 F64_ROUND_TRIP = 1e-15
+#: a float64 mean or sum of a few thousand terms taken in another order (a product with ones)
+F64_REORDERED_SUM = 1e-14
 
 
 def _where(t: torch.Tensor, flat: int) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ from pagedattn import PagedCase
 from pagedattn.cases import CaseSpec, load_case, save_case
 from pagedattn.cases.io import CaseFileError
 from pagedattn.runner.expectations import glob_match
+from tests.asserts import assert_equal
 from tests.helpers import import_session_modules, make_case, run_inprocess
 
 import_session_modules()  # before the in-process runs below (see its docstring)
@@ -79,10 +80,11 @@ def test_variants_round_trip(good, tmp_path):
     back, _ = load_case(tmp_path / "c.pt")
     assert back.options() == case.options()
     for name, t in case.tensors().items():
-        assert torch.equal(
-            t.view(torch.uint8) if t.element_size() == 1 else t,
+        assert_equal(
             back.tensors()[name].view(torch.uint8) if t.element_size() == 1 else back.tensors()[name],
-        ), name
+            t.view(torch.uint8) if t.element_size() == 1 else t,
+            f"{name} after a save and a load",
+        )
     clone = case.clone()
     assert clone.sinks is not None and clone.sinks.data_ptr() != case.sinks.data_ptr()
     assert PagedCase(**good).variants == frozenset()

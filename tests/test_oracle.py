@@ -10,6 +10,7 @@ from pagedattn import PagedCase, paged_attention_reference, paged_gather
 from pagedattn.cases import CaseSpec, grid
 from pagedattn.cases.grid import VARIANT_FAMILIES
 from pagedattn.oracle import paged_attention_reference_lse
+from tests.asserts import assert_differs, assert_equal
 from tests.helpers import make_case, naive_attention
 
 
@@ -77,7 +78,7 @@ def test_known_two_key_softmax():
 def test_first_prefill_token_sees_only_itself():
     case = make_case([(4, 4)], num_heads=1, num_kv_heads=1, head_dim=3, block_size=2)
     out = paged_attention_reference(case)
-    assert torch.equal(out[0, 0], case.value_cache[0, 0, 0])
+    assert_equal(out[0, 0], case.value_cache[0, 0, 0], "the output of the one visible key")
 
 
 def test_matches_sdpa_float64_on_contiguous_history():
@@ -106,7 +107,7 @@ def test_block_permutation_changes_nothing():
         value_cache=case.value_cache[perm],
         block_tables=inv[case.block_tables.long()].to(torch.int32),
     )
-    assert torch.equal(paged_attention_reference(case), paged_attention_reference(moved))
+    assert_equal(paged_attention_reference(case), paged_attention_reference(moved), "the reference after the move")
 
 
 def test_poison_in_padding_and_tail_is_never_read():
@@ -128,7 +129,7 @@ def test_inputs_are_not_modified():
 def test_gather_is_pool_indexing():
     pool = torch.randn(5, 3, 2, 4)
     slots = torch.tensor([14, 0, 7, 7, 3])
-    assert torch.equal(paged_gather(pool, slots), pool.reshape(15, 2, 4)[slots])
+    assert_equal(paged_gather(pool, slots), pool.reshape(15, 2, 4)[slots], "paged_gather")
 
 
 def test_long_prefill_is_chunked_and_agrees(monkeypatch):
@@ -228,8 +229,16 @@ def test_window_of_one_returns_the_own_value():
 
 def test_window_covering_the_history_changes_nothing():
     case = _f64(make_case([(9, 1), (7, 7), (12, 5)], num_heads=2, num_kv_heads=1, block_size=3))
-    assert torch.equal(paged_attention_reference(case), paged_attention_reference(case.replace(sliding_window=12)))
-    assert not torch.equal(paged_attention_reference(case), paged_attention_reference(case.replace(sliding_window=11)))
+    assert_equal(
+        paged_attention_reference(case),
+        paged_attention_reference(case.replace(sliding_window=12)),
+        "a window as long as the history",
+    )
+    assert_differs(
+        paged_attention_reference(case),
+        paged_attention_reference(case.replace(sliding_window=11)),
+        "a window one key short of the history",
+    )
 
 
 def test_window_equals_a_shorter_history():
@@ -256,7 +265,7 @@ def test_huge_cap_and_zero_slopes_change_nothing_but_a_small_cap_does():
     case = _f64(make_case([(6, 1), (5, 5)], num_heads=2, num_kv_heads=1))
     ref = paged_attention_reference(case)
     assert _rel_err(paged_attention_reference(case.replace(logits_soft_cap=1e9)), ref) < 1e-12
-    assert torch.equal(paged_attention_reference(case.replace(alibi_slopes=torch.zeros(2))), ref)
+    assert_equal(paged_attention_reference(case.replace(alibi_slopes=torch.zeros(2))), ref, "zero ALiBi slopes")
     assert _rel_err(paged_attention_reference(case.replace(logits_soft_cap=0.5)), ref) > 1e-3
 
 
@@ -287,5 +296,7 @@ def test_fp8_reads_the_stored_bytes_times_the_scales(kv):
         k_scale=1.0,
         v_scale=1.0,
     )
-    assert torch.equal(paged_attention_reference(q8), paged_attention_reference(dq))
+    assert_equal(
+        paged_attention_reference(q8), paged_attention_reference(dq), "the fp8 cache against its dequantized copy"
+    )
     assert _rel_err(paged_attention_reference(q8), paged_attention_reference(case)) > 1e-3  # quantized != original

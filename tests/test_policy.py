@@ -27,6 +27,7 @@ from pagedattn.oracle import (
 )
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.reference import gather_history, iter_chunks
+from tests.asserts import assert_close
 from tests.helpers import make_case, needs_verdict_kernel, require_verdict_kernel
 from tests.planted.streamed import PRECISION_BUGS, streamed_attention
 
@@ -542,7 +543,8 @@ def test_a_decodes_direct_sums_are_its_terms():
     assert s1.dtype == s2.dtype == torch.float64 and s1.shape == s2.shape == o.shape
     # nonnegative terms summed in another order: the policy's allowance for that (FUSED_RTOL)
     rtol = policy.FUSED_RTOL
-    assert torch.allclose(s1, want1, rtol=rtol, atol=0.0) and torch.allclose(s2, want2, rtol=rtol, atol=0.0)
+    assert_close(s1, want1, rtol, "a decode's sum_j p_j |v_j|")
+    assert_close(s2, want2, rtol, "a decode's sum_j p_j (v_j - o)^2")
     assert 0.1 < float(s2.mean()) < 10.0, float(s2.mean())
 
 

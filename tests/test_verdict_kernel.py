@@ -24,6 +24,7 @@ from pagedattn.cases import CaseSpec
 from pagedattn.oracle import paged_attention_reference, policy, sequence_stats, subnormal
 from pagedattn.verdict_kernel import host as gpu_check
 from pagedattn.verdict_kernel import launcher
+from tests.asserts import F64_REORDERED_SUM, assert_close, assert_equal
 from tests.helpers import needs_verdict_kernel, require_verdict_kernel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -48,14 +49,14 @@ def test_sequence_moments_are_the_torch_paths(shape, first):
     v, k = v[:, first:], k[:, first:]
     centre, vv = sequence_stats._value_moments(v)
     f_centre, f_vv, f_kn = gpu_check.sequence_moments(v, k)
-    assert torch.equal(centre, f_centre)
+    assert_equal(f_centre, centre, f"the values' centre {shape}")
     assert f_vv.dtype == torch.float32 and f_vv.shape == vv.shape
     assert torch.equal(vv, f_vv), f"{int((vv != f_vv).sum())} of {vv.numel()} elements differ"
     kn = k.norm(dim=-1)
     assert f_kn.dtype == torch.float64 and f_kn.shape == kn.shape
     assert torch.isnan(f_kn[0, -1]) and torch.isinf(f_kn[-1, -2]) and int(torch.isfinite(f_kn).sum()) == kn.numel() - 2
     finite = torch.isfinite(kn)
-    assert torch.allclose(f_kn[finite], kn[finite], rtol=policy.FUSED_RTOL, atol=0.0)
+    assert_close(f_kn[finite], kn[finite], policy.FUSED_RTOL, f"the keys' norms {shape}")
 
 
 def _torch_reduced(stats: torch.Tensor, per_row: int) -> list[float]:
@@ -596,14 +597,15 @@ def test_the_values_centre_as_a_product_is_their_mean():
     mean = v.mean(dim=1, keepdim=True)
     product = sequence_stats._centre(v, by_product=True)
     assert product.shape == mean.shape and product.dtype == torch.float64
-    assert torch.allclose(product, mean, rtol=1e-14, atol=0.0)
-    assert torch.equal(sequence_stats._centre(v, by_product=False), mean)
+    assert_close(product, mean, F64_REORDERED_SUM, "the centre as a product with ones")
+    assert_equal(sequence_stats._centre(v, by_product=False), mean, "the centre as a mean")
     # the ones are kept across calls: a longer history grows them, a shorter one takes a prefix
     for length in (2500, 300):
         w = torch.randn(2, length, 64, generator=g, dtype=torch.float64).to(DEVICE)
         fresh = torch.bmm(torch.ones(2, 1, length, dtype=torch.float64, device=DEVICE), w).div_(length)
         got = sequence_stats._centre(w, by_product=True)
-        assert torch.allclose(got, fresh, rtol=1e-14, atol=0.0) and got.shape == (2, 1, 64)
+        assert got.shape == (2, 1, 64), got.shape
+        assert_close(got, fresh, F64_REORDERED_SUM, f"the centre of {length} keys with the kept ones")
     assert max(t.numel() for key, t in sequence_stats._ONES.items() if key[0] == v.device) >= 2500
 
 
