@@ -5,7 +5,7 @@ their documentation (same signatures, layouts and semantics, quirks included: ba
 ``window_left = W - 1``, sinks honoured by one wrapper only, ALiBi slopes from a cache,
 FlashAttention's page rule). With them on ``sys.path`` the adapters run the conformance
 suite on the CPU; what they claim must pass, and a mapping bug planted in the adapter
-must fail. The real kernels' results are in ``docs/results/conformance-matrix-flashinfer.md``.
+must fail. How the real kernels fare is in the docs' conformance matrix.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The packages are absent here, so ``tests/standins`` (pure torch, written from the
 packages' signatures and argument conventions) stands in for them: these tests check the
 adapters' mapping (layouts, index lists, windows, scales, sinks) and their declared
-limits, not the real kernels' numerics (docs/results/conformance-matrix-triton.md).
+limits, not the real kernels' numerics (docs/variants.md).
 """
 
 from __future__ import annotations

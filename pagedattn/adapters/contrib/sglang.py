@@ -19,8 +19,8 @@ cached prefix through prefix-only ``kv_indices`` into the pool, the new tokens' 
 contiguous tensors (``layouts.new_tokens_kv``), causal within them. Its window is
 ``sliding_window_size = W - 1`` (keys with ``q - k <= W - 1``), and ``0`` means "no window"
 (the kernel tests ``SLIDING_WINDOW_SIZE > 0``), so ``W = 1`` cannot be expressed: those
-cases are excluded with the reason (a real deviation, measured in
-``docs/results/conformance-matrix-triton.md``). It takes no fp8 scales and no ALiBi.
+cases are excluded with the reason (a real deviation, documented in
+``docs/variants.md``). It takes no fp8 scales and no ALiBi.
 
 The kernels are imported in the constructors: without SGLang they raise
 ``ImportError("sglang is not installed: ...")``. ``claims="signature"`` claims everything
@@ -52,7 +52,7 @@ FP8_DECODE = (
 )
 EXTEND_WINDOW_1 = (
     "SGLang's extend kernel takes sliding_window_size = W - 1 and reads 0 as 'no window', so W = 1 (each query "
-    "sees only itself) runs unwindowed (real deviation, docs/results/conformance-matrix-triton.md)"
+    "sees only itself) runs unwindowed (real deviation, docs/variants.md)"
 )
 
 

@@ -16,8 +16,8 @@ The kernel reads block-table entries past a sequence's last block (unmasked load
 the end of its last 32-key tile); vLLM's tables are wide, so the adapter pads each row
 with block 0 to cover that tile.
 
-Known deviation, excluded from the claims with its reason (and measured in
-``docs/results/conformance-matrix-triton.md``): the ALiBi bias is ``slope * (key -
+Known deviation, excluded from the claims with its reason (and documented in
+``docs/variants.md``): the ALiBi bias is ``slope * (key -
 context_len)``, measured from the chunk start rather than the query position. For a row
 with several new tokens that shifts each row's scores by ``slope * i``, which softmax
 hides, unless a sink joins the denominator. ``VllmUnifiedBackend(claims="signature")``
@@ -57,7 +57,7 @@ BATCH_NOTE = (
 ALIBI_SINKS = Exclusion(
     "vLLM's unified_attention measures the ALiBi distance from the chunk start (key - context_len), not from the "
     "query position; softmax hides the per-row shift until a sink joins the denominator (real deviation, "
-    "docs/results/conformance-matrix-triton.md)",
+    "docs/variants.md)",
     variants=frozenset({"alibi_slopes", "sinks"}),
     multi_token=True,
 )
