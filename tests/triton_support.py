@@ -108,55 +108,6 @@ KERNEL_CASES = (
 )
 
 
-KERNEL_CASES = (
-    [CaseSpec("t", ((70, 1), (1, 1), (17, 1)), dtype=dt) for dt in (torch.float32, torch.float16, torch.bfloat16)]
-    + [
-        CaseSpec(
-            "t",
-            ((33, 33), (40, 7)),
-            num_heads=6,
-            num_kv_heads=2,
-            head_dim=80,
-            block_size=3,
-            layout="permuted",
-            scale=0.3,
-            dtype=dt,
-        )
-        for dt in (torch.float32, torch.bfloat16)
-    ]
-    + [
-        # fp8 caches: V widened through split/join, bf16 queries on fp16 dots (see _query_rows)
-        CaseSpec(
-            "t",
-            ((300, 1), (45, 1), (40, 9)),
-            num_heads=8,
-            num_kv_heads=2,
-            head_dim=64,
-            dtype=dt,
-            kv_dtype=kv,
-            k_scale=0.5,
-            v_scale=2.0,
-            query_gain=40.0,
-            layout="permuted",
-        )
-        for dt, kv in ((torch.bfloat16, torch.float8_e4m3fn), (torch.float16, torch.float8_e5m2))
-    ]
-)
-
-
-def assert_same_bits(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
-    """``got`` holds exactly ``want``'s values (``torch.equal``); else a failure naming ``what``
-    (the case and the two runs compared) and how much differs."""
-    __tracebackhide__ = True
-    if torch.equal(got, want):
-        return
-    if got.shape != want.shape or got.dtype != want.dtype:
-        pytest.fail(f"{what}: got {got.dtype} {tuple(got.shape)}, expected {want.dtype} {tuple(want.shape)}")
-    differs = got != want
-    worst = float((got.double() - want.double()).abs().nan_to_num(nan=float("inf")).max())
-    pytest.fail(f"{what}: {int(differs.sum())} of {got.numel()} elements differ (largest difference {worst:.3g})")
-
-
 def attention(case, tuning=TUNING, **kw):
     """The kernel on ``case`` (``prepare`` then ``run``) under ``tuning``; ``kw``: ``prepare``'s
     other arguments (scale, variants, ``return_lse``)."""
