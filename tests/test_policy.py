@@ -268,11 +268,17 @@ def test_structural_problems_are_named(mutate, text):
 def test_tolerance_factor_scales_the_bound_and_shows():
     case = ATTENTION_SPECS[0].build()
     ref, bound = attention_error_bound(case)
-    out = (ref + 3 * bound).to(torch.float64)
+    out = ref.clone()
+    out[0, 0, 0] += 3 * bound[0, 0, 0]  # one element: the worst element's criterion alone
     out = out.to(case.dtype)
     assert not check_attention(out, case).passed
     loose = check_attention(out, case, tolerance_factor=4.0)
     assert loose.passed and "x4" in str(loose), str(loose)
+    # every element off: the error's distribution, scaled alike (its RMS by the factor)
+    shifted = (ref + 3 * bound).to(case.dtype)
+    strict, loose = check_attention(shifted, case), check_attention(shifted, case, tolerance_factor=4.0)
+    assert loose.budget_used < 1.0 and loose.rms_failed, str(loose)
+    assert abs(strict.rms_ratio / loose.rms_ratio - 4.0) < 1e-9, (strict.rms_ratio, loose.rms_ratio)
 
 
 def test_bound_floor_for_subnormals():
@@ -535,7 +541,7 @@ def test_a_decodes_direct_sums_are_its_terms():
     c = next(iter_chunks(case))
     Hkv, G, _, Lc = c.probs.shape
     o = c.output()  # [1, Hq, D]
-    s1, s2 = sequence_stats._decode_sums(c, o)
+    s1, s2, q2, _, p2, _ = sequence_stats._decode_sums(c, o)
     p = c.probs.view(Hkv, G, Lc)
     dev = c.v[:, None] - o.view(Hkv, G, 1, -1)  # [Hkv, G, Lc, D]
     want1 = torch.einsum("hgl,hld->hgd", p, c.v.abs()).reshape(1, Hkv * G, -1)
@@ -546,6 +552,10 @@ def test_a_decodes_direct_sums_are_its_terms():
     assert_close(s1, want1, rtol, "a decode's sum_j p_j |v_j|")
     assert_close(s2, want2, rtol, "a decode's sum_j p_j (v_j - o)^2")
     assert 0.1 < float(s2.mean()) < 10.0, float(s2.mean())
+    # the squared weights' sums of the expected error: sum_j p_j^2 (v_j - o)^2 and sum_j p_j^2
+    want_q2 = torch.einsum("hgl,hgld->hgd", p * p, dev * dev).reshape(1, Hkv * G, -1)
+    assert_close(q2, want_q2, rtol, "a decode's sum_j p_j^2 (v_j - o)^2")
+    assert_close(p2, (p * p).sum(-1).reshape(1, -1, 1), rtol, "a decode's sum_j p_j^2")
 
 
 def _device_path_case(name: str) -> PagedCase:

@@ -87,6 +87,17 @@ C_ACC = 2.0
 #: kernel can land there on exotic hardware rounding; a real bug lands far beyond.
 WARN_FACTOR = 2.0
 
+# The statistical criterion (docs/tolerance.md, "The error's distribution"): the measured
+# errors' energy against the model's expected rounding error, whose every variance is an upper
+# bound, so that a correct kernel's expected ratio is at most 1.
+#: fail where the error's RMS exceeds this many times the model's: twice its expected energy
+RMS_LIMIT = 2.0**0.5
+#: the statistic judges an output of at least this many effective elements, where the energy
+#: ratio's own spread (about sqrt(2 / n)) is an eighth of the way to the limit's squared margin
+RMS_MIN_ELEMENTS = 128
+#: variance of a rounding error uniform within +-u (round to nearest, relative or absolute)
+UNIFORM_VAR = 1.0 / 3.0
+
 #: tanh.approx.f32's largest relative error, 2**-11 (PTX ISA 9.1), rounded up to 2**-10.9 as a
 #: margin; that also covers 2**-10.987, a figure quoted for it (the ISA's, for the f16 variant)
 U_TANH_APPROX = 2.0**-10.9

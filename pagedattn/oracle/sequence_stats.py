@@ -9,6 +9,8 @@ fused check (``pagedattn.verdict_kernel.host``) forms the same numbers in its ke
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from pagedattn.oracle.error_model import U_FP32
@@ -41,12 +43,13 @@ def _centre(v: torch.Tensor, by_product: bool | None = None) -> torch.Tensor:
 
 def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``v`` ``[Hkv, L, D]`` float64 (a sequence's values from the first its rows see; rows of D
-    contiguous): its mean over the keys ``c`` ``[Hkv, 1, D]`` and ``[|v|, (v - c)^2]``
-    ``[Hkv, L, 2D]`` in float32, the right factor of the bound's product. Only the values the
-    rows see: a decode under a window of W holds W of them, not the whole history (on the device
-    path a decode has none: ``policy.direct_decode``)."""
+    contiguous): its mean over the keys ``c`` ``[Hkv, 1, D]`` and ``[|v|, (v - c)^2, v - c]``
+    ``[Hkv, L, 3D]`` in float32, the right factor of the bound's product (its first 2D columns,
+    with the weights) and of the expected error's (its last 2D, with the squared weights). Only
+    the values the rows see: a decode under a window of W holds W of them, not the whole history
+    (on the device path a decode has none: ``policy.direct_decode``)."""
     centre = _centre(v)
-    vv = torch.empty(*v.shape[:2], 2 * v.shape[2], dtype=torch.float32, device=v.device)
+    vv = torch.empty(*v.shape[:2], 3 * v.shape[2], dtype=torch.float32, device=v.device)
     D = v.shape[2]
     vv[..., :D].copy_(v).abs_()  # |fl32(v)| = fl32(|v|): no float64 temporary
     # the difference in float64 (it may cancel), on the CPU a slice of keys at a time: a
@@ -54,30 +57,61 @@ def _value_moments(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     # on a device, where each slice is launches, in one pass
     step = max(1, _MOMENTS_SLICE // max(1, v.shape[0] * D)) if v.device.type == "cpu" else v.shape[1]
     for k0 in range(0, v.shape[1], step):
-        vv[:, k0 : k0 + step, D:] = (v[:, k0 : k0 + step] - centre).square_()
+        dev = v[:, k0 : k0 + step] - centre
+        vv[:, k0 : k0 + step, 2 * D :] = dev
+        vv[:, k0 : k0 + step, D : 2 * D] = dev.square_()
     return centre, vv
 
 
-def _decode_sums(c: Chunk, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A decode's ``sum_j p_j |v_j|`` and ``sum_j p_j (v_j - o)^2``, each ``[1, Hq, D]`` float64, from
-    its weights and values in float64, about its own output ``o`` ``[1, Hq, D]`` float64: every term
-    is nonnegative, so the sums are their values to within a float64 rounding a key, in any order
-    (the verdict kernel's, ``pagedattn.verdict_kernel.host``, and torch's). The squared deviations are
+class DecodeSums(NamedTuple):
+    """A decode's sums over its keys, about its own output ``o``, each ``[1, Hq, D]`` float64
+    (``p2``: ``[1, Hq, 1]``)."""
+
+    abs_pv: torch.Tensor  # sum_j p_j |v_j|
+    s2: torch.Tensor  # sum_j p_j (v_j - o)^2
+    q2: torch.Tensor  # sum_j p_j^2 (v_j - o)^2
+    q1: torch.Tensor  # sum_j p_j^2 (v_j - o)
+    p2: torch.Tensor  # sum_j p_j^2
+    w2: torch.Tensor | None  # sum_j w_j (v_j - o)^2, w the keys' weights given (None: none given)
+
+
+def _decode_sums(c: Chunk, o: torch.Tensor, key_w: torch.Tensor | None = None) -> DecodeSums:
+    """A decode's sums (``DecodeSums``) from its weights and values in float64, about its own
+    output ``o`` ``[1, Hq, D]`` float64: the terms of ``s2`` and ``q2`` are nonnegative, so those
+    sums are their values to within a float64 rounding a key, in any order (the verdict
+    kernel's, ``pagedattn.verdict_kernel.host``, and torch's). The squared deviations are
     formed a slice of keys at a time, each at most the size of the values (the float32 moments
     this replaces were as large), or of one key a query head where the keys are fewer than the
-    GQA group (a window under G keys: the size of the output)."""
+    GQA group (a window under G keys: the size of the output). ``key_w`` ``[Hkv, G, 1, Lc]``
+    float64: weights of the keys for ``w2``."""
     Hkv, G, n, Lc = c.probs.shape
     D = c.v.shape[2]
     p = c.probs.view(Hkv, G, Lc)
+    pp = p.square()
     s1 = torch.bmm(p, c.v.abs())  # [Hkv, G, D]
+    p2 = pp.sum(dim=-1, keepdim=True)  # [Hkv, G, 1]
     ov = o.view(Hkv, G, 1, D)
+    q1 = torch.bmm(pp, c.v).sub_(p2 * ov.view(Hkv, G, D))  # sum_j p_j^2 v_j - o sum_j p_j^2
     step = max(1, Lc // G)
     s2 = torch.zeros(Hkv * G, 1, D, dtype=torch.float64, device=o.device)
+    q2 = torch.zeros_like(s2)
+    w2 = None if key_w is None else torch.zeros_like(s2)
+    kw = None if key_w is None else key_w.view(Hkv, G, Lc)
     for k0 in range(0, Lc, step):
-        dv = (c.v[:, None, k0 : k0 + step] - ov).square_()  # [Hkv, G, s, D]
-        s2.baddbmm_(p[:, :, k0 : k0 + step].reshape(Hkv * G, 1, -1), dv.view(Hkv * G, -1, D))
+        dv = (c.v[:, None, k0 : k0 + step] - ov).square_().view(Hkv * G, -1, D)  # [Hkv * G, s, D]
+        s2.baddbmm_(p[:, :, k0 : k0 + step].reshape(Hkv * G, 1, -1), dv)
+        q2.baddbmm_(pp[:, :, k0 : k0 + step].reshape(Hkv * G, 1, -1), dv)
+        if w2 is not None and kw is not None:
+            w2.baddbmm_(kw[:, :, k0 : k0 + step].reshape(Hkv * G, 1, -1), dv)
         del dv
-    return s1.view(1, Hkv * G, D), s2.view(1, Hkv * G, D)
+    return DecodeSums(
+        s1.view(1, Hkv * G, D),
+        s2.view(1, Hkv * G, D),
+        q2.view(1, Hkv * G, D),
+        q1.view(1, Hkv * G, D),
+        p2.view(1, -1, 1),
+        None if w2 is None else w2.view(1, Hkv * G, D),
+    )
 
 
 def _key_reach(norms: torch.Tensor, window: int | None) -> torch.Tensor:

@@ -19,6 +19,16 @@ from pagedattn.oracle.reference import index_rows
 
 #: Bugs the policy must catch at fp32 by the numbers alone.
 PRECISION_BUGS = ("exp_bf16", "acc_fp16", "query_bf16", "drop_key", "scale_1pct", "no_rescale")
+#: Precision slips of a half-precision flash kernel, each at 2x a correct one's RMS error or
+#: more: the statistical criterion's business (``docs/tolerance.md``), caught at half precision.
+HALF_PRECISION_SLIPS = ("acc_input", "lsum_input", "p_fp8", "qk_reduced_input")
+#: Roundings a kernel may declare (``Capabilities``), each legitimate under its declaration:
+#: the emulation's ``bug=`` name and the declaration that covers it.
+DECLARED_FORMS = {
+    "qk_products_input": {"qk_precision": "input"},
+    "scale_folded": {"qk_precision": "scaled_query"},
+    "partials_input": {"partials_precision": "input"},
+}
 
 #: Every planted bug, with the mistake it models.
 BUGS = {
@@ -49,10 +59,40 @@ BUGS = {
     "sink_dropped_in_split": "the sink is lost when the history is split (decode histories over 512 keys)",
     "fp8_scale_ignored": "fp8 k_scale and v_scale treated as 1.0",
     "lse_log2": "the log-sum-exp returned in base 2 (FlashInfer's convention) where natural log is asked",
+    # half-precision slips (flash-style weights, tiles of 64)
+    "acc_input": "the output accumulator kept in the input dtype across tiles",
+    "lsum_input": "the running softmax denominator kept in the input dtype",
+    "p_fp8": "with an fp8 cache, the weights cast to the cache's fp8 dtype before P.V",
+    "qk_reduced_input": "q.k reduced wholly in the input dtype (products and every partial sum)",
+}
+
+#: declared roundings, for the emulation (not bugs: ``DECLARED_FORMS`` says what covers each)
+_FORMS = {
+    "qk_products_input": "q.k products rounded to the input dtype, summed in fp32, the score rounded once",
+    "scale_folded": "scale * log2(e) folded into the query, rounded to the input dtype; exp2",
+    "partials_input": "split-K partial outputs stored in the input dtype before the fp32 merge",
 }
 
 #: the history length above which the model splits a decode row (as the Triton kernel does)
 SPLIT_KEYS = 512
+#: keys per split-K partial (``partials_input``)
+PARTIAL_KEYS = 256
+#: the slips and forms that round to a half dtype: the tile and weights of a flash kernel
+_FLASH = set(HALF_PRECISION_SLIPS) | set(_FORMS)
+
+
+def _input_products(q: torch.Tensor, k: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[Hq, n, t, D]`` float32: every product ``q_i k_i`` rounded to ``dtype``."""
+    return (q[:, :, None, :] * k[:, None, :, :]).to(dtype).float()
+
+
+def _pairwise_sum(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The last dimension of ``x`` summed pairwise, every partial sum rounded to ``dtype``."""
+    while x.shape[-1] > 1:
+        if x.shape[-1] % 2:
+            x = torch.nn.functional.pad(x, (0, 1))
+        x = (x[..., 0::2] + x[..., 1::2]).to(dtype).float()
+    return x[..., 0]
 #: the `nondeterministic` bug's own random order: a run in the tests' process (tests/test_planted_bugs.py)
 #: leaves torch's global generator where it was
 _ORDER_RNG = torch.Generator().manual_seed(0)
@@ -84,8 +124,10 @@ def streamed_attention(
     """``[T, Hq, D]`` in the query dtype. ``round_weights`` rounds ``p`` to the input dtype
     before the weighted-V product, as flash-style kernels do (legitimate). Every variant
     of ``PagedCase``; the log-sum-exp goes to ``lse_out`` (``[T, Hq]`` float32) if given."""
-    if bug is not None and bug not in BUGS:
+    if bug is not None and bug not in BUGS and bug not in _FORMS:
         raise ValueError(f"unknown bug {bug!r}")
+    if bug in _FLASH:  # a flash kernel: tiles of 64, weights rounded to the input dtype
+        tile, round_weights = 64, True
     if bug == "batch_dependent_order":
         tile = tile if case.num_seqs == 1 else max(1, tile // 2)
     if out is None:
@@ -111,6 +153,8 @@ def streamed_attention(
         q = case.query[loc[b] : loc[b + 1]]
         if bug == "query_bf16":
             q = q.to(torch.bfloat16)
+        if bug == "scale_folded":
+            q = (q.float() * (scale * math.log2(math.e))).to(case.dtype)
         q = q.float().transpose(0, 1)  # [Hq, n, D]
         pos = torch.arange(L - n, L, device=dev)  # absolute positions of the new tokens
         if bug == "causal_ignores_past":
@@ -127,12 +171,22 @@ def streamed_attention(
             m = case.sinks.float()[:, None, None].expand(-1, n, 1).clone()  # the sink seeds the softmax
             l_sum = torch.ones(case.num_heads, n, 1, device=dev)
         acc = torch.zeros(case.num_heads, n, case.head_dim, device=dev)
+        partials: list[tuple[torch.Tensor, torch.Tensor]] = []  # partials_input: (o_s, lse_s)
         for j0 in order:
             j = torch.arange(j0, min(n_keys, j0 + tile), device=dev)
             slots = _slots(case, b, j, bug)
             k = index_rows(k_flat, slots).float()[:, kv_of_head].transpose(0, 1)  # [Hq, t, D]
             v = index_rows(v_flat, slots).float()[:, kv_of_head].transpose(0, 1)
-            s = (q @ k.transpose(1, 2)) * scale  # [Hq, n, t]
+            if bug in ("qk_products_input", "qk_reduced_input"):
+                products = _input_products(q, k, case.dtype)
+                if bug == "qk_products_input":
+                    s = products.sum(-1).to(case.dtype).float() * scale
+                else:
+                    s = _pairwise_sum(products, case.dtype) * scale
+            elif bug == "scale_folded":
+                s = (q @ k.transpose(1, 2)) * math.log(2.0)  # exp2 of the folded score, as exp
+            else:
+                s = (q @ k.transpose(1, 2)) * scale  # [Hq, n, t]
             if cap is not None and bug != "softcap_after_mask":
                 s = cap * torch.tanh(s / cap)
             if slopes is not None:
@@ -161,11 +215,28 @@ def streamed_attention(
             p = torch.exp(x.to(torch.bfloat16)).float() if bug == "exp_bf16" else torch.exp(x)
             alpha = torch.ones_like(m) if bug == "no_rescale" else torch.exp(m - m_safe)
             l_sum = l_sum * alpha + p.sum(-1, keepdim=True)
+            if bug == "lsum_input":
+                l_sum = l_sum.to(case.dtype).float()
             pv = p.to(weights_dtype).float() if round_weights else p
+            if bug == "p_fp8" and case.kv_dtype != case.dtype:
+                pv = p.to(case.kv_dtype).float()
             acc = acc * alpha + pv @ v
             if bug == "acc_fp16":
                 acc = acc.half().float()
+            if bug == "acc_input":
+                acc = acc.to(case.dtype).float()
             m = m_new
+            if bug == "partials_input" and (j0 + tile) % PARTIAL_KEYS == 0 and j0 + tile < n_keys:
+                partials.append(_close_partial(acc, l_sum, m, case.dtype))
+                m = torch.full_like(m, float("-inf"))
+                l_sum, acc = torch.zeros_like(l_sum), torch.zeros_like(acc)
+        if partials:  # the last split, then the merge in fp32 (the sink seeded the first split)
+            partials.append(_close_partial(acc, l_sum, m, case.dtype))
+            lses = torch.stack([lse for _, lse in partials])  # [S, Hq, n, 1]
+            m = lses.amax(0)
+            w = torch.exp(lses - m)
+            l_sum = w.sum(0)
+            acc = (w * torch.stack([o for o, _ in partials])).sum(0)
         result = (acc * (v_scale / l_sum)).transpose(0, 1).to(case.dtype)
         if lse_out is not None:
             lse = (m + torch.log(l_sum))[..., 0].transpose(0, 1)  # [n, Hq]
@@ -177,6 +248,15 @@ def streamed_attention(
         last = int(case.block_tables[0, case.num_blocks_used(0) - 1])
         case.key_cache[last, (lens[0] - 1) % case.block_size] = 0  # "stores the new token's K"
     return out
+
+
+def _close_partial(
+    acc: torch.Tensor, l_sum: torch.Tensor, m: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A split's partial output stored in ``dtype`` and its log-sum-exp in fp32; an empty
+    split (every key masked) weighs nothing."""
+    safe = l_sum.clamp_min(1e-30)
+    return (acc / safe).to(dtype).float(), torch.where(l_sum > 0, m + torch.log(safe), float("-inf"))
 
 
 class PlantedBackend:
