@@ -228,7 +228,10 @@ def test_an_unknown_invariance_name_is_an_error():
         ),
         (dict(decode_only=1), r"Capabilities\.decode_only: must be True or False, got 1"),
         (dict(default_scale_only="yes"), r"Capabilities\.default_scale_only: must be True or False"),
-        (dict(qk_precision="bf16"), r"Capabilities\.qk_precision: must be 'fp32' or 'input', got 'bf16'"),
+        (
+            dict(qk_precision="bf16"),
+            r"Capabilities\.qk_precision: must be 'fp32', 'scaled_query' or 'input', got 'bf16'",
+        ),
         (dict(tanh_precision="fast"), r"Capabilities\.tanh_precision: must be 'ieee' or 'approx', got 'fast'"),
         (
             dict(exclusions=Exclusion("x", dtypes=frozenset({torch.float16}))),
@@ -328,7 +331,7 @@ def test_describe_and_limit_lines_report_every_limit():
         "excludes kv_dtypes float8_e4m3fn, block_sizes <lambda>, gqa_ratios even GQA ratios, pure decode batches: "
         "needs bs 16 under even GQA",
         "case filter: <lambda>",
-        "q·k precision: products rounded to the input dtype, summed in fp32 (qk_precision 'input') (bf16 products)",
+        "q·k precision: products rounded to the input dtype, summed in fp32, the score rounded once (qk_precision 'input') (bf16 products)",
         "soft-cap tanh: approximate, tanh.approx.f32 and an approximate 1/cap (tanh_precision 'approx') "
         "(tanh.approx.f32)",
     ], lines

@@ -81,6 +81,7 @@ def test_declared_limits(standins):
     assert vllm.capabilities.fp32_precision == "tf32" and "standin" in vllm.version
     decode = _backend("sglang_decode")
     assert decode.capabilities.decode_only and decode.capabilities.qk_precision == "input"
+    assert decode.capabilities.declared_on == "decode_mha"
     prefill = CaseSpec("t", ((20, 20),), dtype=torch.float32).build()
     assert "decode-only" in decode.capabilities.case_reason(prefill)
     with pytest.raises(ValueError, match="query_lens"):

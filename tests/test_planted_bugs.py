@@ -49,6 +49,10 @@ KILLER = {
     "sink_dropped_in_split": ("test_sinks", None),
     "fp8_scale_ignored": ("test_fp8", None),
     "lse_log2": ("test_lse", None),
+    "acc_input": ("test_continuation", None),
+    "lsum_input": ("test_continuation", None),
+    "p_fp8": ("test_fp8", None),
+    "qk_reduced_input": ("test_decode", None),
 }
 
 
@@ -101,6 +105,7 @@ REPRESENTATIVE = (
     "window_off_by_one",
     "sink_dropped_in_split",
     "lse_log2",
+    "acc_input",
 )
 
 

@@ -107,8 +107,9 @@ def test_the_suite_judges_a_backend_by_its_declared_tanh_precision():
     for declare, passes in ((True, True), (False, False)):
         backend = ApproxTanhBackend(declare=declare)
         suite = Suite(backend=backend, backend_spec="x", device="cpu", profile="quick", replay_dir=".")
-        assert suite.policy["tanh_precision"] == ("approx" if declare else "ieee"), suite.policy
-        _, lse_check = check_attention_lse(*backend.paged_attention_lse(case), case, **suite.policy)
+        policy = suite.policy(case)
+        assert policy["tanh_precision"] == ("approx" if declare else "ieee"), policy
+        _, lse_check = check_attention_lse(*backend.paged_attention_lse(case), case, **policy)
         assert lse_check.passed == passes, f"declared={declare}, judged by Suite.policy:\n{lse_check}"
 
 

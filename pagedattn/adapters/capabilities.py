@@ -22,13 +22,48 @@ from pagedattn.adapters.exclusion import (
     spec_text,
 )
 from pagedattn.oracle.case import PagedCase
-from pagedattn.oracle.policy import PRECISIONS, QK_PRECISIONS, TANH_PRECISIONS
+from pagedattn.oracle.policy import PARTIALS_PRECISIONS, PRECISIONS, QK_PRECISIONS, TANH_PRECISIONS
 from pagedattn.validation import VARIANTS, ProblemError, default_scale
+
+#: where a declared score or partials precision applies (``Capabilities.declared_on``): every
+#: case, only cases whose every sequence is a decode, or only decodes with one query head per
+#: kv head (the path on which split-K decode kernels form q·k from input-dtype products)
+DECLARED_SCOPES = ("all", "decode", "decode_mha")
+
+
+def declared_applies(scope: str, case: PagedCase) -> bool:
+    """Whether a precision declared on ``scope`` (``DECLARED_SCOPES``) covers ``case``."""
+    if scope == "all":
+        return True
+    decode = max(case.query_lens) == 1
+    return decode and (scope == "decode" or case.gqa_ratio == 1)
+
+
+def policy_for(claims: Any, case: PagedCase) -> dict[str, Any]:
+    """The check's keyword arguments for ``case`` under ``claims`` (a ``Capabilities`` or anything
+    with its precision fields): the declared q·k and partials precisions only where
+    ``declared_on`` covers the case, the others everywhere."""
+    scoped = declared_applies(claims.declared_on, case)
+    return {
+        "precision": claims.fp32_precision,
+        "qk_precision": claims.qk_precision if scoped else "fp32",
+        "tanh_precision": claims.tanh_precision,
+        "partials_precision": claims.partials_precision if scoped else "fp32",
+        "tolerance_factor": claims.tolerance_factor,
+    }
 
 
 def _either(names: tuple[str, ...]) -> str:
-    """``'fp32' or 'input'``."""
-    return " or ".join(repr(n) for n in names)
+    """``'fp32' or 'input'``; ``'fp32', 'scaled_query' or 'input'``."""
+    quoted = [repr(n) for n in names]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+
+
+_QK_TEXT = {
+    "input": "products rounded to the input dtype, summed in fp32, the score rounded once (qk_precision 'input')",
+    "scaled_query": "the scale folded into the query in the input dtype (qk_precision 'scaled_query')",
+}
+_SCOPE_TEXT = {"decode": "decodes", "decode_mha": "decodes with one query head per kv head"}
 
 
 @dataclass(frozen=True)
@@ -66,17 +101,27 @@ class Capabilities:
         decode_only: ``True``: the kernel takes one query token per sequence; a case in
             which some sequence has more than one is unsupported.
         default_scale_only: ``True``: the kernel's softmax scale is fixed at
-            ``head_dim ** -0.5``; a case with another scale is unsupported (folding the
-            scale into the query adds a rounding the policy does not allow for).
+            ``head_dim ** -0.5``; a case with another scale is unsupported. (A kernel that
+            folds the scale into the query in the input dtype declares that rounding:
+            ``qk_precision="scaled_query"``.)
         exclusions: combinations that are not supported, each an ``Exclusion`` with
             its reason (e.g. sinks, but not together with a soft-cap).
         case_filter: ``(case, operation) -> reason or None``, for a limit the fields
             above cannot state (its docstring names it in the report). Called only for
             cases every other claim admits; it must not modify the case.
-        qk_precision: ``"fp32"`` or ``"input"``: ``input`` when the kernel forms q·k
-            from products rounded to the input dtype (e.g. ``tl.sum(q[None, :] * k, 1)``
-            on bf16 tiles), summed in fp32. The policy adds the matching term and the
-            report header says so.
+        qk_precision: ``"fp32"``, ``"scaled_query"`` or ``"input"``: ``scaled_query`` when the
+            kernel folds the softmax scale (times ``log2 e``) into the query and rounds it to the
+            input dtype; ``input`` when it forms q·k from products rounded to the input dtype
+            (e.g. ``tl.sum(q[None, :] * k, 1)`` on bf16 tiles), summed in fp32, and may round
+            the score to the input dtype once (one rounding per product: folding the scale as
+            well is a second, which no declaration covers). The policy adds the matching term
+            and the report header says so.
+        partials_precision: ``"fp32"`` or ``"input"``: ``input`` when a split history's
+            partial outputs are stored in the input dtype before the merge.
+        declared_on: where ``qk_precision`` and ``partials_precision`` apply, one of
+            ``DECLARED_SCOPES``: ``"all"`` (default), ``"decode"`` (cases whose every sequence
+            has one query token) or ``"decode_mha"`` (those with one query head per kv head);
+            elsewhere the case is judged as if they were ``"fp32"``.
         tanh_precision: ``"ieee"`` or ``"approx"``: ``approx`` when the kernel's soft-cap
             evaluates tanh approximately (PTX ``tanh.approx.f32``, with an approximate
             reciprocal of the cap, as FlashInfer does). The policy adds the matching term to
@@ -101,6 +146,8 @@ class Capabilities:
     case_filter: Callable[[PagedCase, str], str | None] | None = None
     qk_precision: str = "fp32"
     tanh_precision: str = "ieee"
+    partials_precision: str = "fp32"
+    declared_on: str = "all"
 
     def __post_init__(self) -> None:
         if self.fp32_precision not in PRECISIONS:
@@ -116,6 +163,16 @@ class Capabilities:
                 "Capabilities",
                 "tanh_precision",
                 f"must be {_either(TANH_PRECISIONS)}, got {self.tanh_precision!r}",
+            )
+        if self.partials_precision not in PARTIALS_PRECISIONS:
+            raise ProblemError(
+                "Capabilities",
+                "partials_precision",
+                f"must be {_either(PARTIALS_PRECISIONS)}, got {self.partials_precision!r}",
+            )
+        if self.declared_on not in DECLARED_SCOPES:
+            raise ProblemError(
+                "Capabilities", "declared_on", f"must be one of {DECLARED_SCOPES}, got {self.declared_on!r}"
             )
         unknown = set(self.operations) - OPERATIONS
         if unknown:
@@ -291,11 +348,14 @@ class Capabilities:
             lines.append(f"excludes {ex.match_text()}: {ex.reason}")
         if self.case_filter is not None:
             lines.append(self._why("case_filter", f"case filter: {doc_line(self.case_filter)}"))
-        if self.qk_precision == "input":
+        scope = "" if self.declared_on == "all" else f", on {_SCOPE_TEXT[self.declared_on]} only"
+        if self.qk_precision != "fp32":
+            lines.append(self._why("qk_precision", f"q·k precision: {_QK_TEXT[self.qk_precision]}{scope}"))
+        if self.partials_precision != "fp32":
             lines.append(
                 self._why(
-                    "qk_precision",
-                    "q·k precision: products rounded to the input dtype, summed in fp32 (qk_precision 'input')",
+                    "partials_precision",
+                    f"split-K partial outputs stored in the input dtype (partials_precision 'input'){scope}",
                 )
             )
         if self.tanh_precision == "approx":
@@ -321,6 +381,8 @@ class Capabilities:
             "fp32_precision": self.fp32_precision,
             "qk_precision": self.qk_precision,
             "tanh_precision": self.tanh_precision,
+            "partials_precision": self.partials_precision,
+            "declared_on": self.declared_on,
             "tolerance_factor": self.tolerance_factor,
             "invariances": sorted(self.invariances),
             "decode_only": self.decode_only,

@@ -182,6 +182,8 @@ def backend_info(backend: Backend) -> dict[str, Any]:
         "fp32_precision": caps.fp32_precision,
         "qk_precision": caps.qk_precision,
         "tanh_precision": caps.tanh_precision,
+        "partials_precision": getattr(caps, "partials_precision", "fp32"),
+        "declared_on": getattr(caps, "declared_on", "all"),
         "tolerance_factor": caps.tolerance_factor,
         "max_seq_len": caps.max_seq_len,
         "decode_only": caps.decode_only,

@@ -56,6 +56,8 @@ def _continuation(profile: str) -> list[CaseSpec]:
     for dt in DTYPES:
         out.append(CaseSpec("continuation", ((40, 7), (50, 25)), scale=0.3, dtype=dt))
         out.append(CaseSpec("continuation", ((64, 16), (17, 2)), head_dim=48, block_size=16, dtype=dt))
+    for dt in (F16, BF16):  # a long history at half precision: where an accumulator kept in it shows
+        out.append(CaseSpec("continuation", ((1600, 32),), num_heads=4, num_kv_heads=2, dtype=dt))
     if profile != "quick":
         for dt in DTYPES:
             out.append(CaseSpec("continuation", ((1500, 300), (777, 77)), num_heads=8, head_dim=128, dtype=dt))

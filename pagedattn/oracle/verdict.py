@@ -113,7 +113,7 @@ class AttentionCheck:
             "failed": f"{self.what} outside the error bound",
         }[self.status]
         if self.rms_failed and self.budget_used <= WARN_FACTOR and not self.num_nonfinite:
-            head = f"{self.what}'s error distribution outside the model (every element within {WARN_FACTOR:g}x its bound)"
+            head = f"{self.what}'s error distribution outside the model"
         lines = [
             f"{head}: budget used {self.budget_used:.3g} "
             f"({self.num_over} of {self.num_elements} elements over the bound"
@@ -135,7 +135,6 @@ class AttentionCheck:
         if self.what == "attention":
             lines.insert(3, "  " + self.rms_line())
         return "\n".join(lines)
-
 
     def rms_line(self) -> str:
         """The statistical criterion in words."""
@@ -224,7 +223,11 @@ def check_attention(
         case, precision, qk_precision, tanh_precision, with_lse=False, partials_precision=partials_precision
     ):
         verdict.add(
-            blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor), var=_scaled_var(blk.var, tolerance_factor)
+            blk.tokens,
+            output[blk.tokens],
+            blk.o,
+            _scaled(blk.e, tolerance_factor),
+            var=_scaled_var(blk.var, tolerance_factor),
         )
         del blk  # its rows go before the next block's are formed (a bound name would hold them)
     return verdict.check(case, common)
@@ -282,7 +285,11 @@ def check_attention_lse(
     v_out, v_lse = _Verdict(), _Verdict()
     for blk in chunk_bounds(case, precision, qk_precision, tanh_precision, partials_precision=partials_precision):
         v_out.add(
-            blk.tokens, output[blk.tokens], blk.o, _scaled(blk.e, tolerance_factor), var=_scaled_var(blk.var, tolerance_factor)
+            blk.tokens,
+            output[blk.tokens],
+            blk.o,
+            _scaled(blk.e, tolerance_factor),
+            var=_scaled_var(blk.var, tolerance_factor),
         )
         assert blk.lse is not None and blk.e_lse is not None
         v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)

@@ -73,6 +73,8 @@ class RemoteCapabilities:
         self.fp32_precision: str = info["fp32_precision"]
         self.qk_precision: str = info["qk_precision"]
         self.tanh_precision: str = info["tanh_precision"]
+        self.partials_precision: str = info.get("partials_precision", "fp32")
+        self.declared_on: str = info.get("declared_on", "all")
         self.tolerance_factor: float = info["tolerance_factor"]
         self.notes: dict[str, str] = dict(info["notes"])
         self.max_seq_len: int | None = info["max_seq_len"]

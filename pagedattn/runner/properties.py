@@ -42,7 +42,7 @@ def _call(suite: Suite, case: PagedCase) -> Any:
 def _valid(suite: Suite, node: pytest.Item | None, case: PagedCase, out: Any, what: str) -> str:
     """Why ``out`` is not a valid answer to ``case`` (shape, dtype, device, non-finite
     where the oracle is finite), or ``""``."""
-    check = check_attention(out, case, **suite.policy)
+    check = check_attention(out, case, **suite.policy(case))
     if check.problem or check.num_nonfinite:
         if node is not None:
             note(node, metrics=check.metrics())

@@ -58,6 +58,10 @@ def _claims_lines(info: dict[str, Any]) -> list[str]:
     precisions = f", q.k precision {info['qk_precision']}" if info.get("qk_precision", "fp32") != "fp32" else ""
     if info.get("tanh_precision", "ieee") != "ieee":
         precisions += f", soft-cap tanh {info['tanh_precision']}"
+    if info.get("partials_precision", "fp32") != "fp32":
+        precisions += f", split-K partials {info['partials_precision']}"
+    if precisions and info.get("declared_on", "all") != "all":
+        precisions += f" (q.k and partials on {info['declared_on']} cases)"
     factor = info.get("tolerance_factor", 1)
     loosened = f", tolerance x{factor:g} (backend override)" if factor != 1 else ""
     lines = [
@@ -170,6 +174,8 @@ def report_header(config: pytest.Config) -> dict[str, Any]:
             "declined_invariances": {k: v for k, v in (info.get("invariances") or {}).items() if v},
             "qk_precision": info.get("qk_precision", "fp32"),
             "tanh_precision": info.get("tanh_precision", "ieee"),
+            "partials_precision": info.get("partials_precision", "fp32"),
+            "declared_on": info.get("declared_on", "all"),
             "warmup_ahead": ahead_summary(info),
         },
         "error": run.broken or None,

@@ -297,7 +297,7 @@ class SearchRun:
         except BaseException as exc:  # SystemExit and the like from a kernel: a failed draw, as in a case
             first = str(exc).splitlines()[0] if str(exc) else ""
             return self._failed(spec, pristine, f"the backend raised {type(exc).__name__}: {first}")
-        check = check_attention(out, pristine, **self.suite.policy)
+        check = check_attention(out, pristine, **self.suite.policy(pristine))
         if not check.passed:
             return self._failed(spec, pristine, str(check), check)
         if self.worst is None or check.budget_used > self.worst[0]:

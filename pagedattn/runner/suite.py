@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 import torch
 
+from pagedattn.adapters.capabilities import policy_for
 from pagedattn.adapters.protocol import Backend, Claims, SupportsWarmup
 from pagedattn.cases.configuration import Configuration, dtype_name
 from pagedattn.cases.spec import case_seed
@@ -90,16 +91,10 @@ class Suite:
     def caps(self) -> Claims:
         return self.backend.capabilities
 
-    @property
-    def policy(self) -> dict[str, Any]:
-        """The backend's declared policy terms, as keyword arguments of the checks."""
-        caps = self.caps
-        return {
-            "precision": caps.fp32_precision,
-            "qk_precision": caps.qk_precision,
-            "tanh_precision": caps.tanh_precision,
-            "tolerance_factor": caps.tolerance_factor,
-        }
+    def policy(self, case: PagedCase) -> dict[str, Any]:
+        """The backend's declared policy terms for ``case``, as keyword arguments of the checks
+        (a declared precision applies where its scope covers the case)."""
+        return policy_for(self.caps, case)
 
     @property
     def replays(self) -> ReplayFiles:
@@ -203,7 +198,7 @@ class Suite:
         self, node: pytest.Item, spec: Any, pristine: PagedCase, out: Any, operation: str = "attention"
     ) -> AttentionCheck:
         """Judge ``out`` against the oracle on ``pristine`` (an untouched copy of the case)."""
-        check = check_attention(out, pristine, **self.policy)
+        check = check_attention(out, pristine, **self.policy(pristine))
         self.verdict(node, spec, pristine, [check], operation)
         return check
 
@@ -252,7 +247,7 @@ class Suite:
                 f"paged_attention_lse must return (out, lse), got {type(result).__name__}",
                 "lse",
             )
-        out_check, lse_check = check_attention_lse(result[0], result[1], pristine, **self.policy)
+        out_check, lse_check = check_attention_lse(result[0], result[1], pristine, **self.policy(pristine))
         self.verdict(
             node,
             spec,

@@ -1,5 +1,5 @@
-"""The summary table of a run: per (family, dtype), a count per status and the worst
-budget used; built from the case records' dictionaries alone (``CaseRecord.to_dict``), so
+"""The summary table of a run: per (family, dtype), a count per status, the worst
+budget used and the largest RMS ratio (the error's distribution against the model's); built from the case records' dictionaries alone (``CaseRecord.to_dict``), so
 that a finished run, a run in progress and a saved JSON report print the same table."""
 
 from __future__ import annotations
@@ -12,13 +12,19 @@ COLUMNS = tuple(s.value for s in Status)
 
 
 def summary_rows(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per ``(family, dtype)``: a count per status and the worst budget used (``"invalid"``
-    when some output was rejected, ``None`` when nothing was judged)."""
+    """Per ``(family, dtype)``: a count per status, the worst budget used (``"invalid"``
+    when some output was rejected, ``None`` when nothing was judged) and the largest RMS ratio
+    judged (``None``: none judged)."""
     table: dict[tuple[str, str], dict[str, Any]] = {}
     for c in cases:
-        row = table.setdefault((c["family"], c["dtype"]), {s: 0 for s in COLUMNS} | {"worst_budget": None})
+        row = table.setdefault(
+            (c["family"], c["dtype"]), {s: 0 for s in COLUMNS} | {"worst_budget": None, "worst_rms": None}
+        )
         row[c["status"]] += 1
         rec_metrics = c.get("metrics") or {}
+        rms = rec_metrics.get("rms") or {}
+        if rms.get("judged") and isinstance(rms.get("ratio"), (int, float)):
+            row["worst_rms"] = rms["ratio"] if row["worst_rms"] is None else max(row["worst_rms"], rms["ratio"])
         if rec_metrics.get("problem") or rec_metrics.get("num_nonfinite"):
             row["worst_budget"] = "invalid"
             continue
@@ -35,13 +41,19 @@ def format_table(rows: list[dict[str, Any]]) -> list[str]:
     dw = max([7] + [len(r["dtype"]) + 2 for r in rows])
     fw = max([14] + [len(r["family"]) + 2 for r in rows])
     width = {c: max(8, len(c) + 2) for c in cols}
-    head = f"{'family':<{fw}}{'dtype':<{dw}}" + "".join(f"{c:>{width[c]}}" for c in cols) + f"{'worst budget':>14}"
+    head = (
+        f"{'family':<{fw}}{'dtype':<{dw}}"
+        + "".join(f"{c:>{width[c]}}" for c in cols)
+        + f"{'worst budget':>14}{'worst rms':>11}"
+    )
     lines = [head, "-" * len(head)]
     for r in rows:
         wb = r.get("worst_budget")
         wb_s = "-" if wb is None else wb if isinstance(wb, str) else f"{wb:.3g}"
         cells = "".join(f"{r.get(c, 0):>{width[c]}}" for c in cols)
-        lines.append(f"{r['family']:<{fw}}{r['dtype']:<{dw}}{cells}{wb_s:>14}")
+        rms = r.get("worst_rms")
+        rms_s = "-" if rms is None else f"{rms:.3g}"
+        lines.append(f"{r['family']:<{fw}}{r['dtype']:<{dw}}{cells}{wb_s:>14}{rms_s:>11}")
     return lines
 
 

@@ -93,6 +93,8 @@ def _pairwise_sum(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
             x = torch.nn.functional.pad(x, (0, 1))
         x = (x[..., 0::2] + x[..., 1::2]).to(dtype).float()
     return x[..., 0]
+
+
 #: the `nondeterministic` bug's own random order: a run in the tests' process (tests/test_planted_bugs.py)
 #: leaves torch's global generator where it was
 _ORDER_RNG = torch.Generator().manual_seed(0)
@@ -124,50 +126,51 @@ def streamed_attention(
     """``[T, Hq, D]`` in the query dtype. ``round_weights`` rounds ``p`` to the input dtype
     before the weighted-V product, as flash-style kernels do (legitimate). Every variant
     of ``PagedCase``; the log-sum-exp goes to ``lse_out`` (``[T, Hq]`` float32) if given."""
-    if bug is not None and bug not in BUGS and bug not in _FORMS:
+    bugs = set(bug.split("+")) if bug else set()  # "a+b": several at once
+    if bugs - set(BUGS) - set(_FORMS):
         raise ValueError(f"unknown bug {bug!r}")
-    if bug in _FLASH:  # a flash kernel: tiles of 64, weights rounded to the input dtype
+    if bugs & _FLASH:  # a flash kernel: tiles of 64, weights rounded to the input dtype
         tile, round_weights = 64, True
-    if bug == "batch_dependent_order":
+    if "batch_dependent_order" in bugs:
         tile = tile if case.num_seqs == 1 else max(1, tile // 2)
     if out is None:
         out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=case.dtype, device=case.device)
     dev = case.device
     loc = case.query_start_loc.tolist()
     lens = case.seq_lens_list
-    scale = case.head_dim**-0.5 if bug == "scale_ignored" else case.scale * (1.01 if bug == "scale_1pct" else 1.0)
-    k_scale, v_scale = (1.0, 1.0) if bug == "fp8_scale_ignored" else (case.k_scale, case.v_scale)
+    scale = case.head_dim**-0.5 if "scale_ignored" in bugs else case.scale * (1.01 if "scale_1pct" in bugs else 1.0)
+    k_scale, v_scale = (1.0, 1.0) if "fp8_scale_ignored" in bugs else (case.k_scale, case.v_scale)
     scale *= k_scale  # folded into the score scale, as kernels do
     window, cap = case.sliding_window, case.logits_soft_cap
     slopes = case.alibi_slopes.float()[:, None, None] if case.alibi_slopes is not None else None
     weights_dtype = case.dtype
     k_flat = case.key_cache.reshape(-1, case.num_kv_heads, case.head_dim)
     v_flat = case.value_cache.reshape(-1, case.num_kv_heads, case.head_dim)
-    if bug == "wrong_gqa":
+    if "wrong_gqa" in bugs:
         kv_of_head = torch.arange(case.num_heads, device=dev) % case.num_kv_heads
     else:
         kv_of_head = torch.arange(case.num_heads, device=dev) // case.gqa_ratio
     for b in range(case.num_seqs):
-        L = lens[0] if bug == "first_seq_len" else lens[b]
+        L = lens[0] if "first_seq_len" in bugs else lens[b]
         n = loc[b + 1] - loc[b]
         q = case.query[loc[b] : loc[b + 1]]
-        if bug == "query_bf16":
+        if "query_bf16" in bugs:
             q = q.to(torch.bfloat16)
-        if bug == "scale_folded":
+        if "scale_folded" in bugs:
             q = (q.float() * (scale * math.log2(math.e))).to(case.dtype)
         q = q.float().transpose(0, 1)  # [Hq, n, D]
         pos = torch.arange(L - n, L, device=dev)  # absolute positions of the new tokens
-        if bug == "causal_ignores_past":
+        if "causal_ignores_past" in bugs:
             pos = torch.arange(n, device=dev)
         n_keys = L
-        if bug == "tail_unmasked" and n == 1:
+        if "tail_unmasked" in bugs and n == 1:
             n_keys = case.num_blocks_used(b) * case.block_size
         order = torch.arange(0, n_keys, tile).tolist()
-        if bug == "nondeterministic":
+        if "nondeterministic" in bugs:
             order = [order[i] for i in torch.randperm(len(order), generator=_ORDER_RNG).tolist()]
         m = torch.full((case.num_heads, n, 1), float("-inf"), device=dev)
         l_sum = torch.zeros(case.num_heads, n, 1, device=dev)
-        if case.sinks is not None and not (bug == "sink_dropped_in_split" and n == 1 and L > SPLIT_KEYS):
+        if case.sinks is not None and not ("sink_dropped_in_split" in bugs and n == 1 and L > SPLIT_KEYS):
             m = case.sinks.float()[:, None, None].expand(-1, n, 1).clone()  # the sink seeds the softmax
             l_sum = torch.ones(case.num_heads, n, 1, device=dev)
         acc = torch.zeros(case.num_heads, n, case.head_dim, device=dev)
@@ -177,56 +180,56 @@ def streamed_attention(
             slots = _slots(case, b, j, bug)
             k = index_rows(k_flat, slots).float()[:, kv_of_head].transpose(0, 1)  # [Hq, t, D]
             v = index_rows(v_flat, slots).float()[:, kv_of_head].transpose(0, 1)
-            if bug in ("qk_products_input", "qk_reduced_input"):
+            if bugs & {"qk_products_input", "qk_reduced_input"}:
                 products = _input_products(q, k, case.dtype)
-                if bug == "qk_products_input":
+                if "qk_products_input" in bugs:
                     s = products.sum(-1).to(case.dtype).float() * scale
                 else:
                     s = _pairwise_sum(products, case.dtype) * scale
-            elif bug == "scale_folded":
+            elif "scale_folded" in bugs:
                 s = (q @ k.transpose(1, 2)) * math.log(2.0)  # exp2 of the folded score, as exp
             else:
                 s = (q @ k.transpose(1, 2)) * scale  # [Hq, n, t]
-            if cap is not None and bug != "softcap_after_mask":
+            if cap is not None and "softcap_after_mask" not in bugs:
                 s = cap * torch.tanh(s / cap)
             if slopes is not None:
-                rel = (pos[:, None] - j[None, :]) if bug == "alibi_sign" else (j[None, :] - pos[:, None])
+                rel = (pos[:, None] - j[None, :]) if "alibi_sign" in bugs else (j[None, :] - pos[:, None])
                 s = s + slopes * rel.float()[None]
-            if bug == "causal_off_by_one":
+            if "causal_off_by_one" in bugs:
                 visible = j[None, :] < pos[:, None]
                 visible[:, 0] |= j[0] == 0  # keep key 0 so no row is empty
-            elif bug == "one_key_past":
+            elif "one_key_past" in bugs:
                 visible = j[None, :] <= pos[:, None] + 1
-            elif bug == "tail_unmasked" and n == 1:
+            elif "tail_unmasked" in bugs and n == 1:
                 visible = torch.ones(1, len(j), dtype=torch.bool, device=dev)
             else:
                 visible = j[None, :] <= pos[:, None]
-            if bug == "drop_key":
+            if "drop_key" in bugs:
                 visible = visible & (j[None, :] != 0) if L > 1 else visible
             if window is not None:
-                reach = window + (1 if bug == "window_off_by_one" else 0)
+                reach = window + (1 if "window_off_by_one" in bugs else 0)
                 visible = visible & (j[None, :] > pos[:, None] - reach)
             s = s.masked_fill(~visible[None], float("-inf"))
-            if cap is not None and bug == "softcap_after_mask":
+            if cap is not None and "softcap_after_mask" in bugs:
                 s = cap * torch.tanh(s / cap)
             m_new = torch.maximum(m, s.amax(-1, keepdim=True))
             m_safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
             x = s - m_safe
-            p = torch.exp(x.to(torch.bfloat16)).float() if bug == "exp_bf16" else torch.exp(x)
-            alpha = torch.ones_like(m) if bug == "no_rescale" else torch.exp(m - m_safe)
+            p = torch.exp(x.to(torch.bfloat16)).float() if "exp_bf16" in bugs else torch.exp(x)
+            alpha = torch.ones_like(m) if "no_rescale" in bugs else torch.exp(m - m_safe)
             l_sum = l_sum * alpha + p.sum(-1, keepdim=True)
-            if bug == "lsum_input":
+            if "lsum_input" in bugs:
                 l_sum = l_sum.to(case.dtype).float()
             pv = p.to(weights_dtype).float() if round_weights else p
-            if bug == "p_fp8" and case.kv_dtype != case.dtype:
+            if "p_fp8" in bugs and case.kv_dtype != case.dtype:
                 pv = p.to(case.kv_dtype).float()
             acc = acc * alpha + pv @ v
-            if bug == "acc_fp16":
+            if "acc_fp16" in bugs:
                 acc = acc.half().float()
-            if bug == "acc_input":
+            if "acc_input" in bugs:
                 acc = acc.to(case.dtype).float()
             m = m_new
-            if bug == "partials_input" and (j0 + tile) % PARTIAL_KEYS == 0 and j0 + tile < n_keys:
+            if "partials_input" in bugs and (j0 + tile) % PARTIAL_KEYS == 0 and j0 + tile < n_keys:
                 partials.append(_close_partial(acc, l_sum, m, case.dtype))
                 m = torch.full_like(m, float("-inf"))
                 l_sum, acc = torch.zeros_like(l_sum), torch.zeros_like(acc)
@@ -240,11 +243,11 @@ def streamed_attention(
         result = (acc * (v_scale / l_sum)).transpose(0, 1).to(case.dtype)
         if lse_out is not None:
             lse = (m + torch.log(l_sum))[..., 0].transpose(0, 1)  # [n, Hq]
-            lse_out[loc[b] : loc[b + 1]] = lse / math.log(2.0) if bug == "lse_log2" else lse
-        if bug == "partly_unwritten":
+            lse_out[loc[b] : loc[b + 1]] = lse / math.log(2.0) if "lse_log2" in bugs else lse
+        if "partly_unwritten" in bugs:
             result = result[:-1] if b == case.num_seqs - 1 else result
         out[loc[b] : loc[b] + result.shape[0]] = result
-    if bug == "writes_cache":
+    if "writes_cache" in bugs:
         last = int(case.block_tables[0, case.num_blocks_used(0) - 1])
         case.key_cache[last, (lens[0] - 1) % case.block_size] = 0  # "stores the new token's K"
     return out

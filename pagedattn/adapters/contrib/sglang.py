@@ -12,7 +12,8 @@ from its own length, so batch composition changes nothing) and a reduction that 
 sink. The kernel has no window argument: SGLang narrows ``kv_indices`` to the window's
 keys for sliding-window layers, and so does the adapter (the last ``W`` slots). With one
 query head per KV head it forms ``q . k`` as ``tl.sum(q[None, :] * k, 1)`` on input-dtype
-tiles, products rounded to bf16/fp16 before the sum: declared as ``qk_precision="input"``.
+tiles, products rounded to bf16/fp16 before the sum: declared as ``qk_precision="input"`` on that
+path alone (``declared_on="decode_mha"``); its grouped path forms q.k with ``tl.dot``.
 
 ``sglang_extend`` calls ``extend_attention_fwd`` (``triton_ops/extend_attention.py``): the
 cached prefix through prefix-only ``kv_indices`` into the pool, the new tokens' K/V as
@@ -116,6 +117,7 @@ class SGLangDecodeBackend:
             variants=frozenset(variants),
             decode_only=True,
             qk_precision="input",
+            declared_on="decode_mha",  # the grouped path (GQA > 1) forms q.k with tl.dot
             fp32_precision="tf32",
             notes=notes,
             **runtime_claims(self.interpreter, notes),
