@@ -331,7 +331,8 @@ def test_describe_and_limit_lines_report_every_limit():
         "excludes kv_dtypes float8_e4m3fn, block_sizes <lambda>, gqa_ratios even GQA ratios, pure decode batches: "
         "needs bs 16 under even GQA",
         "case filter: <lambda>",
-        "q·k precision: products rounded to the input dtype, summed in fp32, the score rounded once (qk_precision 'input') (bf16 products)",
+        "q·k precision: products rounded to the input dtype, summed in fp32, the score rounded once "
+        "(qk_precision 'input') (bf16 products)",
         "soft-cap tanh: approximate, tanh.approx.f32 and an approximate 1/cap (tanh_precision 'approx') "
         "(tanh.approx.f32)",
     ], lines

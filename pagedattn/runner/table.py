@@ -1,5 +1,6 @@
 """The summary table of a run: per (family, dtype), a count per status, the worst
-budget used and the largest RMS ratio (the error's distribution against the model's); built from the case records' dictionaries alone (``CaseRecord.to_dict``), so
+budget used and the largest RMS ratio (the error's distribution against the model's); built
+from the case records' dictionaries alone (``CaseRecord.to_dict``), so
 that a finished run, a run in progress and a saved JSON report print the same table."""
 
 from __future__ import annotations
