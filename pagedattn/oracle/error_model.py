@@ -9,7 +9,8 @@ accumulation stays within
 
     E_scores  = Delta sqrt(P sum_j p_j (v_j - o)^2)       P = sum_j p_j (the sink's share excluded)
                 Delta = max_j ds_j, bounded per row:
-                ds_j <= (C_DOT u_acc sqrt(D) + 2 u_op + u_kv + u_qk) scale |q| max_j |k_j|
+                ds_j <= (C_DOT u_acc sqrt(D) + 2 u_op) scale |q| max_j |k_j|
+                        + C_DOT u_prod scale max_i |q_i| max_j |k_j| + u_score max |s|
                         + u_acc (C_EXP + m - 2 min(s_min, 0))   (+ soft-cap, ALiBi terms)
     E_weights = C_W u_w sum_j p_j |v_j|
     E_values  = (u_kv + u_op) sum_j p_j |v_j|
@@ -20,15 +21,18 @@ accumulation stays within
 dots (0 for IEEE fp32 or half-precision inputs; ``2**-10`` for fp32 inputs when a
 backend declares TF32: tensor cores truncate); ``u_w`` the precision in which the
 weights meet V (the input dtype's: flash-style kernels round ``p`` before the
-product); ``u_kv`` an fp8 cache dequantized into the query dtype; ``u_qk`` a
-declared input-dtype score (``qk_precision="input"``); a declared approximate
+product); ``u_kv`` an fp8 cache dequantized into the query dtype; ``u_prod`` a rounding of
+each product's operand (``u_kv``, a declared folded scale or input-dtype product, in the
+square-root form of independent roundings) and ``u_score`` a declared input-dtype score
+(``qk_precision``); a declared approximate
 soft-cap (``tanh_precision="approx"``) adds ``(U_TANH_APPROX + U_RCP_APPROX) c`` to
 every row's ``ds``.
 
 ``E_scores`` is Cauchy-Schwarz on the first-order softmax perturbation
 ``sum_j p_j ds_j (v_j - o)`` with every ``ds_j`` bounded by the row's largest, so it
 scales with how far the values spread around the output, not with their magnitude.
-``pagedattn.oracle.policy`` forms the bound from these constants.
+``pagedattn.oracle.policy`` forms the bound from these constants, and beside it each element's
+expected squared rounding error, the second criterion's (``RMS_LIMIT``).
 """
 
 from __future__ import annotations
