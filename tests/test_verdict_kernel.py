@@ -33,7 +33,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("first", [0, 11], ids=["whole", "from-key-11"])
 @pytest.mark.parametrize("shape", [(2, 37, 80), (1, 300, 64), (3, 40, 256)], ids=str)
 def test_sequence_moments_are_the_torch_paths(shape, first):
-    """``[|v|, (v - c)^2]`` in float32 from one kernel: the same bits as ``sequence_stats._value_moments``
+    """``[|v|, (v - c)^2, v - c]`` in float32 from one kernel: the same bits as ``sequence_stats._value_moments``
     for head dims that are and are not powers of two and lengths that do not fill the kernel's
     row tiles, with values far from 0 (so ``v - c`` cancels) and of every sign; read in place
     from the first key a sequence's rows see (a view whose heads lie a whole history apart).
@@ -533,8 +533,8 @@ def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkey
 
 @pytest.mark.parametrize("path", ["fused", "torch"])
 def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkeypatch):
-    """The check holds a sequence's own terms (the values' moments, ``[Hkv, L, 2D]`` float32 as
-    large as its float64 values; its key norms or reach) only while its rows are judged: when the
+    """The check holds a sequence's own terms (the values' moments, ``[Hkv, L, 3D]`` float32, one and a half
+    times its float64 values; its key norms or reach) only while its rows are judged: when the
     oracle's pass has gathered the next sequence's history and yields its first block, they are
     gone (the oracle holds nothing of a finished sequence; held, they put the check's peak over
     the oracle's)."""

@@ -174,9 +174,10 @@ def sequence_moments(v: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, to
         k: ``[Hkv, L, D]`` float64, rows of D contiguous: the keys at the same positions.
 
     Returns:
-        ``(c, vv, kn)``: the values' mean over the keys ``[Hkv, 1, D]`` float64, ``[|v|, (v - c)^2]``
-        ``[Hkv, L, 2D]`` float32 and each key's norm ``[Hkv, L]`` float64 (torch's ``norm`` to
-        within a float64 rounding or two: another order of the sum), on ``v``'s device.
+        ``(c, vv, kn)``: the values' mean over the keys ``[Hkv, 1, D]`` float64,
+        ``[|v|, (v - c)^2, v - c]`` ``[Hkv, L, 3D]`` float32 and each key's norm ``[Hkv, L]`` float64
+        (torch's ``norm`` to within a float64 rounding or two: another order of the sum), on
+        ``v``'s device.
     """
     Hkv, L, D = v.shape
     if v.stride(2) != 1 or v.stride(1) != D:
@@ -184,7 +185,7 @@ def sequence_moments(v: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, to
     if k.stride(2) != 1 or k.stride(1) != D:
         k = k.contiguous()
     centre = _centre(v)
-    vv = torch.empty(Hkv, L, 2 * D, dtype=torch.float32, device=v.device)
+    vv = torch.empty(Hkv, L, 3 * D, dtype=torch.float32, device=v.device)
     kn = torch.empty(Hkv, L, dtype=torch.float64, device=v.device)
     block_d = _pow2(D)
     block_r = max(1, 4096 // block_d)
@@ -274,7 +275,7 @@ def _stats(
         inline = int(policy.direct_decode(c, query_lens, terms.device_path))
         if c.seq != seq:  # the values and keys the sequence's rows see (policy.chunk_bounds)
             seq, first = c.seq, c.keys.start
-            if not inline:  # [Hkv, 1, D], [Hkv, L - first, 2D], [Hkv, L - first]
+            if not inline:  # [Hkv, 1, D], [Hkv, L - first, 3D], [Hkv, L - first]
                 centre, vv, kn = sequence_moments(c.v_all[:, first:], c.k_all[:, first:])
             reach = None
         walk = n == 1 or 0 < W <= KEY_WALK
@@ -302,9 +303,10 @@ def _stats(
                     {"BLOCK_J": block_j, "BLOCK_D": consts["BLOCK_D"]},
                 )
         else:
+            seen = vv[:, c.keys.start - first : c.keys.stop - first]
             p32 = _spent(c.scores, torch.float32).copy_(c.probs)
-            s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys.start - first : c.keys.stop - first])  # [Hq, n, 2D]
-            del p32
+            s12 = torch.bmm(p32.view(Hkv, G * n, Lc), seen[..., : 2 * D])  # [Hq, n, 2D]
+            del p32, seen
         # in the spent scores' storage: after the product
         extra = _subnormal_weights(c, terms) if correct else None
         # [Hq, n, D] float64 (``o`` stands in where there is none: has_extra 0)

@@ -1,6 +1,6 @@
 """The fused check's small kernels: a sequence's moments, a decode's value sums, the rows' reduction.
 
-``moments_kernel`` forms a sequence's ``[|v|, (v - c)^2]`` and key norms, ``decode_sums_kernel`` a
+``moments_kernel`` forms a sequence's ``[|v|, (v - c)^2, v - c]`` and key norms, ``decode_sums_kernel`` a
 long decode's value sums over slices of its keys, ``reduce_kernel`` a check's row statistics
 into one; ``reduce_rows`` and ``slice_sums`` are their bodies, which the verdict kernel
 (``pagedattn.verdict_kernel.kernel``) calls too. ``pagedattn.verdict_kernel.host`` launches them.
@@ -133,15 +133,16 @@ def moments_kernel(
     k_ptr,  # [Hkv, L, D] float64, rows of D contiguous: its keys...
     k_sh,  # ...heads this far apart
     c_ptr,  # [Hkv, 1, D] float64: the values' mean over the keys
-    vv_ptr,  # [Hkv, L, 2D] float32: |v| and (v - c)^2
+    vv_ptr,  # [Hkv, L, 3D] float32: |v|, (v - c)^2 and v - c
     kn_ptr,  # [Hkv, L] float64: the keys' norms
     L,
     D,
     BLOCK_R: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    # sequence_stats._value_moments' numbers bit for bit: |fl32(v)|, and fl32 of the float64 square
-    # of the float64 difference (it may cancel), each rounded to nearest once
+    # sequence_stats._value_moments' numbers bit for bit: |fl32(v)|, fl32 of the float64 square
+    # of the float64 difference (it may cancel) and fl32 of the difference, each rounded to
+    # nearest once
     kv = tl.program_id(1).to(tl.int64)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     d = tl.arange(0, BLOCK_D)
@@ -149,10 +150,11 @@ def moments_kernel(
     at = kv * v_sh + rows[:, None].to(tl.int64) * D + d[None, :]
     v = tl.load(v_ptr + at, mask=m, other=0.0)
     c = tl.load(c_ptr + kv * D + d, mask=d < D, other=0.0)
-    to = (kv * L + rows[:, None]) * (2 * D) + d[None, :]
+    to = (kv * L + rows[:, None]) * (3 * D) + d[None, :]
     tl.store(vv_ptr + to, tl.abs(v.to(tl.float32)), mask=m)
     dv = v - c[None, :]
     tl.store(vv_ptr + to + D, (dv * dv).to(tl.float32), mask=m)
+    tl.store(vv_ptr + to + 2 * D, dv.to(tl.float32), mask=m)
     # the keys' norms, here rather than a launch or two of their own a block (sequence_stats._KeyMax's
     # come from torch's norm: the same to within a float64 rounding or two, see FUSED_RTOL)
     k = tl.load(k_ptr + kv * k_sh + rows[:, None].to(tl.int64) * D + d[None, :], mask=m, other=0.0)
