@@ -712,7 +712,7 @@ for out_type, block_d in json.loads(sys.argv[1]):
     sums = {"BLOCK_J": consts["BLOCK_J"], "BLOCK_D": block_d}
     r = compile(kernels.decode_sums, sums, lambda n: "fp64")
     results.append(dict(r, cfg=["decode_sums", block_d]))
-r = compile(kernels.reduce, {"NS": gpu_check.STATS, "BLOCK": 1024}, lambda n: "fp64")
+r = compile(kernels.reduce, {"NS": gpu_check.STATS, "BLOCK": 1024, "FLAGS": False}, lambda n: "fp64")
 results.append(dict(r, cfg=["reduce"]))
 print(json.dumps(results))
 """

@@ -61,17 +61,22 @@ def test_sequence_moments_are_the_torch_paths(shape, first):
 
 def _torch_reduced(stats: torch.Tensor, per_row: int) -> list[float]:
     """The torch operations the reduction kernel replaced: the first NaN, or else the first
-    largest (``torch.argmax``), the sums of the counts."""
+    largest (``torch.argmax``), the sums of the counts and of the moments (and of the flags)."""
     sel = int(torch.argmax(stats[:, 0]))
     row = stats[sel]
-    return [float(row[0]), *stats[:, 1:3].sum(dim=0).tolist(), sel * per_row + float(row[3]), *row[4:].tolist()]
+    sums = stats[:, 7:].sum(dim=0).tolist()
+    return [float(row[0]), *stats[:, 1:3].sum(dim=0).tolist(), sel * per_row + float(row[3]), *row[4:7].tolist(), *sums]
 
 
-def _stats(n: int, seed: int) -> torch.Tensor:
+def _stats(n: int, seed: int, ns: int = gpu_check.STATS) -> torch.Tensor:
+    """``n`` rows of ``ns`` statistics: the counts, channels, moments and flags integers, whose
+    sums are exact in any order (the moments' float64 sums in another order are the verdict
+    tests' to judge)."""
     g = torch.Generator().manual_seed(seed)
-    stats = torch.rand(n, gpu_check.STATS, generator=g, dtype=torch.float64)
+    stats = torch.rand(n, ns, generator=g, dtype=torch.float64)
     stats[:, 1:3] = torch.randint(0, 5, (n, 2), generator=g).double()
     stats[:, 3] = torch.randint(0, 64, (n,), generator=g).double()
+    stats[:, 7:] = torch.randint(0, 1 << 20, (n, ns - 7), generator=g).double()
     stats[::3, 0] = -1.0  # rows with no finite ratio
     return stats
 
@@ -92,12 +97,14 @@ def _stats(n: int, seed: int) -> torch.Tensor:
     ],
 )
 @pytest.mark.parametrize("rows", [1, 1023, 1024, 2048, 2500])
-def test_the_reduction_keeps_the_first_nan_or_first_largest(where, rows):
+@pytest.mark.parametrize("ns", [gpu_check.STATS, gpu_check.ROW_STATS], ids=["stats", "row-stats"])
+def test_the_reduction_keeps_the_first_nan_or_first_largest(where, rows, ns):
     """The kernel walks the rows in chunks of 1024: a tie within a chunk or between chunks keeps
     the first row, a NaN ratio is the worst even after a larger finite one, the first of two NaNs
-    wins (in one chunk or two), and an infinite ratio is the largest finite one; the counts are
-    summed exactly; row counts below, at and past a chunk's."""
-    stats = _stats(rows, seed=len(where) + rows)
+    wins (in one chunk or two), and an infinite ratio is the largest finite one; the counts, the
+    moments and (the verdict kernel's rows) the flags are summed; row counts below, at and past a
+    chunk's."""
+    stats = _stats(rows, seed=len(where) + rows, ns=ns)
     marks = {
         "tie-across-chunks": [(100, 7.0), (1900, 7.0)],
         "tie-in-a-chunk": [(100, 7.0), (200, 7.0)],
@@ -115,7 +122,7 @@ def test_the_reduction_keeps_the_first_nan_or_first_largest(where, rows):
     stats = stats.to(DEVICE)
     got = gpu_check.reduced(stats, 128).tolist()
     want = _torch_reduced(stats.cpu(), 128)
-    assert len(got) == gpu_check.STATS
+    assert len(got) == ns
     for i, (a, b) in enumerate(zip(got, want)):
         assert a == b or (a != a and b != b), f"statistic {i}: {a} against {b} ({where})"
 
@@ -667,12 +674,12 @@ def test_a_reduction_that_did_not_run_is_an_error():
     """The final launch's programs count themselves into the reduced rows and its last, having
     reduced, adds one; a pass whose count is not that (programs that did not run, or a last one
     that did not reduce: zeros, which read as a pass) raises."""
-    reduced = torch.zeros(2, 8, dtype=torch.float64)
-    reduced[1, 7] = 12.0  # every program counted, none reduced
+    reduced = torch.zeros(2, gpu_check.ROW_STATS, dtype=torch.float64)
+    reduced[1, gpu_check.STATS] = 12.0  # every program counted, none reduced
     p = gpu_check._Pass(torch.zeros(3, gpu_check.ROW_STATS, dtype=torch.float64), None, reduced, 12)
     with pytest.raises(RuntimeError, match="a count of 12, not the final launch's 12 programs"):
         gpu_check._read(p)
-    assert gpu_check._read(p._replace(programs=11))[1][7] == 12.0
+    assert gpu_check._read(p._replace(programs=11))[1][gpu_check.STATS] == 12.0
 
 
 @needs_verdict_kernel
@@ -689,7 +696,7 @@ def test_the_rows_flagged_are_those_whose_weights_may_leave_the_normal_range(mon
     terms = policy._terms(case, "ieee", "fp32", "ieee", guard=False)
     edge = math.log(terms.model.weights_min_normal)
     flags = gpu_check._stats(out, None, case, terms, 1.0, correct=False, flag_below=edge + gpu_check.FLAG_MARGIN).stats[
-        :, 7
+        :, gpu_check.STATS
     ]
     spans, small = [], []
     device_terms = terms._replace(device_path=True)

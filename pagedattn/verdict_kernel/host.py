@@ -47,12 +47,15 @@ ENV = "PAGEDATTN_FUSED_CHECK"
 ON_CPU = False
 #: the statistics a row and head leaves, float64: the worst ratio (NaN where any is NaN), the
 #: elements over the bound (NaN ratios included), the non-finite outputs where the reference is
-#: finite, the worst element's channel, its output, reference and bound
-STATS = 7
+#: finite, the worst element's channel, its output, reference and bound; then the error's
+#: moments over the elements whose error and expected error are finite (``verdict._moments``):
+#: the sum of squared errors, of expected squared errors, and that second sum squared (reduced:
+#: the rows' squares summed). The log-sum-exp's moments are 0 (it is judged by its worst alone)
+STATS = 10
 #: a row's statistics as the verdict kernel writes them: ``STATS``, then whether the row's
 #: weights may fall below the normal range where the pass formed no correction for them (1.0;
-#: ``_rows`` then judges the case again with it), rows 64 bytes apart
-ROW_STATS = 8
+#: ``_rows`` then judges the case again with it)
+ROW_STATS = STATS + 1
 #: a row is flagged where its smallest visible logit lies more than ``-log(min normal) - FLAG_MARGIN``
 #: below its largest: there a weight may need the correction (``subnormal._subnormal_weights`` marks
 #: ``p_j l < min normal``, whose float64 roundings move that edge by ~1e-15, far less)
@@ -146,7 +149,7 @@ def _rows(
     where ``terms`` say, then, where a row was flagged, one that forms it."""
     below = math.log(terms.model.weights_min_normal) + FLAG_MARGIN if flag else -math.inf
     rows = _read(_stats(output, lse, case, terms, tolerance_factor, correct=not flag, flag_below=below))
-    if rows[0][7] > 0:  # rows whose weights may need the correction: the case again, with it
+    if rows[0][STATS] > 0:  # rows whose weights may need the correction: the case again, with it
         rows = _read(_stats(output, lse, case, terms, tolerance_factor, correct=True, flag_below=-math.inf))
     return [row[:STATS] for row in rows[: 1 if lse is None else 2]]
 
@@ -156,9 +159,9 @@ def _read(p: _Pass) -> list[list[float]]:
     launch's programs count themselves and its last, having reduced, one more. A reduction that
     did not run leaves zeros, which would read as a pass."""
     rows = p.reduced.tolist()
-    if rows[1][7] != p.programs + 1:
+    if rows[1][STATS] != p.programs + 1:
         raise RuntimeError(
-            f"the fused check's reduction: a count of {rows[1][7]:g}, not the final launch's {p.programs} programs"
+            f"the fused check's reduction: a count of {rows[1][STATS]:g}, not the final launch's {p.programs} programs"
             " and its reduction's 1"
         )
     return rows
@@ -203,8 +206,9 @@ class _Pass(NamedTuple):
 
     stats: torch.Tensor  # [T * Hq, ROW_STATS] float64: each row and head's, the output's
     lstats: torch.Tensor | None  # [T * Hq, ROW_STATS] float64: the log-sum-exp's (None without lse)
-    reduced: torch.Tensor  # [2, 8] float64: ``reduced``'s rows of both; [0, 7] the rows flagged, [1, 7] the count
-    programs: int  # the final launch's programs: [1, 7] is one more once its last has reduced
+    # [2, ROW_STATS] float64: ``reduced``'s rows of both; [0, STATS] the rows flagged, [1, STATS] the count
+    reduced: torch.Tensor
+    programs: int  # the final launch's programs: [1, STATS] is one more once its last has reduced
 
 
 #: a decode's direct sums (``policy.direct_decode``) in the verdict kernel: keys at a time times the
@@ -245,7 +249,7 @@ def _stats(
     kw: dict[str, Any] = dict(dtype=torch.float64, device=case.device)
     both = torch.empty(1 if lse is None else 2, T * Hq, ROW_STATS, **kw)
     stats, lstats = both[0], both[1] if lse is not None else None
-    rd = torch.zeros(2, 8, **kw)  # rows of 8: each row's start 64-byte aligned, as a tensor of its own's
+    rd = torch.zeros(2, ROW_STATS, **kw)
     programs = 0
     key = _verdict_key(output, lse, case)
     model = terms.model
@@ -383,11 +387,15 @@ def _stats(
 def reduced(stats: torch.Tensor, per_row: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """One check's statistics from its rows' ``[T * Hq, NS]`` (``STATS`` or ``ROW_STATS``): ``[worst
     ratio (NaN where any is NaN), elements over, non-finite, flat index of the worst element
-    (``per_row`` elements a row and head), its output, reference, bound]`` and, from
-    ``ROW_STATS``, the rows flagged: float64 ``[NS]``, on the device (into ``out`` if given), in
-    one launch. The worst is the first NaN ratio, or else the first largest, in (token, head,
-    channel) order. ``stats`` has at least one row (a case has a token). The check itself
-    reduces in its final verdict launch, with the same code (``reduce_rows``)."""
-    out = torch.empty(stats.shape[1], dtype=torch.float64, device=stats.device) if out is None else out
-    _launch(_compiled().reduce, (1,), (stats, stats.shape[0], per_row, out), {"NS": stats.shape[1], "BLOCK": 1024})
+    (``per_row`` elements a row and head), its output, reference, bound, and the sums of the
+    rows' three moments]`` and, from ``ROW_STATS``, the rows flagged: float64 ``[NS]``, on the
+    device (into ``out`` if given), in one launch. The worst is the first NaN ratio, or else the
+    first largest, in (token, head, channel) order. ``stats`` has at least one row (a case has a
+    token). The check itself reduces in its final verdict launch, with the same code
+    (``reduce_rows``)."""
+    NS = stats.shape[1]
+    assert NS in (STATS, ROW_STATS), NS
+    out = torch.empty(NS, dtype=torch.float64, device=stats.device) if out is None else out
+    consts = {"NS": NS, "BLOCK": 1024, "FLAGS": NS == ROW_STATS}
+    _launch(_compiled().reduce, (1,), (stats, stats.shape[0], per_row, out), consts)
     return out

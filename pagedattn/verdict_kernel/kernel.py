@@ -61,8 +61,8 @@ def verdict_kernel(
     lo_sh,
     st_ptr,  # [T * Hq, NS] float64: the output's statistics, row (row0 + t) * Hq + h
     ls_ptr,  # [T * Hq, NS] float64: the log-sum-exp's (has_lse)
-    rd_ptr,  # [2, 8] float64, zeroed: the check's reduced rows, the output's and the log-sum-exp's
-    #          (fin); [1, 7] counts the final launch's programs done
+    rd_ptr,  # [2, NS] float64, zeroed: the check's reduced rows, the output's and the log-sum-exp's
+    #          (fin); [1, NS - 1] counts the final launch's programs done
     row0,  # the block's first token
     n,  # its rows
     p0,  # the position of its first row in the sequence
@@ -94,7 +94,7 @@ def verdict_kernel(
     U: tl.constexpr,  # error_model.U_FP32, C_EXP, C_W: exact in float32, as Triton takes a float constexpr
     C_EXP: tl.constexpr,
     CW: tl.constexpr,
-    NS: tl.constexpr,  # ROW_STATS
+    NS: tl.constexpr,  # ROW_STATS: STATS, then the flag
 ):
     pid = tl.program_id(0)
     h = pid // n
@@ -221,8 +221,11 @@ def verdict_kernel(
     tl.store(srow + 4, tl.sum(tl.where(pick, out, 0.0), axis=0))
     tl.store(srow + 5, tl.sum(tl.where(pick, o, 0.0), axis=0))
     tl.store(srow + 6, tl.sum(tl.where(pick, e, 0.0), axis=0))
+    tl.store(srow + 7, 0.0)
+    tl.store(srow + 8, 0.0)
+    tl.store(srow + 9, 0.0)
     # no correction of subnormal weights was formed: whether the row may need one
-    tl.store(srow + 7, tl.where(fl - rm < flag_below, 1.0, 0.0))
+    tl.store(srow + NS - 1, tl.where(fl - rm < flag_below, 1.0, 0.0))
     if has_lse:
         ref = tl.load(lse_ptr + r)
         e_l = (lse_s + U * (C_EXP + 2.0 * tl.abs(ref)) + acc) * tol
@@ -239,15 +242,16 @@ def verdict_kernel(
         tl.store(lrow + 4, lo)
         tl.store(lrow + 5, ref)
         tl.store(lrow + 6, e_l)
-        tl.store(lrow + 7, 0.0)
+        for k in tl.static_range(7, NS):  # no moments (judged by its worst element alone), no flag
+            tl.store(lrow + k, 0.0)
     if fin:
         # the last program of the check's last launch reduces: every earlier launch is done
         # (the stream's order), and this launch's programs stored their rows before their count
         # (the barrier, then the atomic's release; its acquire in the last)
         tl.debug_barrier()
-        done = tl.atomic_add(rd_ptr + 15, 1.0)
+        done = tl.atomic_add(rd_ptr + 2 * NS - 1, 1.0)
         if done == (tl.num_programs(0) - 1).to(tl.float64):
             reduce_rows(st_ptr, N, D, rd_ptr, NS, 1024, True)
-            if has_lse:  # (its rows flag nothing: [1, 7] stays the count)
-                reduce_rows(ls_ptr, N, 1, rd_ptr + 8, NS, 1024, False)
-            tl.store(rd_ptr + 15, done + 2.0)  # reduced: one past the programs' count
+            if has_lse:  # (its rows flag nothing: [1, NS - 1] stays the count)
+                reduce_rows(ls_ptr, N, 1, rd_ptr + NS, NS, 1024, False)
+            tl.store(rd_ptr + 2 * NS - 1, done + 2.0)  # reduced: one past the programs' count

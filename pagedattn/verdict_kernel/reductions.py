@@ -14,15 +14,20 @@ import triton.language as tl
 def reduce_rows(st_ptr, N, per_row, out_ptr, NS: tl.constexpr, BLOCK: tl.constexpr, FLAGS: tl.constexpr):
     # one program walks the rows in order: the worst is the first NaN, or else the first
     # largest (torch.argmax's rule); the counts are integers below 2**53, exact in any order.
-    # FLAGS: the rows' 8th statistic (flagged rows) is summed into out[7]
-    # The rows are read past L1 (.cg): in the verdict kernel's last program they are other
-    # programs' stores, seen after the count's atomic
+    # The error's moments (statistics 7 to 9: sums of squared errors, of expected squared errors,
+    # of rows' expected squared errors squared) are summed, in float64 in another order than the
+    # torch path's (policy.FUSED_RTOL). FLAGS: the rows' last statistic (flagged rows) is summed
+    # into out[NS - 1]. The rows are read past L1 (.cg): in the verdict kernel's last program
+    # they are other programs' stores, seen after the count's atomic
     i = tl.arange(0, BLOCK)
     best = tl.full([], float("-inf"), tl.float64)
     at = tl.full([], 0, tl.int32)
     found_nan = tl.full([], 0, tl.int32)
     over = tl.full([], 0.0, tl.float64)
     nonfinite = tl.full([], 0.0, tl.float64)
+    err2 = tl.full([], 0.0, tl.float64)
+    var = tl.full([], 0.0, tl.float64)
+    var_rows2 = tl.full([], 0.0, tl.float64)
     flagged = tl.full([], 0.0, tl.float64)
     for i0 in range(0, N, BLOCK):
         rows = i0 + i
@@ -31,8 +36,11 @@ def reduce_rows(st_ptr, N, per_row, out_ptr, NS: tl.constexpr, BLOCK: tl.constex
         x = tl.load(row, mask=m, other=float("-inf"), cache_modifier=".cg")
         over += tl.sum(tl.load(row + 1, mask=m, other=0.0, cache_modifier=".cg"), axis=0)
         nonfinite += tl.sum(tl.load(row + 2, mask=m, other=0.0, cache_modifier=".cg"), axis=0)
+        err2 += tl.sum(tl.load(row + 7, mask=m, other=0.0, cache_modifier=".cg"), axis=0)
+        var += tl.sum(tl.load(row + 8, mask=m, other=0.0, cache_modifier=".cg"), axis=0)
+        var_rows2 += tl.sum(tl.load(row + 9, mask=m, other=0.0, cache_modifier=".cg"), axis=0)
         if FLAGS:
-            flagged += tl.sum(tl.load(row + 7, mask=m, other=0.0, cache_modifier=".cg"), axis=0)
+            flagged += tl.sum(tl.load(row + NS - 1, mask=m, other=0.0, cache_modifier=".cg"), axis=0)
         isnan = m & (x != x)
         first_nan = tl.min(tl.where(isnan, rows, N), axis=0)
         xf = tl.where(isnan, float("-inf"), x)
@@ -51,8 +59,11 @@ def reduce_rows(st_ptr, N, per_row, out_ptr, NS: tl.constexpr, BLOCK: tl.constex
     tl.store(out_ptr + 3, at.to(tl.float64) * per_row + tl.load(worst + 3, cache_modifier=".cg"))
     for k in tl.static_range(4, 7):
         tl.store(out_ptr + k, tl.load(worst + k, cache_modifier=".cg"))
+    tl.store(out_ptr + 7, err2)
+    tl.store(out_ptr + 8, var)
+    tl.store(out_ptr + 9, var_rows2)
     if FLAGS:
-        tl.store(out_ptr + 7, flagged)
+        tl.store(out_ptr + NS - 1, flagged)
 
 
 @triton.jit
@@ -169,5 +180,6 @@ def reduce_kernel(
     out_ptr,  # [NS] float64: the check's, as ``reduced`` documents
     NS: tl.constexpr,
     BLOCK: tl.constexpr,
+    FLAGS: tl.constexpr,  # the rows' last statistic is the flag (host.ROW_STATS)
 ):
-    reduce_rows(st_ptr, N, per_row, out_ptr, NS, BLOCK, NS > 7)
+    reduce_rows(st_ptr, N, per_row, out_ptr, NS, BLOCK, FLAGS)
