@@ -26,6 +26,7 @@ from pagedattn.verdict_kernel import host as gpu_check
 from pagedattn.verdict_kernel import launcher
 from tests.asserts import F64_REORDERED_SUM, assert_close, assert_equal
 from tests.helpers import needs_verdict_kernel, require_verdict_kernel
+from tests.planted.streamed import streamed_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -382,8 +383,8 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
     """The check holds one block of rows at a time, as the oracle does: when the oracle's pass
     yields a block, the previous block's tensors are freed: its score-sized weights (the chunk)
     and, on the fused path, what the verdict kernel read (the reference rows, the weighted
-    moments, the subnormal correction). A name left holding them (the launch's argument tuple
-    did) kept two blocks' worth alive, over the oracle's peak."""
+    moments and the squared weights' products, the subnormal correction). A name left holding
+    them (the launch's argument tuple did) kept two blocks' worth alive, over the oracle's peak."""
     if path == "fused":
         require_verdict_kernel()
     import weakref
@@ -397,7 +398,9 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
 
     def launch(kernel, grid, args, consts, key=None):
         if kernel is launcher._compiled().verdict:
-            refs.extend(weakref.ref(t) for t in args[4:7])  # ``o``, ``s12``, ``ex`` (``o`` without one)
+            # ``o``, ``s12``, ``ex`` (``o`` without one), ``s34``, ``p2``, ``s56``, ``w_sum``: the check's
+            # one-element float32 placeholder stands in where there are none, and lives through it
+            refs.extend(weakref.ref(t) for t in args[4:11] if t.numel() > 1)
         return real_launch(kernel, grid, args, consts, key)
 
     chunks = _watched(real_chunks, lambda c: (c.scores, c.probs), refs, alive)
@@ -536,6 +539,84 @@ def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkey
     at = bound.reshape(rows, case.head_dim)[torch.arange(rows), stats[:, 3].long()]
     moved = (stats[:, 6] / at - 1.0).abs().max()
     assert float(moved) <= policy.FUSED_RTOL, f"a row's bound moved by {float(moved):.3g} from the torch path's"
+
+
+#: half-precision cases whose decodes' and blocks' expected errors take every term: sinks, ALiBi,
+#: a soft-cap and a window at a head dim under its tile; an fp8 cache (its keys' and values'
+#: rounding); and a float32 case
+EXPECTED_ERROR_CASES = {
+    "bf16-variants": CaseSpec(
+        "t",
+        ((300, 1), (90, 3), (200, 1)),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=40,
+        sinks=True,
+        alibi_slopes=True,
+        logits_soft_cap=30.0,
+        sliding_window=150,
+        dtype=torch.bfloat16,
+    ),
+    "fp8-fp16": CaseSpec(
+        "t", ((70, 7), (33, 1)), num_heads=4, num_kv_heads=2, kv_dtype=torch.float8_e4m3fn, dtype=torch.float16
+    ),
+    "fp32": CaseSpec("t", ((120, 24), (50, 1)), num_heads=4, num_kv_heads=2),
+}
+#: the declared precisions that add terms of their own (policy._terms), and a tolerance factor
+EXPECTED_ERROR_POLICIES = {
+    "fp32": {},
+    "input-qk": {"qk_precision": "input"},
+    "scaled-query-input-partials": {"qk_precision": "scaled_query", "partials_precision": "input"},
+    "tf32-loosened": {"precision": "tf32", "tolerance_factor": 1.5},
+}
+
+
+@needs_verdict_kernel
+@pytest.mark.parametrize(
+    "name, sums, declared",
+    [
+        (name, sums, declared)
+        for name in EXPECTED_ERROR_CASES
+        for sums in ("inline", "slices", "moments")
+        for declared in EXPECTED_ERROR_POLICIES
+        # float32 inputs: the declared input-dtype roundings are float32's own, no term of their own
+        if name != "fp32" or declared in ("fp32", "tf32-loosened")
+    ],
+)
+def test_the_fused_expected_error_is_the_torch_paths_row_by_row(name, sums, declared, monkeypatch):
+    """Each row and head's sum of expected squared errors (statistic 8, ``verdict._moments``' over
+    its elements) is the torch path's (``policy.chunk_bounds``' ``var``, scaled by the tolerance
+    factor squared) within ``FUSED_RTOL``, under each declared precision, for decodes whose sums
+    the verdict kernel forms (``inline``), a launch before it over slices of their keys
+    (``slices``), or that take the sequence's moments as blocks of several rows do (``moments``);
+    and so are its squared errors (statistic 7) and its sum's square (statistic 9)."""
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
+    if sums == "moments":
+        monkeypatch.setattr(policy, "DIRECT_DECODES", False)
+    if sums == "slices":
+        monkeypatch.setattr(gpu_check, "INLINE_DECODE_ELEMS", 0)
+        monkeypatch.setattr(gpu_check, "SLICE_DECODE_ELEMS", 1 << 12)  # a few of BLOCK_J's keys a slice
+    monkeypatch.setattr(gpu_check, "ON_CPU", True)
+    monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
+    case = EXPECTED_ERROR_CASES[name].build().to(DEVICE)
+    spec = dict(EXPECTED_ERROR_POLICIES[declared])
+    tol = spec.pop("tolerance_factor", 1.0)
+    precisions = (spec.get("precision", "ieee"), spec.get("qk_precision", "fp32"), "ieee")
+    partials = spec.get("partials_precision", "fp32")
+    out = streamed_attention(case.to("cpu"), 16).to(DEVICE)
+    terms = policy._terms(case, *precisions, partials_precision=partials)
+    stats = gpu_check._stats(out, None, case, terms, tol).stats.cpu()
+    var = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=torch.float64)
+    ref = torch.empty_like(var)
+    for blk in policy.chunk_bounds(case, *precisions, with_lse=False, partials_precision=partials):
+        var[blk.tokens], ref[blk.tokens] = blk.var.cpu() * tol**2, blk.o.cpu()
+    rows = var.sum(dim=-1).reshape(-1)  # [T * Hq]: every element finite here
+    err2 = (out.cpu().double() - ref).square().sum(dim=-1).reshape(-1)
+    what = f"{name}, {sums}, {declared}"
+    assert bool((rows > 0).all()), f"{what}: a row with no expected error"
+    assert_close(stats[:, 8], rows, policy.FUSED_RTOL, f"{what}: a row's sum of expected squared errors")
+    assert_close(stats[:, 7], err2, policy.FUSED_RTOL, f"{what}: a row's sum of squared errors")
+    assert_equal(stats[:, 9], stats[:, 8].square(), f"{what}: a row's expected squared errors' sum squared")
 
 
 @pytest.mark.parametrize("path", ["fused", "torch"])
