@@ -24,7 +24,7 @@ from pagedattn.cases import CaseSpec
 from pagedattn.oracle import paged_attention_reference, policy, sequence_stats, subnormal
 from pagedattn.verdict_kernel import host as gpu_check
 from pagedattn.verdict_kernel import launcher
-from tests.asserts import F64_REORDERED_SUM, assert_close, assert_equal
+from tests.asserts import F64_REORDERED_SUM, FUSED_RMS_RTOL, assert_close, assert_equal
 from tests.helpers import needs_verdict_kernel, require_verdict_kernel
 from tests.planted.streamed import streamed_attention
 
@@ -715,9 +715,10 @@ def test_rows_whose_weights_leave_the_normal_range_are_judged_again_with_the_cor
     """Where the output dtype's weights keep float32's range the fused check's first pass forms
     no correction of subnormal weights and reads no guard: it flags the rows whose logits span
     past ``log(2**-126)``, and a case with one is judged again with the correction. Its verdict is
-    the torch path's (which forms the correction from its guard): a sink that dominates leaves the
-    keys' weights ~1e-40, where the correction's half subnormal spacing is much of the bound (a
-    verdict from the first pass alone is not the torch path's). A plain case is judged once."""
+    the torch path's (which forms the correction from its guard), its error's RMS too: a sink that
+    dominates leaves the keys' weights ~1e-40, where the correction's half subnormal spacing is
+    much of the bound (a verdict from the first pass alone is not the torch path's). A plain case
+    is judged once."""
     from pagedattn.oracle import check_attention_lse, paged_attention_reference_lse
 
     spec, passes = FLAG_CASES[name]
@@ -749,6 +750,9 @@ def test_rows_whose_weights_leave_the_normal_range_are_judged_again_with_the_cor
         close = abs(a.bound - b.bound) <= policy.FUSED_RTOL * max(abs(a.bound), abs(b.bound))
         where = (a.worst_token, a.worst_head, a.worst_channel) == (b.worst_token, b.worst_head, b.worst_channel)
         assert (a.status, a.num_over) == (b.status, b.num_over) and where and close, f"{a}\n{b}"
+        # the error's distribution, the correction's expected error in it (the log-sum-exp's: NaN, not formed)
+        for x, y in ((a.rms_ratio, b.rms_ratio), (a.rms_elements, b.rms_elements)):
+            assert x == y or (x != x and y != y) or abs(x - y) <= FUSED_RMS_RTOL * max(abs(x), abs(y)), f"{a}\n{b}"
 
 
 def test_a_reduction_that_did_not_run_is_an_error():
