@@ -27,7 +27,7 @@ from pagedattn.oracle import (
 )
 from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.reference import gather_history, iter_chunks
-from tests.asserts import assert_close
+from tests.asserts import FUSED_RMS_RTOL, assert_close
 from tests.helpers import make_case, needs_verdict_kernel, require_verdict_kernel
 from tests.planted.streamed import DECLARED_FORMS, HALF_PRECISION_SLIPS, PRECISION_BUGS, streamed_attention
 
@@ -677,10 +677,11 @@ def test_the_blocks_change_no_bound(spec, monkeypatch):
 
 def _same_verdict(a, b) -> bool:
     """Two checks agree: status, counts, the worst element, its value and reference exactly; the
-    budget and the bound within ``policy.FUSED_RTOL``."""
+    budget and the bound within ``policy.FUSED_RTOL``; the error's RMS ratio and its effective
+    elements within ``FUSED_RMS_RTOL`` (both NaN and 0 for a log-sum-exp)."""
 
-    def close(x: float, y: float) -> bool:
-        return x == y or abs(x - y) <= policy.FUSED_RTOL * max(abs(x), abs(y))
+    def close(x: float, y: float, rtol: float = policy.FUSED_RTOL) -> bool:
+        return x == y or (x != x and y != y) or abs(x - y) <= rtol * max(abs(x), abs(y))
 
     same = (a.status, a.num_over, a.num_elements, a.num_nonfinite) == (
         b.status,
@@ -690,27 +691,65 @@ def _same_verdict(a, b) -> bool:
     )
     where = (a.worst_token, a.worst_head, a.worst_channel) == (b.worst_token, b.worst_head, b.worst_channel)
     values = all(x == y or (x != x and y != y) for x, y in ((a.value, b.value), (a.reference, b.reference)))
-    return same and where and values and close(a.budget_used, b.budget_used) and close(a.bound, b.bound)
+    rms = close(a.rms_ratio, b.rms_ratio, FUSED_RMS_RTOL) and close(a.rms_elements, b.rms_elements, FUSED_RMS_RTOL)
+    return same and where and values and rms and close(a.budget_used, b.budget_used) and close(a.bound, b.bound)
 
 
-#: the interpreted comparison's cases past the default run's three (sinks with subnormal weights,
-#: an fp8 cache, ALiBi under a window; 8-10 s each): CI's second step runs them (-m slow)
-_FUSED_SLOW = {"fp32-window", "bf16-softcap-alibi"}
+def _verdict_numbers(c) -> str:
+    """A check's judged numbers in full (``str`` rounds them to 3 digits)."""
+    return (
+        f"budget {c.budget_used!r}, bound {c.bound!r}, rms {c.rms_ratio!r} over {c.rms_elements!r} effective elements"
+    )
+
+
+#: the declared precisions the fused comparison runs under (``Capabilities``), each adding terms
+#: of its own: ``DECLARED_FORMS``' (the score's own rounding and its operands', a folded scale,
+#: partials in the input dtype), TF32 and a tolerance factor (the expected error scales by its square)
+FUSED_POLICIES = {
+    "fp32": {},
+    "input-qk": DECLARED_FORMS["qk_products_input"],
+    "scaled-query": DECLARED_FORMS["scale_folded"],
+    "input-partials": DECLARED_FORMS["partials_input"],
+    "tf32-loosened": {"precision": "tf32", "tolerance_factor": 1.5},
+}
+#: the interpreted comparison's cases and policies (an fp8 cache's, 2 s each, under every policy):
+#: those past the default run's (sinks with subnormal weights, an fp8 cache, ALiBi under a window;
+#: 8-13 s each) are CI's second step's (-m slow)
+FUSED_CASES = [(name, "fp32") for name in DEVICE_PATH_CASES]
+FUSED_CASES += [("fp8-bf16", p) for p in FUSED_POLICIES if p != "fp32"]
+FUSED_CASES += [("bf16-softcap-alibi", "input-qk"), ("fp16-sinks-subnormal-weights", "input-partials")]
+FUSED_CASES += [("fp32-window", "tf32-loosened")]
+_FUSED_SLOW = {
+    "fp32-window",
+    "fp32-window-tf32-loosened",
+    "bf16-softcap-alibi",
+    "bf16-softcap-alibi-input-qk",
+    "fp16-sinks-subnormal-weights-input-partials",
+}
+#: a planted slip whose worst element stays within its bound but whose error's RMS fails, under
+#: the fused comparison's fp32 and scaled-query policies: the status from the statistic alone
+_RMS_SLIP = "p_fp8"
+
+
+def _fused_param(name: str, policy_name: str):
+    """``FUSED_CASES``' entry as a parameter: ``fp8-bf16-input-qk`` (the fp32 policy's: the case's name)."""
+    test_id = name if policy_name == "fp32" else f"{name}-{policy_name}"
+    return pytest.param(name, policy_name, marks=[pytest.mark.slow] if test_id in _FUSED_SLOW else [], id=test_id)
 
 
 @needs_verdict_kernel
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in _FUSED_SLOW else n for n in DEVICE_PATH_CASES]
-)
+@pytest.mark.parametrize("name, policy_name", [_fused_param(n, p) for n, p in FUSED_CASES])
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # the interpreter's numpy on NaN
-def test_the_fused_check_judges_as_the_torch_path(name, monkeypatch):
-    """On a GPU the check forms the bound and the verdict in one Triton kernel a block
-    (``pagedattn.verdict_kernel.host``); here under the Triton interpreter (compiled, on a GPU). Its
-    verdicts are the torch path's, the output's and the log-sum-exp's, over several blocks:
-    a precision bug's, and NaN, infinite and finite errors together (the first NaN stays the
-    worst, however the blocks fall)."""
+def test_the_fused_check_judges_as_the_torch_path(name, policy_name, monkeypatch):
+    """On a GPU the check forms the bound, the expected error and the verdict in one Triton kernel
+    a block (``pagedattn.verdict_kernel.host``); here under the Triton interpreter (compiled, on a
+    GPU). Its verdicts are the torch path's, the output's and the log-sum-exp's, over several
+    blocks, under each declared precision: a precision bug's, NaN, infinite and finite errors
+    together (the first NaN stays the worst, however the blocks fall), and for the fp8 cache a
+    slip that only the error's distribution fails (its RMS within ``FUSED_RMS_RTOL``)."""
     from pagedattn.verdict_kernel import host as gpu_check
 
+    declared = FUSED_POLICIES[policy_name]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     case = _device_path_case(name).to(device)
@@ -722,6 +761,7 @@ def test_the_fused_check_judges_as_the_torch_path(name, monkeypatch):
     nan[1, 0, 3] = float("inf")
     lse_nan = lse.clone()
     lse_nan[case.num_tokens - 1, 0] = float("nan")
+    slip = streamed_attention(case.to("cpu"), 16, bug=_RMS_SLIP).to(device) if name == "fp8-bf16" else None
     results = []
     for on in (False, True):
         monkeypatch.setattr(gpu_check, "ON_CPU", on)
@@ -731,10 +771,20 @@ def test_the_fused_check_judges_as_the_torch_path(name, monkeypatch):
         else:
             monkeypatch.delenv(gpu_check.ENV, raising=False)
         assert gpu_check.usable(case) == on
-        results.append([check_attention(bug, case), *check_attention_lse(nan, lse_nan, case)])
+        checks = [check_attention(bug, case, **declared), *check_attention_lse(nan, lse_nan, case, **declared)]
+        if slip is not None:
+            checks.append(check_attention(slip, case, **declared))
+        results.append(checks)
     for torch_path, fused_path in zip(*results):
-        assert _same_verdict(torch_path, fused_path), f"{name}:\n{torch_path}\n{fused_path}"
+        assert _same_verdict(torch_path, fused_path), (
+            f"{name} under {policy_name}:\n{torch_path}\n  {_verdict_numbers(torch_path)}\n"
+            f"{fused_path}\n  {_verdict_numbers(fused_path)}"
+        )
     assert results[0][1].worst_token == case.num_tokens - 1 and results[0][1].num_nonfinite == 2, str(results[0][1])
+    assert results[0][0].rms_judged, f"{name}: the error's distribution is not judged\n{results[0][0]}"
+    if slip is not None and policy_name in ("fp32", "scaled-query"):
+        slipped = results[0][3]
+        assert slipped.rms_failed and slipped.budget_used <= 1.0, f"{_RMS_SLIP} should fail by its RMS alone\n{slipped}"
 
 
 _FUSED_AOT = r"""
@@ -784,7 +834,7 @@ for out_type, block_d in json.loads(sys.argv[1]):
     sums = {"BLOCK_J": consts["BLOCK_J"], "BLOCK_D": block_d}
     r = compile(kernels.decode_sums, sums, lambda n: "fp64")
     results.append(dict(r, cfg=["decode_sums", block_d]))
-r = compile(kernels.reduce, {"NS": gpu_check.STATS, "BLOCK": 1024}, lambda n: "fp64")
+r = compile(kernels.reduce, {"NS": gpu_check.STATS, "BLOCK": 1024, "FLAGS": False}, lambda n: "fp64")
 results.append(dict(r, cfg=["reduce"]))
 print(json.dumps(results))
 """

@@ -24,8 +24,9 @@ from pagedattn.cases import CaseSpec
 from pagedattn.oracle import paged_attention_reference, policy, sequence_stats, subnormal
 from pagedattn.verdict_kernel import host as gpu_check
 from pagedattn.verdict_kernel import launcher
-from tests.asserts import F64_REORDERED_SUM, assert_close, assert_equal
+from tests.asserts import F64_REORDERED_SUM, FUSED_RMS_RTOL, assert_close, assert_equal
 from tests.helpers import needs_verdict_kernel, require_verdict_kernel
+from tests.planted.streamed import streamed_attention
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -33,7 +34,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 @pytest.mark.parametrize("first", [0, 11], ids=["whole", "from-key-11"])
 @pytest.mark.parametrize("shape", [(2, 37, 80), (1, 300, 64), (3, 40, 256)], ids=str)
 def test_sequence_moments_are_the_torch_paths(shape, first):
-    """``[|v|, (v - c)^2]`` in float32 from one kernel: the same bits as ``sequence_stats._value_moments``
+    """``[|v|, (v - c)^2, v - c]`` in float32 from one kernel: the same bits as ``sequence_stats._value_moments``
     for head dims that are and are not powers of two and lengths that do not fill the kernel's
     row tiles, with values far from 0 (so ``v - c`` cancels) and of every sign; read in place
     from the first key a sequence's rows see (a view whose heads lie a whole history apart).
@@ -61,17 +62,22 @@ def test_sequence_moments_are_the_torch_paths(shape, first):
 
 def _torch_reduced(stats: torch.Tensor, per_row: int) -> list[float]:
     """The torch operations the reduction kernel replaced: the first NaN, or else the first
-    largest (``torch.argmax``), the sums of the counts."""
+    largest (``torch.argmax``), the sums of the counts and of the moments (and of the flags)."""
     sel = int(torch.argmax(stats[:, 0]))
     row = stats[sel]
-    return [float(row[0]), *stats[:, 1:3].sum(dim=0).tolist(), sel * per_row + float(row[3]), *row[4:].tolist()]
+    sums = stats[:, 7:].sum(dim=0).tolist()
+    return [float(row[0]), *stats[:, 1:3].sum(dim=0).tolist(), sel * per_row + float(row[3]), *row[4:7].tolist(), *sums]
 
 
-def _stats(n: int, seed: int) -> torch.Tensor:
+def _stats(n: int, seed: int, ns: int = gpu_check.STATS) -> torch.Tensor:
+    """``n`` rows of ``ns`` statistics: the counts, channels, moments and flags integers, whose
+    sums are exact in any order (the moments' float64 sums in another order are the verdict
+    tests' to judge)."""
     g = torch.Generator().manual_seed(seed)
-    stats = torch.rand(n, gpu_check.STATS, generator=g, dtype=torch.float64)
+    stats = torch.rand(n, ns, generator=g, dtype=torch.float64)
     stats[:, 1:3] = torch.randint(0, 5, (n, 2), generator=g).double()
     stats[:, 3] = torch.randint(0, 64, (n,), generator=g).double()
+    stats[:, 7:] = torch.randint(0, 1 << 20, (n, ns - 7), generator=g).double()
     stats[::3, 0] = -1.0  # rows with no finite ratio
     return stats
 
@@ -92,12 +98,14 @@ def _stats(n: int, seed: int) -> torch.Tensor:
     ],
 )
 @pytest.mark.parametrize("rows", [1, 1023, 1024, 2048, 2500])
-def test_the_reduction_keeps_the_first_nan_or_first_largest(where, rows):
+@pytest.mark.parametrize("ns", [gpu_check.STATS, gpu_check.ROW_STATS], ids=["stats", "row-stats"])
+def test_the_reduction_keeps_the_first_nan_or_first_largest(where, rows, ns):
     """The kernel walks the rows in chunks of 1024: a tie within a chunk or between chunks keeps
     the first row, a NaN ratio is the worst even after a larger finite one, the first of two NaNs
-    wins (in one chunk or two), and an infinite ratio is the largest finite one; the counts are
-    summed exactly; row counts below, at and past a chunk's."""
-    stats = _stats(rows, seed=len(where) + rows)
+    wins (in one chunk or two), and an infinite ratio is the largest finite one; the counts, the
+    moments and (the verdict kernel's rows) the flags are summed; row counts below, at and past a
+    chunk's."""
+    stats = _stats(rows, seed=len(where) + rows, ns=ns)
     marks = {
         "tie-across-chunks": [(100, 7.0), (1900, 7.0)],
         "tie-in-a-chunk": [(100, 7.0), (200, 7.0)],
@@ -115,7 +123,7 @@ def test_the_reduction_keeps_the_first_nan_or_first_largest(where, rows):
     stats = stats.to(DEVICE)
     got = gpu_check.reduced(stats, 128).tolist()
     want = _torch_reduced(stats.cpu(), 128)
-    assert len(got) == gpu_check.STATS
+    assert len(got) == ns
     for i, (a, b) in enumerate(zip(got, want)):
         assert a == b or (a != a and b != b), f"statistic {i}: {a} against {b} ({where})"
 
@@ -375,8 +383,8 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
     """The check holds one block of rows at a time, as the oracle does: when the oracle's pass
     yields a block, the previous block's tensors are freed: its score-sized weights (the chunk)
     and, on the fused path, what the verdict kernel read (the reference rows, the weighted
-    moments, the subnormal correction). A name left holding them (the launch's argument tuple
-    did) kept two blocks' worth alive, over the oracle's peak."""
+    moments and the squared weights' products, the subnormal correction). A name left holding
+    them (the launch's argument tuple did) kept two blocks' worth alive, over the oracle's peak."""
     if path == "fused":
         require_verdict_kernel()
     import weakref
@@ -390,7 +398,9 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
 
     def launch(kernel, grid, args, consts, key=None):
         if kernel is launcher._compiled().verdict:
-            refs.extend(weakref.ref(t) for t in args[4:7])  # ``o``, ``s12``, ``ex`` (``o`` without one)
+            # ``o``, ``s12``, ``ex`` (``o`` without one), ``s34``, ``p2``, ``s56``, ``w_sum``: the check's
+            # one-element float32 placeholder stands in where there are none, and lives through it
+            refs.extend(weakref.ref(t) for t in args[4:11] if t.numel() > 1)
         return real_launch(kernel, grid, args, consts, key)
 
     chunks = _watched(real_chunks, lambda c: (c.scores, c.probs), refs, alive)
@@ -531,10 +541,88 @@ def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkey
     assert float(moved) <= policy.FUSED_RTOL, f"a row's bound moved by {float(moved):.3g} from the torch path's"
 
 
+#: half-precision cases whose decodes' and blocks' expected errors take every term: sinks, ALiBi,
+#: a soft-cap and a window at a head dim under its tile; an fp8 cache (its keys' and values'
+#: rounding); and a float32 case
+EXPECTED_ERROR_CASES = {
+    "bf16-variants": CaseSpec(
+        "t",
+        ((300, 1), (90, 3), (200, 1)),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=40,
+        sinks=True,
+        alibi_slopes=True,
+        logits_soft_cap=30.0,
+        sliding_window=150,
+        dtype=torch.bfloat16,
+    ),
+    "fp8-fp16": CaseSpec(
+        "t", ((70, 7), (33, 1)), num_heads=4, num_kv_heads=2, kv_dtype=torch.float8_e4m3fn, dtype=torch.float16
+    ),
+    "fp32": CaseSpec("t", ((120, 24), (50, 1)), num_heads=4, num_kv_heads=2),
+}
+#: the declared precisions that add terms of their own (policy._terms), and a tolerance factor
+EXPECTED_ERROR_POLICIES = {
+    "fp32": {},
+    "input-qk": {"qk_precision": "input"},
+    "scaled-query-input-partials": {"qk_precision": "scaled_query", "partials_precision": "input"},
+    "tf32-loosened": {"precision": "tf32", "tolerance_factor": 1.5},
+}
+
+
+@needs_verdict_kernel
+@pytest.mark.parametrize(
+    "name, sums, declared",
+    [
+        (name, sums, declared)
+        for name in EXPECTED_ERROR_CASES
+        for sums in ("inline", "slices", "moments")
+        for declared in EXPECTED_ERROR_POLICIES
+        # float32 inputs: the declared input-dtype roundings are float32's own, no term of their own
+        if name != "fp32" or declared in ("fp32", "tf32-loosened")
+    ],
+)
+def test_the_fused_expected_error_is_the_torch_paths_row_by_row(name, sums, declared, monkeypatch):
+    """Each row and head's sum of expected squared errors (statistic 8, ``verdict._moments``' over
+    its elements) is the torch path's (``policy.chunk_bounds``' ``var``, scaled by the tolerance
+    factor squared) within ``FUSED_RTOL``, under each declared precision, for decodes whose sums
+    the verdict kernel forms (``inline``), a launch before it over slices of their keys
+    (``slices``), or that take the sequence's moments as blocks of several rows do (``moments``);
+    and so are its squared errors (statistic 7) and its sum's square (statistic 9)."""
+    monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))  # several blocks of rows
+    if sums == "moments":
+        monkeypatch.setattr(policy, "DIRECT_DECODES", False)
+    if sums == "slices":
+        monkeypatch.setattr(gpu_check, "INLINE_DECODE_ELEMS", 0)
+        monkeypatch.setattr(gpu_check, "SLICE_DECODE_ELEMS", 1 << 12)  # a few of BLOCK_J's keys a slice
+    monkeypatch.setattr(gpu_check, "ON_CPU", True)
+    monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
+    case = EXPECTED_ERROR_CASES[name].build().to(DEVICE)
+    spec = dict(EXPECTED_ERROR_POLICIES[declared])
+    tol = spec.pop("tolerance_factor", 1.0)
+    precisions = (spec.get("precision", "ieee"), spec.get("qk_precision", "fp32"), "ieee")
+    partials = spec.get("partials_precision", "fp32")
+    out = streamed_attention(case.to("cpu"), 16).to(DEVICE)
+    terms = policy._terms(case, *precisions, partials_precision=partials)
+    stats = gpu_check._stats(out, None, case, terms, tol).stats.cpu()
+    var = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=torch.float64)
+    ref = torch.empty_like(var)
+    for blk in policy.chunk_bounds(case, *precisions, with_lse=False, partials_precision=partials):
+        var[blk.tokens], ref[blk.tokens] = blk.var.cpu() * tol**2, blk.o.cpu()
+    rows = var.sum(dim=-1).reshape(-1)  # [T * Hq]: every element finite here
+    err2 = (out.cpu().double() - ref).square().sum(dim=-1).reshape(-1)
+    what = f"{name}, {sums}, {declared}"
+    assert bool((rows > 0).all()), f"{what}: a row with no expected error"
+    assert_close(stats[:, 8], rows, policy.FUSED_RTOL, f"{what}: a row's sum of expected squared errors")
+    assert_close(stats[:, 7], err2, policy.FUSED_RTOL, f"{what}: a row's sum of squared errors")
+    assert_equal(stats[:, 9], stats[:, 8].square(), f"{what}: a row's expected squared errors' sum squared")
+
+
 @pytest.mark.parametrize("path", ["fused", "torch"])
 def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkeypatch):
-    """The check holds a sequence's own terms (the values' moments, ``[Hkv, L, 2D]`` float32 as
-    large as its float64 values; its key norms or reach) only while its rows are judged: when the
+    """The check holds a sequence's own terms (the values' moments, ``[Hkv, L, 3D]`` float32, one and a half
+    times its float64 values; its key norms or reach) only while its rows are judged: when the
     oracle's pass has gathered the next sequence's history and yields its first block, they are
     gone (the oracle holds nothing of a finished sequence; held, they put the check's peak over
     the oracle's)."""
@@ -627,9 +715,10 @@ def test_rows_whose_weights_leave_the_normal_range_are_judged_again_with_the_cor
     """Where the output dtype's weights keep float32's range the fused check's first pass forms
     no correction of subnormal weights and reads no guard: it flags the rows whose logits span
     past ``log(2**-126)``, and a case with one is judged again with the correction. Its verdict is
-    the torch path's (which forms the correction from its guard): a sink that dominates leaves the
-    keys' weights ~1e-40, where the correction's half subnormal spacing is much of the bound (a
-    verdict from the first pass alone is not the torch path's). A plain case is judged once."""
+    the torch path's (which forms the correction from its guard), its error's RMS too: a sink that
+    dominates leaves the keys' weights ~1e-40, where the correction's half subnormal spacing is
+    much of the bound (a verdict from the first pass alone is not the torch path's). A plain case
+    is judged once."""
     from pagedattn.oracle import check_attention_lse, paged_attention_reference_lse
 
     spec, passes = FLAG_CASES[name]
@@ -661,18 +750,21 @@ def test_rows_whose_weights_leave_the_normal_range_are_judged_again_with_the_cor
         close = abs(a.bound - b.bound) <= policy.FUSED_RTOL * max(abs(a.bound), abs(b.bound))
         where = (a.worst_token, a.worst_head, a.worst_channel) == (b.worst_token, b.worst_head, b.worst_channel)
         assert (a.status, a.num_over) == (b.status, b.num_over) and where and close, f"{a}\n{b}"
+        # the error's distribution, the correction's expected error in it (the log-sum-exp's: NaN, not formed)
+        for x, y in ((a.rms_ratio, b.rms_ratio), (a.rms_elements, b.rms_elements)):
+            assert x == y or (x != x and y != y) or abs(x - y) <= FUSED_RMS_RTOL * max(abs(x), abs(y)), f"{a}\n{b}"
 
 
 def test_a_reduction_that_did_not_run_is_an_error():
     """The final launch's programs count themselves into the reduced rows and its last, having
     reduced, adds one; a pass whose count is not that (programs that did not run, or a last one
     that did not reduce: zeros, which read as a pass) raises."""
-    reduced = torch.zeros(2, 8, dtype=torch.float64)
-    reduced[1, 7] = 12.0  # every program counted, none reduced
+    reduced = torch.zeros(2, gpu_check.ROW_STATS, dtype=torch.float64)
+    reduced[1, gpu_check.STATS] = 12.0  # every program counted, none reduced
     p = gpu_check._Pass(torch.zeros(3, gpu_check.ROW_STATS, dtype=torch.float64), None, reduced, 12)
     with pytest.raises(RuntimeError, match="a count of 12, not the final launch's 12 programs"):
         gpu_check._read(p)
-    assert gpu_check._read(p._replace(programs=11))[1][7] == 12.0
+    assert gpu_check._read(p._replace(programs=11))[1][gpu_check.STATS] == 12.0
 
 
 @needs_verdict_kernel
@@ -689,7 +781,7 @@ def test_the_rows_flagged_are_those_whose_weights_may_leave_the_normal_range(mon
     terms = policy._terms(case, "ieee", "fp32", "ieee", guard=False)
     edge = math.log(terms.model.weights_min_normal)
     flags = gpu_check._stats(out, None, case, terms, 1.0, correct=False, flag_below=edge + gpu_check.FLAG_MARGIN).stats[
-        :, 7
+        :, gpu_check.STATS
     ]
     spans, small = [], []
     device_terms = terms._replace(device_path=True)

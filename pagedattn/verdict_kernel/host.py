@@ -3,10 +3,11 @@
 ``policy.chunk_bounds`` forms the bound with a few dozen torch operations a block of rows and
 ``verdict._Verdict`` judges it with a few dozen more; on a GPU each is a launch and a host's
 dispatch. Here the oracle's pass is the same (``iter_chunks``, the same blocks), the
-score-sized work is the same one float32 product (none for a decode), and everything after it
-(the terms of ``docs/tolerance.md``, the output's rounding, the ratios, the worst element and
-the counts) is one kernel launch a block, which writes a few statistics per row and head; the
-last program of the last launch reduces them, and one read per check follows.
+score-sized work is the same float32 products (``_weighted_moments``; none for a decode), and
+everything after them (the terms of ``docs/tolerance.md``, the output's rounding, the expected
+squared error, the ratios, the worst element, the counts and the error's moments) is one kernel
+launch a block, which writes a few statistics per row and head; the last program of the last
+launch reduces them, and one read per check follows.
 
 The host's other costs are cut too, as a check of milliseconds on a GPU is bound by its host:
 a sequence's value moments and key norms are one kernel (``sequence_moments``); a decode needs
@@ -17,12 +18,12 @@ subnormal weights is formed only where a row needs it (``verdict_rows``); and ev
 a kernel's first is the compiled kernel's own (``launcher._launch``).
 
 The numbers are the torch path's: the same formulas in the same order, in float64, within
-``policy.FUSED_RTOL`` (a compiler may contract a multiply and an add; the keys' norms and a
-decode's direct sums are summed in another order than torch's). Used where it can run
-(``usable``): a CUDA tensor, Triton 3.6 or later importable, its interpreter off, a half or single precision
-case, and not turned off with ``PAGEDATTN_FUSED_CHECK=0`` (for a GPU Triton cannot compile for,
-or to rule the kernel out). Otherwise, and for the bound tensors themselves
-(``attention_error_bound``), the torch path runs, with the same verdicts.
+``policy.FUSED_RTOL`` (a compiler may contract a multiply and an add; the keys' norms, a
+decode's direct sums and the error's moments are summed in another order than torch's). Used
+where it can run (``usable``): a CUDA tensor, Triton 3.6 or later importable, its interpreter
+off, a half or single precision case, and not turned off with ``PAGEDATTN_FUSED_CHECK=0`` (for a
+GPU Triton cannot compile for, or to rule the kernel out). Otherwise, and for the bound tensors
+themselves (``attention_error_bound``), the torch path runs, with the same verdicts.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ import torch
 
 from pagedattn.oracle import policy, sequence_stats
 from pagedattn.oracle.case import PagedCase
-from pagedattn.oracle.error_model import C_ACC, C_EXP, C_W, DTYPE_TABLE, U_FP32
-from pagedattn.oracle.reference import iter_chunks
+from pagedattn.oracle.error_model import C_ACC, C_DOT, C_EXP, C_W, DTYPE_TABLE, U_FP32, UNIFORM_VAR
+from pagedattn.oracle.reference import Chunk, iter_chunks
 from pagedattn.oracle.sequence_stats import _centre, _spent
 from pagedattn.oracle.subnormal import _subnormal_weights
 from pagedattn.verdict_kernel.launcher import _cdiv, _compiled, _launch, _pow2, triton_problem
@@ -47,12 +48,15 @@ ENV = "PAGEDATTN_FUSED_CHECK"
 ON_CPU = False
 #: the statistics a row and head leaves, float64: the worst ratio (NaN where any is NaN), the
 #: elements over the bound (NaN ratios included), the non-finite outputs where the reference is
-#: finite, the worst element's channel, its output, reference and bound
-STATS = 7
+#: finite, the worst element's channel, its output, reference and bound; then the error's
+#: moments over the elements whose error and expected error are finite (``verdict._moments``):
+#: the sum of squared errors, of expected squared errors, and that second sum squared (reduced:
+#: the rows' squares summed). The log-sum-exp's moments are 0 (it is judged by its worst alone)
+STATS = 10
 #: a row's statistics as the verdict kernel writes them: ``STATS``, then whether the row's
 #: weights may fall below the normal range where the pass formed no correction for them (1.0;
-#: ``_rows`` then judges the case again with it), rows 64 bytes apart
-ROW_STATS = 8
+#: ``_rows`` then judges the case again with it)
+ROW_STATS = STATS + 1
 #: a row is flagged where its smallest visible logit lies more than ``-log(min normal) - FLAG_MARGIN``
 #: below its largest: there a weight may need the correction (``subnormal._subnormal_weights`` marks
 #: ``p_j l < min normal``, whose float64 roundings move that edge by ~1e-15, far less)
@@ -86,7 +90,7 @@ def _verdict_key(output: torch.Tensor, lse: torch.Tensor | None, case: PagedCase
     (``launcher._key``'s): the kernel specializes none of its pointers on alignment nor any integer on
     its value (``kernel.verdict_kernel``), its other tensors are float64 or float32 by
     construction (``_stats``; the log-sum-exp float32, checked by the caller, or the float32
-    product in its place; a decode's float32 placeholder for the product), so what the JIT
+    product in its place; a decode's float32 placeholder for the products), so what the JIT
     specializes on is the output's dtype and whether an integer needs 64 bits. Every integer is
     below the largest of the output's and the log-sum-exp's strides, the statistics' rows, the
     longest history times the head dim (a history's head stride) and the window: where that is
@@ -107,10 +111,14 @@ def verdict_rows(
     qk_precision: str,
     tanh_precision: str,
     tolerance_factor: float,
+    partials_precision: str,
 ) -> list[list[float]]:
-    """The check of ``output`` (and of ``lse``) against the oracle and the bound of
-    ``policy.chunk_bounds`` scaled by ``tolerance_factor``, as ``reduced``'s rows (one, or two
-    with ``lse``: the output's, the log-sum-exp's), read to the host in one transfer.
+    """The check of ``output`` (and of ``lse``) against the oracle, the bound of
+    ``policy.chunk_bounds`` scaled by ``tolerance_factor`` and its expected squared error scaled
+    by ``tolerance_factor**2``, as ``reduced``'s rows (one, or two with ``lse``: the output's, the
+    log-sum-exp's; ``STATS`` each, as ``verdict._Verdict.of`` folds them), read to the host in one
+    transfer. The precisions are the backend's declared ones, as ``verdict.check_attention``
+    takes them.
 
     The correction of weights below the normal range (``subnormal._subnormal_weights``) is formed
     only where a row needs it. For an output dtype whose weights keep float32's range the pass
@@ -126,7 +134,9 @@ def verdict_rows(
     """
     min_normal = DTYPE_TABLE[case.dtype].weights_min_normal
     flag = min_normal < NARROW_MIN_NORMAL
-    terms = policy._terms(case, precision, qk_precision, tanh_precision, guard=not flag)
+    terms = policy._terms(
+        case, precision, qk_precision, tanh_precision, guard=not flag, partials_precision=partials_precision
+    )
     if case.device.type != "cuda":
         return _rows(output, lse, case, terms, tolerance_factor, flag)
     # Triton launches on the current device, not the tensors': a case on another GPU (a worker's)
@@ -146,7 +156,7 @@ def _rows(
     where ``terms`` say, then, where a row was flagged, one that forms it."""
     below = math.log(terms.model.weights_min_normal) + FLAG_MARGIN if flag else -math.inf
     rows = _read(_stats(output, lse, case, terms, tolerance_factor, correct=not flag, flag_below=below))
-    if rows[0][7] > 0:  # rows whose weights may need the correction: the case again, with it
+    if rows[0][STATS] > 0:  # rows whose weights may need the correction: the case again, with it
         rows = _read(_stats(output, lse, case, terms, tolerance_factor, correct=True, flag_below=-math.inf))
     return [row[:STATS] for row in rows[: 1 if lse is None else 2]]
 
@@ -156,9 +166,9 @@ def _read(p: _Pass) -> list[list[float]]:
     launch's programs count themselves and its last, having reduced, one more. A reduction that
     did not run leaves zeros, which would read as a pass."""
     rows = p.reduced.tolist()
-    if rows[1][7] != p.programs + 1:
+    if rows[1][STATS] != p.programs + 1:
         raise RuntimeError(
-            f"the fused check's reduction: a count of {rows[1][7]:g}, not the final launch's {p.programs} programs"
+            f"the fused check's reduction: a count of {rows[1][STATS]:g}, not the final launch's {p.programs} programs"
             " and its reduction's 1"
         )
     return rows
@@ -174,9 +184,10 @@ def sequence_moments(v: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, to
         k: ``[Hkv, L, D]`` float64, rows of D contiguous: the keys at the same positions.
 
     Returns:
-        ``(c, vv, kn)``: the values' mean over the keys ``[Hkv, 1, D]`` float64, ``[|v|, (v - c)^2]``
-        ``[Hkv, L, 2D]`` float32 and each key's norm ``[Hkv, L]`` float64 (torch's ``norm`` to
-        within a float64 rounding or two: another order of the sum), on ``v``'s device.
+        ``(c, vv, kn)``: the values' mean over the keys ``[Hkv, 1, D]`` float64,
+        ``[|v|, (v - c)^2, v - c]`` ``[Hkv, L, 3D]`` float32 and each key's norm ``[Hkv, L]`` float64
+        (torch's ``norm`` to within a float64 rounding or two: another order of the sum), on
+        ``v``'s device.
     """
     Hkv, L, D = v.shape
     if v.stride(2) != 1 or v.stride(1) != D:
@@ -184,7 +195,7 @@ def sequence_moments(v: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, to
     if k.stride(2) != 1 or k.stride(1) != D:
         k = k.contiguous()
     centre = _centre(v)
-    vv = torch.empty(Hkv, L, 2 * D, dtype=torch.float32, device=v.device)
+    vv = torch.empty(Hkv, L, 3 * D, dtype=torch.float32, device=v.device)
     kn = torch.empty(Hkv, L, dtype=torch.float64, device=v.device)
     block_d = _pow2(D)
     block_r = max(1, 4096 // block_d)
@@ -202,8 +213,9 @@ class _Pass(NamedTuple):
 
     stats: torch.Tensor  # [T * Hq, ROW_STATS] float64: each row and head's, the output's
     lstats: torch.Tensor | None  # [T * Hq, ROW_STATS] float64: the log-sum-exp's (None without lse)
-    reduced: torch.Tensor  # [2, 8] float64: ``reduced``'s rows of both; [0, 7] the rows flagged, [1, 7] the count
-    programs: int  # the final launch's programs: [1, 7] is one more once its last has reduced
+    # [2, ROW_STATS] float64: ``reduced``'s rows of both; [0, STATS] the rows flagged, [1, STATS] the count
+    reduced: torch.Tensor
+    programs: int  # the final launch's programs: [1, STATS] is one more once its last has reduced
 
 
 #: a decode's direct sums (``policy.direct_decode``) in the verdict kernel: keys at a time times the
@@ -244,7 +256,7 @@ def _stats(
     kw: dict[str, Any] = dict(dtype=torch.float64, device=case.device)
     both = torch.empty(1 if lse is None else 2, T * Hq, ROW_STATS, **kw)
     stats, lstats = both[0], both[1] if lse is not None else None
-    rd = torch.zeros(2, 8, **kw)  # rows of 8: each row's start 64-byte aligned, as a tensor of its own's
+    rd = torch.zeros(2, ROW_STATS, **kw)
     programs = 0
     key = _verdict_key(output, lse, case)
     model = terms.model
@@ -260,12 +272,15 @@ def _stats(
         "NS": ROW_STATS,
     }
     tol, xmin = float(tolerance_factor), 2.0**model.emin
+    # the keys' own score variances (policy._key_score_var), where the score's operands are declared rounded
+    declared = bool(terms.a_inf or terms.u_score)
+    kw_ops, kw_score = UNIFORM_VAR * (terms.a_inf / C_DOT) ** 2, UNIFORM_VAR * terms.u_score**2
     # the log-sum-exp's strides, where there is none: never read (has_lse 0)
     lse_strides = lse.stride() if lse is not None else (0, 0)
     seq, first, centre, vv, kn = -1, 0, torch.empty(0), torch.empty(0), torch.empty(0)
     query_lens = case.query_lens
     reach: torch.Tensor | None = None  # the sequence's sliding maximum of kn, at its first block of rows
-    placeholder32: torch.Tensor | None = None  # a float32 pointer never read (inline: no s12)
+    placeholder32 = torch.empty(1, dtype=torch.float32, device=case.device)  # a float32 pointer never read
     for c in iter_chunks(case, live=policy._live(case), score_floor=True):
         Hkv, G, n, Lc = c.probs.shape
         # a decode (policy.direct_decode): its sums over its keys and values, as the torch path's
@@ -274,7 +289,7 @@ def _stats(
         inline = int(policy.direct_decode(c, query_lens, terms.device_path))
         if c.seq != seq:  # the values and keys the sequence's rows see (policy.chunk_bounds)
             seq, first = c.seq, c.keys.start
-            if not inline:  # [Hkv, 1, D], [Hkv, L - first, 2D], [Hkv, L - first]
+            if not inline:  # [Hkv, 1, D], [Hkv, L - first, 3D], [Hkv, L - first]
                 centre, vv, kn = sequence_moments(c.v_all[:, first:], c.k_all[:, first:])
             reach = None
         walk = n == 1 or 0 < W <= KEY_WALK
@@ -283,28 +298,49 @@ def _stats(
         assert c.q.is_contiguous()  # the kernel reads its rows as o's: [Hq, n, D], rows of D
         o = torch.bmm(c.probs.view(Hkv, G * n, Lc), c.v)  # [Hkv, G * n, D]: [Hq, n, D]
         parts, slices = o, 0  # (a placeholder: not read)
+        alibi = c.alibi is not None
         if inline:
             # the kernels read the weights [Hq, Lc] and the keys' and values' rows of D in place
             assert c.probs.is_contiguous() and c.v.stride()[1:] == (D, 1) and c.k.stride() == c.v.stride()
-            if placeholder32 is None:
-                placeholder32 = torch.empty(1, dtype=torch.float32, device=case.device)
-            s12 = placeholder32
+            s12 = s34 = p2 = s56 = w_sum = placeholder32
             centre = kn = o  # (placeholders: not read)
             if Lc * D > INLINE_DECODE_ELEMS:
                 inline = 2
                 chunk = max(1, SLICE_DECODE_ELEMS // (D * block_j)) * block_j  # keys a slice
                 slices = _cdiv(Lc, chunk)
-                parts = torch.empty(Hq, slices, 2 * D + 1, **kw)
+                parts = torch.empty(Hq, slices, 5 * D + 2, **kw)
+                p = c.keys.stop - 1  # the decode's position: ALiBi's bias reaches min(p, W - 1) back
                 _launch(
                     _compiled().decode_sums,
                     (Hq, slices),
-                    (c.probs, c.v, c.k, c.v.stride(0), o, parts, Lc, G, D, chunk, slices),
+                    (
+                        c.probs,
+                        c.v,
+                        c.k,
+                        c.v.stride(0),
+                        o,
+                        c.q,
+                        c.lse,
+                        c.alibi[0] if alibi else o,  # type: ignore[index]
+                        parts,
+                        Lc,
+                        G,
+                        D,
+                        chunk,
+                        slices,
+                        min(p, W - 1) if W else p,
+                        int(alibi),
+                        int(declared),
+                        kw_ops,
+                        kw_score,
+                    ),
                     {"BLOCK_J": block_j, "BLOCK_D": consts["BLOCK_D"]},
                 )
         else:
-            p32 = _spent(c.scores, torch.float32).copy_(c.probs)
-            s12 = torch.bmm(p32.view(Hkv, G * n, Lc), vv[:, c.keys.start - first : c.keys.stop - first])  # [Hq, n, 2D]
-            del p32
+            seen = vv[:, c.keys.start - first : c.keys.stop - first]
+            s12, s34, p2, own = _weighted_moments(c, seen, terms, case.sliding_window)
+            s56, w_sum = own if own is not None else (placeholder32, placeholder32)
+            del seen, own
         # in the spent scores' storage: after the product
         extra = _subnormal_weights(c, terms) if correct else None
         # [Hq, n, D] float64 (``o`` stands in where there is none: has_extra 0)
@@ -312,14 +348,18 @@ def _stats(
         del extra
         L = case.seq_lens_list[c.seq]
         acc = C_ACC * U_FP32 * math.sqrt(L)
+        acc_var = UNIFORM_VAR * U_FP32**2 * L  # (policy.chunk_bounds's expression: the same float)
         sink = c.sink_probs is not None
-        alibi = c.alibi is not None
         args = (
             output,
             *output.stride(),
             o,
             s12,
             ex,
+            s34,
+            p2,
+            s56,
+            w_sum,
             centre,
             c.q,
             c.row_max,
@@ -358,13 +398,23 @@ def _stats(
             int(lse is not None),
             int(walk),
             inline,
+            int(declared),
             int(c.last and c.seq == case.num_seqs - 1),  # (every sequence has a new token: PagedCase)
             T * Hq,
             terms.a,
+            terms.a_inf,
+            terms.u_score,
             terms.row_const,
             terms.pv,
             acc,
+            terms.var_pv,
+            terms.var_abs_pv,
+            acc_var,
+            kw_ops,
+            kw_score,
+            UNIFORM_VAR,
             tol,
+            tol**2,
             xmin,
             model.significand,
             flag_below,
@@ -374,18 +424,58 @@ def _stats(
         if c.last:  # the sequence's last block: its moments and key norms go before the next
             centre = vv = kn = torch.empty(0)  # one's history comes (the oracle holds none of them)
             reach = None
-        del c, o, s12, ex, parts, args  # the block's tensors go before the next block's (args holds them too)
+        # the block's tensors go before the next block's (args holds them too)
+        del c, o, s12, ex, s34, p2, s56, w_sum, parts, args
     return _Pass(stats, lstats, rd, programs)
+
+
+def _weighted_moments(
+    c: Chunk, seen: torch.Tensor, terms: policy._Terms, window: int | None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]:
+    """A block's float32 products with its sequence's moments (``seen``: ``[Hkv, Lc, 3D]``, the
+    keys it sees), with the torch operations of ``policy.chunk_bounds``, so the same bits:
+    ``s12`` ``[Hq, n, 2D]`` (the weights with ``[|v|, (v - c)^2]``), ``s34`` ``[Hq, n, 2D]`` (their
+    squares with ``[(v - c)^2, v - c]``) and ``p2`` ``[Hq, n]`` (the squares' sum), and where the
+    score's operands are declared rounded, ``(s56 [Hq, n, 2D], w_sum [Hq, n])``, the same with the
+    keys' own score variances (``policy._key_score_var``; else ``None``). The weights
+    take the spent scores' storage (``_spent``); ``window``: the case's sliding window."""
+    Hkv, G, n, Lc = c.probs.shape
+    D = c.v.shape[2]
+    p32 = _spent(c.scores, torch.float32).copy_(c.probs)
+    s12 = torch.bmm(p32.view(Hkv, G * n, Lc), seen[..., : 2 * D])
+    key_w = None
+    if terms.a_inf or terms.u_score:
+        key_w = policy._key_score_var(c, terms, _alibi_bias(c, window) if c.alibi is not None else None, p32)
+    p2 = p32.square_().sum(dim=-1)  # [Hkv, G, n]: [Hq, n]
+    s34 = torch.bmm(p32.view(Hkv, G * n, Lc), seen[..., D:])
+    if key_w is None:
+        return s12, s34, p2, None
+    return s12, s34, p2, (torch.bmm(key_w.view(Hkv, G * n, Lc), seen[..., D:]), key_w.sum(dim=-1))
+
+
+def _alibi_bias(c: Chunk, window: int | None) -> torch.Tensor:
+    """Each row's largest ALiBi bias, ``|slope| min(p, W - 1)``, ``[Hkv, G, n]`` float64, as
+    ``policy.chunk_bounds`` forms it (the verdict kernel forms each row's own, the same float)."""
+    assert c.alibi is not None
+    slopes, rel = c.alibi
+    reach_j = (-rel[:, 0]).add_(c.keys.start)  # the row's position p
+    if window is not None:
+        reach_j.clamp_(max=window - 1)
+    return slopes.abs()[..., 0] * reach_j
 
 
 def reduced(stats: torch.Tensor, per_row: int, out: torch.Tensor | None = None) -> torch.Tensor:
     """One check's statistics from its rows' ``[T * Hq, NS]`` (``STATS`` or ``ROW_STATS``): ``[worst
     ratio (NaN where any is NaN), elements over, non-finite, flat index of the worst element
-    (``per_row`` elements a row and head), its output, reference, bound]`` and, from
-    ``ROW_STATS``, the rows flagged: float64 ``[NS]``, on the device (into ``out`` if given), in
-    one launch. The worst is the first NaN ratio, or else the first largest, in (token, head,
-    channel) order. ``stats`` has at least one row (a case has a token). The check itself
-    reduces in its final verdict launch, with the same code (``reduce_rows``)."""
-    out = torch.empty(stats.shape[1], dtype=torch.float64, device=stats.device) if out is None else out
-    _launch(_compiled().reduce, (1,), (stats, stats.shape[0], per_row, out), {"NS": stats.shape[1], "BLOCK": 1024})
+    (``per_row`` elements a row and head), its output, reference, bound, and the sums of the
+    rows' three moments]`` and, from ``ROW_STATS``, the rows flagged: float64 ``[NS]``, on the
+    device (into ``out`` if given), in one launch. The worst is the first NaN ratio, or else the
+    first largest, in (token, head, channel) order. ``stats`` has at least one row (a case has a
+    token). The check itself reduces in its final verdict launch, with the same code
+    (``reduce_rows``)."""
+    NS = stats.shape[1]
+    assert NS in (STATS, ROW_STATS), NS
+    out = torch.empty(NS, dtype=torch.float64, device=stats.device) if out is None else out
+    consts = {"NS": NS, "BLOCK": 1024, "FLAGS": NS == ROW_STATS}
+    _launch(_compiled().reduce, (1,), (stats, stats.shape[0], per_row, out), consts)
     return out

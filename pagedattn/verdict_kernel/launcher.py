@@ -22,7 +22,7 @@ class Kernels(NamedTuple):
     """The check's Triton kernels (``_build``)."""
 
     verdict: Any  # a block of rows: the bound, the ratios, each row's statistics
-    moments: Any  # a sequence's ``[|v|, (v - c)^2]`` in float32 (``sequence_stats._value_moments``) and key norms
+    moments: Any  # a sequence's ``[|v|, (v - c)^2, v - c]`` in float32 (``sequence_stats._value_moments``), key norms
     decode_sums: Any  # a long decode's value sums and largest key norm over its keys' slices
     reduce: Any  # the rows' statistics into one (``host.reduced``; a check's own in the verdict kernel's last program)
 
