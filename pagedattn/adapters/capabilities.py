@@ -25,6 +25,9 @@ from pagedattn.oracle.case import PagedCase
 from pagedattn.oracle.policy import PRECISIONS, QK_PRECISIONS, TANH_PRECISIONS
 from pagedattn.validation import VARIANTS, ProblemError, default_scale
 
+#: the operations that read the query: the only ones ``decode_only`` narrows
+QUERY_OPERATIONS = frozenset({"attention", "lse"})
+
 
 def _either(names: tuple[str, ...]) -> str:
     """``'fp32' or 'input'``."""
@@ -64,7 +67,9 @@ class Capabilities:
             Input immutability, poisoned padding and a fully written ``out=`` are
             correctness, never optional, so they are not here.
         decode_only: ``True``: the kernel takes one query token per sequence; a case in
-            which some sequence has more than one is unsupported.
+            which some sequence has more than one is unsupported as attention (or lse),
+            and the suite judges its decode form instead (``pagedattn.cases.decode_forms``).
+            Gathers and cache writes read no query: the claim does not narrow them.
         default_scale_only: ``True``: the kernel's softmax scale is fixed at
             ``head_dim ** -0.5``; a case with another scale is unsupported (folding the
             scale into the query adds a rounding the policy does not allow for).
@@ -229,7 +234,7 @@ class Capabilities:
         )
         if reason:
             return reason
-        if self.decode_only:
+        if self.decode_only and operation in QUERY_OPERATIONS:
             q_lens = case.query_lens
             b = max(range(len(q_lens)), key=q_lens.__getitem__)
             if q_lens[b] > 1:
