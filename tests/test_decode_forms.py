@@ -1,7 +1,12 @@
 """Decode forms: a multi-token case offered to a decode-only backend as the decodes it implies.
 
 The projection (each query row a decode over its own history, the rows kept, the spec), the
-oracle's agreement row for row."""
+oracle's agreement row for row, and the suite: a decode-only backend is judged on every
+attention case, directly or through its decode form, and a decode-only bug that every
+pure-decode case misses fails on a decode form."""
+
+import json
+import os
 
 import pytest
 import torch
@@ -13,8 +18,12 @@ from pagedattn.cases.decode_forms import MAX_DECODES, DecodeFormSpec, decode_for
 from pagedattn.oracle import paged_attention_reference_lse
 from pagedattn.oracle.reference import iter_chunks
 from pagedattn.runner.case_record import OPERATIONS
+from pagedattn.runner.session import SUITE_DIR
 from pagedattn.validation import ProblemError
 from tests.asserts import assert_close, assert_equal
+from tests.helpers import import_session_modules, run_inprocess
+
+import_session_modules()  # before the in-process runs below (see its docstring)
 
 #: the relative agreement tests/test_oracle.py holds the oracle to across evaluation orders: the
 #: oracle's blocks of rows (``iter_chunks``) sum a row's keys in another order than one row alone
@@ -175,3 +184,77 @@ def test_each_multi_token_case_is_followed_by_its_decode_form():
         if multi:
             assert offered[i + 1] == DecodeFormSpec(s), f"{s.id} is not followed by its decode form"
     assert len(offered) == len(specs) + sum(any(q > 1 for _, q in s.seqs) for s in specs)
+
+
+# ------------------------------------------------------------------ the suite
+DECODE_ONLY_REFERENCE = """
+import dataclasses
+
+from pagedattn.adapters.reference import ReferenceBackend
+
+
+class DecodeOnlyReference(ReferenceBackend):
+    name = "reference-decode-only"
+    capabilities = dataclasses.replace(ReferenceBackend.capabilities, decode_only=True)
+"""
+#: the core attention families: their cases against a decode-only backend, in one run
+CORE = ("decode", "prefill", "continuation", "gqa", "layout", "mixed")
+STREAMED = os.path.join(os.path.dirname(__file__), "planted", "streamed.py")
+
+
+def _suite_run(pytester, backend, modules, *args):
+    """A quick-profile run in this process over ``modules`` of the suite, with its JSON report."""
+    paths = [os.path.join(SUITE_DIR, f"test_{m}.py") for m in modules]
+    result = run_inprocess(
+        pytester, "-p", "pagedattn.plugin", "-p", "no:cacheprovider", *paths, f"--backend={backend}",
+        "--report-json=r.json", *args,
+    )  # fmt: skip
+    report = json.loads((pytester.path / "r.json").read_text())
+    return result, report
+
+
+def test_a_decode_only_backend_is_judged_on_every_attention_case(pytester):
+    pytester.makepyfile(decode_only=DECODE_ONLY_REFERENCE)
+    result, report = _suite_run(pytester, "decode_only.py:DecodeOnlyReference", CORE)
+    cases = {c["id"]: c for c in report["cases"]}
+    specs = [s for f in CORE for s in grid("quick", f)]
+    multi = [s for s in specs if any(q > 1 for _, q in s.seqs)]
+    assert result.ret == 0 and len(cases) == len(specs) + len(multi), result.stdout.str()[-3000:]
+    for s in specs:  # every case judged: itself where it is decodes, its decode form where not
+        judged = f"{s.id}-as-decode" if s in multi else s.id
+        assert cases[judged]["status"] == "passed", f"{judged}: {cases[judged]['status']} {cases[judged]['reason']}"
+        assert cases[judged]["family"] == s.family
+    for s in multi:  # and the case itself, still accounted for, is not claimed as such
+        assert cases[s.id]["status"] == "unsupported" and cases[s.id]["reason"].startswith("decode-only: ")
+        form = cases[f"{s.id}-as-decode"]
+        assert form["decode_form_of"] == s.id and form["description"] == DecodeFormSpec(s).description
+    judged_before = sum(1 for s in specs if s not in multi)
+    assert sum(c["status"] == "passed" for c in cases.values()) == len(specs) > 2 * judged_before
+    result.stdout.fnmatch_lines([f"decode forms: {len(multi)} cases of several query tokens per sequence offered as*"])
+
+
+def test_a_full_backend_is_offered_no_decode_form(pytester):
+    _, report = _suite_run(pytester, "pagedattn.adapters.reference:ReferenceBackend", ("layout",), "--collect-only")
+    ids = [c["id"] for c in report["cases"]]
+    assert ids and not [i for i in ids if i.endswith("-as-decode")], ids
+
+
+def test_a_decode_only_bug_no_pure_decode_case_shows_fails_on_decode_forms_and_replays(pytester):
+    result, report = _suite_run(pytester, f"{STREAMED}:decode_only_contiguous_blocks", ("decode", "layout"))
+    failed = [c for c in report["cases"] if c["status"] == "failed"]
+    assert result.ret == 1 and failed, "blocks taken as contiguous must fail the layout family's decode forms"
+    assert all(c["id"].endswith("-as-decode") for c in failed), [c["id"] for c in failed]
+    judged = [c for c in report["cases"] if not c["id"].endswith("-as-decode") and c["status"] != "unsupported"]
+    assert judged and all(c["status"] == "passed" for c in judged), "the pure-decode cases miss the bug"
+    replay = failed[0]["replay"].split("--replay ")[1].split()[0]
+    again, _ = _suite_run(pytester, f"{STREAMED}:decode_only_contiguous_blocks", ("layout",), "--replay", replay)
+    again.assert_outcomes(failed=1)
+
+
+def test_the_properties_reach_a_decode_only_backend_through_decode_forms(pytester):
+    pytester.makepyfile(decode_only=DECODE_ONLY_REFERENCE)
+    _, report = _suite_run(pytester, "decode_only.py:DecodeOnlyReference", ("properties",), "-k", "mixed")
+    forms = [c for c in report["cases"] if c["id"].endswith("-as-decode")]
+    props = {c["property"] for c in forms if c["status"] == "passed"}
+    assert props >= {"determinism", "batch_invariance", "placement_invariance", "immutability", "poisoned_padding"}
+    assert all(c["family"] == "properties" for c in forms)
