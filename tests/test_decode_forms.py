@@ -11,6 +11,7 @@ import os
 import pytest
 import torch
 
+from pagedattn import Capabilities
 from pagedattn.adapters.capabilities import QUERY_OPERATIONS
 from pagedattn.cases import CaseSpec, grid
 from pagedattn.cases.configuration import Configuration
@@ -258,3 +259,32 @@ def test_the_properties_reach_a_decode_only_backend_through_decode_forms(pyteste
     props = {c["property"] for c in forms if c["status"] == "passed"}
     assert props >= {"determinism", "batch_invariance", "placement_invariance", "immutability", "poisoned_padding"}
     assert all(c["family"] == "properties" for c in forms)
+
+
+def test_the_search_judges_a_decode_only_backend_on_decode_forms(tmp_path):
+    from pagedattn.adapters.reference import ReferenceBackend
+    from pagedattn.runner.search import SearchRun
+    from pagedattn.runner.search_plan import SearchItem
+    from pagedattn.runner.suite import Suite
+    from tests.helpers import searched
+
+    seen = []
+
+    class DecodeOnly(ReferenceBackend):
+        capabilities = Capabilities(variants=ReferenceBackend.capabilities.variants, decode_only=True)
+
+        def paged_attention(self, case):
+            seen.append(case)
+            return super().paged_attention(case)
+
+    suite = Suite(DecodeOnly(), "decode-only", "cpu", "quick", str(tmp_path / "failures"))
+    node = type("Node", (), {"user_properties": []})()
+    run = SearchRun(suite, node, SearchItem(1, 2, 12), budget_s=float("inf"))
+    searched(run)
+    assert run.declined == 0 and seen and all(max(c.query_lens) == 1 for c in seen)
+
+    def shares_a_history(case):  # two decodes over one sequence's blocks: a decode form's rows
+        rows = [tuple(r) for r in case.block_tables.tolist()]
+        return len(set(rows)) < len(rows)
+
+    assert any(shares_a_history(c) for c in seen), "no draw reached the backend as its decode form"
