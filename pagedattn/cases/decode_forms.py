@@ -3,7 +3,8 @@
 The ``q_b`` new tokens of sequence ``b`` sit at positions ``seq_lens[b] - q_b .. seq_lens[b] - 1``
 and causal attention is bottom-right aligned, so the query row at position ``p`` is the same
 problem as a decode of ``p + 1`` tokens over sequence ``b``'s block-table row: the oracle gives
-the same output row for both. A decode form keeps everything else of the case: the pool (the
+the same output row for both (bit for bit where it takes the row alone, as it takes a decode;
+its blocks of rows sum in another order). A decode form keeps everything else of the case: the pool (the
 same tensors, not copied), its block size, its scattered, interleaved or shared blocks and
 poisoned padding, the fp8 cache and scales, the window, soft-cap, ALiBi (positions stay
 absolute) and sinks. The decodes of one sequence share its blocks, as prefix sharing does.
@@ -26,7 +27,8 @@ from pagedattn.indexing import index_rows
 from pagedattn.oracle.case import PagedCase
 from pagedattn.validation import ProblemError
 
-#: decodes per decode form, at most: a CPU run of the quick profile stays about where it is
+#: decodes per decode form, at most: the oracle and the check loop over sequences, and a
+#: thousand-row prefill as a thousand decodes would cost a CPU run seconds per case
 MAX_DECODES = 64
 #: what a decode form's id adds to its case's id
 SUFFIX = "as-decode"
