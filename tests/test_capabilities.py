@@ -86,6 +86,15 @@ def test_decode_only_makes_exactly_the_multi_token_cases_unsupported():
         assert reason.endswith("(split-K decode kernel)"), f"{i}: the note is missing from {reason!r}"
 
 
+def test_decode_only_narrows_only_the_operations_that_read_the_query():
+    operations = frozenset({"attention", "lse", "gather", "write_cache"})
+    caps = Capabilities(operations=operations, variants=ALL, decode_only=True)
+    multi = ids_where(lambda c: max(c.query_lens) > 1)
+    assert set(unsupported(caps, "lse")) == multi, "lse reads the query: decode-only narrows it"
+    for operation in ("gather", "write_cache"):  # they read the cache alone
+        assert not unsupported(caps, operation), f"decode_only narrows {operation}: {unsupported(caps, operation)}"
+
+
 def test_default_scale_only_makes_exactly_the_other_scales_unsupported():
     caps = Capabilities(variants=ALL, default_scale_only=True)
     got = unsupported(caps)

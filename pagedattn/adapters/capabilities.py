@@ -52,6 +52,9 @@ def policy_for(claims: Any, case: PagedCase) -> dict[str, Any]:
         "tolerance_factor": claims.tolerance_factor,
     }
 
+#: the operations that read the query: the only ones ``decode_only`` narrows
+QUERY_OPERATIONS = frozenset({"attention", "lse"})
+
 
 def _either(names: tuple[str, ...]) -> str:
     """``'fp32' or 'input'``; ``'fp32', 'scaled_query' or 'input'``."""
@@ -99,7 +102,9 @@ class Capabilities:
             Input immutability, poisoned padding and a fully written ``out=`` are
             correctness, never optional, so they are not here.
         decode_only: ``True``: the kernel takes one query token per sequence; a case in
-            which some sequence has more than one is unsupported.
+            which some sequence has more than one is unsupported as attention (or lse),
+            and the suite judges its decode form instead (``pagedattn.cases.decode_forms``).
+            Gathers and cache writes read no query: the claim does not narrow them.
         default_scale_only: ``True``: the kernel's softmax scale is fixed at
             ``head_dim ** -0.5``; a case with another scale is unsupported. (A kernel that
             folds the scale into the query in the input dtype declares that rounding:
@@ -286,7 +291,7 @@ class Capabilities:
         )
         if reason:
             return reason
-        if self.decode_only:
+        if self.decode_only and operation in QUERY_OPERATIONS:
             q_lens = case.query_lens
             b = max(range(len(q_lens)), key=q_lens.__getitem__)
             if q_lens[b] > 1:

@@ -103,21 +103,12 @@ def to_decode_rows(case: PagedCase) -> PagedCase:
     attention makes both problems the same: row ``t`` of the flattened case's output is row
     ``t`` of the original's (variants, scales and the pool are shared, not copied). This is
     how a decode-only kernel can serve a prefill; it is not how one claims multi-token cases
-    (``Capabilities(decode_only=True)`` says the kernel does not).
+    (``Capabilities(decode_only=True)`` says the kernel does not; the suite then judges it on
+    the decode forms of the multi-token cases, ``pagedattn.cases.decode_forms``).
     """
-    loc = case.query_start_loc_list
-    seq_of, pos = [], []
-    for b in range(case.num_seqs):
-        first = case.context_lens[b]
-        for i in range(loc[b + 1] - loc[b]):
-            seq_of.append(b)
-            pos.append(first + i)
-    rows = torch.tensor(seq_of, dtype=torch.int64, device=case.device)
-    return case.replace(
-        block_tables=case.block_tables[rows].contiguous(),
-        seq_lens=torch.tensor(pos, dtype=torch.int32, device=case.device) + 1,
-        query_start_loc=torch.arange(case.num_tokens + 1, dtype=torch.int32, device=case.device),
-    )
+    from pagedattn.cases.decode_forms import decode_form  # the one projection (the suite's decode forms)
+
+    return decode_form(case)
 
 
 # ------------------------------------------------------------------ vLLM split

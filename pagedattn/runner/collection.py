@@ -30,7 +30,10 @@ def need_backend() -> str:
 
 def parametrize(metafunc: pytest.Metafunc, run: Run) -> None:
     """The ``conformance_spec`` parameter of one suite module: the profile's grid of its
-    family (``FAMILY``), its own ``SPECS(profile)``, or the case of ``--replay``."""
+    family (``FAMILY``), its own ``SPECS(profile)``, or the case of ``--replay``. A decode-only
+    backend is offered, right after each case of several query tokens in a sequence, that
+    case's decode form (``pagedattn.cases.decode_forms``): the case itself stays, reported
+    unsupported, so that every backend's report holds the grid's ids."""
     if not run.spec:
         # reported once, for the whole run, in pytest_collection_modifyitems
         metafunc.parametrize("conformance_spec", [None], ids=["no-backend"])
@@ -49,7 +52,21 @@ def parametrize(metafunc: pytest.Metafunc, run: Run) -> None:
             specs = source(run.profile)
         else:
             specs = grid(run.profile, family) if family in FAMILIES else []  # replay-only modules
+        if offers_decode_forms(run, family):
+            from pagedattn.cases.decode_forms import with_decode_forms
+
+            specs = with_decode_forms(specs)
     metafunc.parametrize("conformance_spec", specs, ids=[s.id for s in specs])
+
+
+def offers_decode_forms(run: Run, family: str) -> bool:
+    """Whether the suite module of ``family`` offers decode forms: to a decode-only backend,
+    in the modules whose operation reads the query (attention, lse; the properties too).
+    Known wherever cases are collected: the backend is constructed at configure time."""
+    from pagedattn.adapters.capabilities import QUERY_OPERATIONS
+
+    suite = run.suite
+    return suite is not None and suite.caps.decode_only and OPERATIONS.get(family, "attention") in QUERY_OPERATIONS
 
 
 def spec_of(item: pytest.Item) -> Any:
@@ -96,6 +113,9 @@ def base_facts(item: pytest.Item) -> dict[str, Any] | None:
         "operation": operation,
         "configuration": config.key(operation),
     }
+    source = getattr(spec, "source", None)
+    if source is not None:  # a decode form (``DecodeFormSpec``): the case it stands for, and its rows
+        facts.update(decode_form_of=source.id, description=spec.description)
     params = item.callspec.params  # type: ignore[attr-defined]
     if "prop" in params:
         facts["property"] = params["prop"]

@@ -219,6 +219,12 @@ def terminal_summary(tr: Any, config: pytest.Config, run: Run) -> None:
         tr.write_line(line)
     for reason in sorted({r.reason for r in recs if r.status is Status.UNSUPPORTED}):
         tr.write_line(f"unsupported: {reason}")
+    forms = sum(1 for r in recs if r.extra.get("decode_form_of"))
+    if forms:
+        tr.write_line(
+            f"decode forms: {forms} cases of several query tokens per sequence offered as the decodes they imply "
+            "(ids ending in -as-decode, each record's description says which rows; the cases themselves: unsupported)"
+        )
     for reason, row in probe_summary(cases).items():
         tr.write_line(f"probe of unclaimed cases ({reason}): {row['would_pass']} of {row['probed']} would pass")
         for case_id, verdict in row["cases"].items():

@@ -6,7 +6,8 @@ of ``--search-budget`` and its own fixed seed, so every run makes the same draws
 the same order (how far it gets depends on the budget and the machine). The first
 half of the items draws within the configurations the profile's grid has already
 run (dtypes, head dims, block sizes, heads, variants: what a kernel compiles per
-shape), the second half draws new shapes too.
+shape), the second half draws new shapes too. A decode-only backend is judged on each
+draw's decode form (``pagedattn.cases.decode_forms``), as in the grid.
 
 Within an item, the budget covers finding and shrinking alike: a draw that would
 start after it stops the item, and a draw whose time, estimated from the draws so
@@ -42,6 +43,7 @@ from hypothesis.errors import Unsatisfiable
 from pagedattn.adapters.protocol import SupportsWarmup
 from pagedattn.cases import CaseSpec, save_case
 from pagedattn.cases.configuration import Configuration
+from pagedattn.cases.decode_forms import DecodeFormSpec
 from pagedattn.cases.strategies import case_specs
 from pagedattn.oracle import PagedCase, check_attention
 from pagedattn.oracle.verdict import AttentionCheck
@@ -207,7 +209,8 @@ class SearchRun:
             variants=caps.variants,
             configurations=configs,
             **axes,
-            decode_only=caps.decode_only,
+            # a decode-only backend is judged on the decode forms of whole draws (``_offered``)
+            decode_only=False,
             default_scale_only=caps.default_scale_only,
             max_seq_len=caps.max_seq_len,
         )
@@ -271,9 +274,16 @@ class SearchRun:
         if verdict.check is not None:
             target(min(verdict.check.budget_used, 1e9), label="budget_used")
 
+    def _offered(self, spec: CaseSpec) -> CaseSpec | DecodeFormSpec:
+        """What a draw is judged as: itself, or for a decode-only backend, where a sequence has
+        several query tokens, its decode form (the decodes it implies, as the grid's cases offer)."""
+        if self.suite.caps.decode_only and any(q > 1 for _, q in spec.seqs):
+            return DecodeFormSpec(spec)
+        return spec
+
     def _judge(self, spec: CaseSpec) -> _Verdict | None:
         """Run one draw: ``None`` when the backend does not claim it."""
-        case = spec.build().to(self.suite.device)
+        case = self._offered(spec).build().to(self.suite.device)
         if self.suite.caps.case_reason(case, "attention"):
             self.declined += 1
             return None
@@ -309,7 +319,8 @@ class SearchRun:
         if self.smallest is None or spec_size(spec) < spec_size(self.smallest[0]):
             replays = self.suite.replays
             path = replays.path(self.item.id)
-            save_case(case.to("cpu"), path, id=spec.id, family="search-replay", operation="attention")
+            case_id = self._offered(spec).id
+            save_case(case.to("cpu"), path, id=case_id, family="search-replay", operation="attention")
             rel = os.path.relpath(path)
             self.smallest = (spec, message, replays.command(path if rel.startswith("..") else rel), check)
         return _Verdict(message, check)
@@ -347,6 +358,6 @@ class SearchRun:
         if reason:
             pytest.skip(f"unsupported: {reason}")
         if self.smallest is not None:
-            pytest.fail(f"{spec.id} [attention]: {message}\n  replay: {replay}", pytrace=False)
+            pytest.fail(f"{self._offered(spec).id} [attention]: {message}\n  replay: {replay}", pytrace=False)
         if check is not None and check.status == "warned":
             warnings.warn(PagedAttnWarning(f"{spec.id}: {check}"), stacklevel=2)

@@ -9,6 +9,7 @@ with an online softmax in fp32, vectorized over the sequence's query rows and he
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -279,8 +280,26 @@ class PlantedBackend:
         return streamed_attention(case, 16, bug=self.bug, lse_out=lse), lse
 
 
+class DecodeOnlyBackend(PlantedBackend):
+    """The streamed kernel as a decode-only kernel (one query token per sequence): the suite
+    judges it on the decode forms of the multi-token cases."""
+
+    capabilities = dataclasses.replace(PlantedBackend.capabilities, decode_only=True)
+
+    def __init__(self, bug: str | None = None):
+        super().__init__(bug)
+        self.name = f"decode-only-{self.name}"
+
+
 def correct() -> PlantedBackend:
     return PlantedBackend(None)
+
+
+def decode_only_contiguous_blocks() -> DecodeOnlyBackend:
+    """A decode-only kernel that takes a sequence's blocks as contiguous after its first one:
+    the quick grid's pure-decode cases all have their blocks in order; the decode forms of its
+    permuted, interleaved and shared layouts do not."""
+    return DecodeOnlyBackend("contiguous_blocks")
 
 
 for _bug in BUGS:  # one zero-argument factory per bug, for --backend=tests/planted/streamed.py:bug_<name>
