@@ -52,6 +52,7 @@ def policy_for(claims: Any, case: PagedCase) -> dict[str, Any]:
         "tolerance_factor": claims.tolerance_factor,
     }
 
+
 #: the operations that read the query: the only ones ``decode_only`` narrows
 QUERY_OPERATIONS = frozenset({"attention", "lse"})
 
