@@ -256,13 +256,7 @@ def _stats(
     kw: dict[str, Any] = dict(dtype=torch.float64, device=case.device)
     both = torch.empty(1 if lse is None else 2, T * Hq, ROW_STATS, **kw)
     stats, lstats = both[0], both[1] if lse is not None else None
-    # the reduced rows, then the tolerance factor and its square, read by every program: passed in
-    # memory, since as float64 arguments they reached the compiled kernel wrong on an H100 (a
-    # tolerance of 1.5 judged by 1.075 times the unscaled bound; 2.0 right; cause not found)
-    buf = torch.zeros(2 * ROW_STATS + 2, **kw)
-    buf[2 * ROW_STATS] = float(tolerance_factor)
-    buf[2 * ROW_STATS + 1] = float(tolerance_factor) ** 2
-    rd = buf[: 2 * ROW_STATS].view(2, ROW_STATS)
+    rd = torch.zeros(2, ROW_STATS, **kw)
     programs = 0
     key = _verdict_key(output, lse, case)
     model = terms.model
@@ -277,7 +271,7 @@ def _stats(
         "CW": C_W,
         "NS": ROW_STATS,
     }
-    xmin = 2.0**model.emin
+    tol, xmin = float(tolerance_factor), 2.0**model.emin
     # the keys' own score variances (policy._key_score_var), where the score's operands are declared rounded
     declared = bool(terms.a_inf or terms.u_score)
     kw_ops, kw_score = UNIFORM_VAR * (terms.a_inf / C_DOT) ** 2, UNIFORM_VAR * terms.u_score**2
@@ -389,7 +383,7 @@ def _stats(
             *lse_strides,
             stats,
             lstats if lstats is not None else stats,
-            buf,
+            rd,
             c.tokens.start,
             n,
             c.keys.stop - n,
@@ -419,6 +413,8 @@ def _stats(
             kw_ops,
             kw_score,
             UNIFORM_VAR,
+            tol,
+            tol**2,
             xmin,
             model.significand,
             flag_below,

@@ -65,8 +65,7 @@ def verdict_kernel(
     lo_sh,
     st_ptr,  # [T * Hq, NS] float64: the output's statistics, row (row0 + t) * Hq + h
     ls_ptr,  # [T * Hq, NS] float64: the log-sum-exp's (has_lse)
-    rd_ptr,  # [2, NS] float64, zeroed: the check's reduced rows, the output's and the log-sum-exp's;
-    #          then the tolerance factor and its square (the expected squared error's factor)
+    rd_ptr,  # [2, NS] float64, zeroed: the check's reduced rows, the output's and the log-sum-exp's
     #          (fin); [1, NS - 1] counts the final launch's programs done
     row0,  # the block's first token
     n,  # its rows
@@ -98,6 +97,8 @@ def verdict_kernel(
     kw_ops: tl.float64,  # policy._key_score_var's: UNIFORM_VAR (a_inf / C_DOT)^2, UNIFORM_VAR u_score^2
     kw_score: tl.float64,
     uv: tl.float64,  # error_model.UNIFORM_VAR (1/3: not a float32)
+    tol: tl.float64,
+    tol2: tl.float64,  # tol^2, the expected squared error's factor (verdict._scaled_var)
     xmin: tl.float64,  # the output dtype's smallest normal (2**emin)...
     sig,  # ...and its significand bits: its half ulp
     flag_below: tl.float64,  # a row whose smallest logit lies below its largest plus this is flagged (-inf: none)
@@ -275,8 +276,6 @@ def verdict_kernel(
     # an ulp of |o| + e in the output dtype, each read off its float64 exponent
     x = tl.maximum(o_abs, xmin, propagate_nan=tl.PropagateNan.ALL)
     half = (((x.to(tl.int64, bitcast=True) >> 52) - sig) << 52).to(tl.float64, bitcast=True)
-    tol = tl.load(rd_ptr + 2 * NS)  # the tolerance factor, and its square for the expected error
-    tol2 = tl.load(rd_ptr + 2 * NS + 1)
     var = (var + (uv * half) * half) * tol2
     x = tl.maximum(o_abs + e, xmin, propagate_nan=tl.PropagateNan.ALL)
     ex = (x.to(tl.int64, bitcast=True) >> 52) - sig
