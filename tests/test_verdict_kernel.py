@@ -567,7 +567,7 @@ EXPECTED_ERROR_POLICIES = {
     "fp32": {},
     "input-qk": {"qk_precision": "input"},
     "scaled-query-input-partials": {"qk_precision": "scaled_query", "partials_precision": "input"},
-    "tf32-loosened": {"precision": "tf32", "tolerance_factor": 1.5},
+    "tf32": {"precision": "tf32"},
 }
 
 
@@ -580,7 +580,7 @@ EXPECTED_ERROR_POLICIES = {
         for sums in ("inline", "slices", "moments")
         for declared in EXPECTED_ERROR_POLICIES
         # float32 inputs: the declared input-dtype roundings are float32's own, no term of their own
-        if name != "fp32" or declared in ("fp32", "tf32-loosened")
+        if name != "fp32" or declared in ("fp32", "tf32")
     ],
 )
 def test_the_fused_expected_error_is_the_torch_paths_row_by_row(name, sums, declared, monkeypatch):
