@@ -273,6 +273,8 @@ class SearchRun:
             raise _Failed(verdict.message)
         if verdict.check is not None:
             target(min(verdict.check.budget_used, 1e9), label="budget_used")
+            if verdict.check.rms_judged:  # the second criterion: the error's distribution
+                target(min(verdict.check.rms_ratio, 1e9), label="rms_ratio")
 
     def _offered(self, spec: CaseSpec) -> CaseSpec | DecodeFormSpec:
         """What a draw is judged as: itself, or for a decode-only backend, where a sequence has
