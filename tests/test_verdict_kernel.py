@@ -11,6 +11,7 @@ interpreter on the CPU; compiled on a GPU.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -545,18 +546,7 @@ def test_the_fused_bound_is_the_torch_paths_row_by_row(name, walk, order, monkey
 #: a soft-cap and a window at a head dim under its tile; an fp8 cache (its keys' and values'
 #: rounding); and a float32 case
 EXPECTED_ERROR_CASES = {
-    "bf16-variants": CaseSpec(
-        "t",
-        ((300, 1), (90, 3), (200, 1)),
-        num_heads=4,
-        num_kv_heads=2,
-        head_dim=40,
-        sinks=True,
-        alibi_slopes=True,
-        logits_soft_cap=30.0,
-        sliding_window=150,
-        dtype=torch.bfloat16,
-    ),
+    "bf16-variants": dataclasses.replace(KEY_NORM_CASES["decodes-d40-variants"], dtype=torch.bfloat16),
     "fp8-fp16": CaseSpec(
         "t", ((70, 7), (33, 1)), num_heads=4, num_kv_heads=2, kv_dtype=torch.float8_e4m3fn, dtype=torch.float16
     ),
