@@ -97,7 +97,8 @@ class TritonBackend:
             self._call(case, return_lse=operation == "lse", compile_only=True)
 
     def _call(self, case: PagedCase, **kwargs):
-        if case.per_head_scales:  # not claimed: the suite never sends one
+        k_scale, v_scale = case.k_scale, case.v_scale
+        if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):  # not claimed
             raise NotImplementedError(f"triton backend: {VARIANTS_NOTE}")
         return self._kernel.paged_attention(
             case.query,
@@ -111,7 +112,7 @@ class TritonBackend:
             logits_soft_cap=case.logits_soft_cap,
             alibi_slopes=case.alibi_slopes,
             sinks=case.sinks,
-            k_scale=case.k_scale,
-            v_scale=case.v_scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
             **kwargs,
         )
