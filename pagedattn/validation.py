@@ -21,14 +21,18 @@ import torch
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 #: fp8 cache dtypes and the one name each goes by (variant, case id, report)
 FP8_DTYPES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
+#: the variant of an fp8 cache whose ``k_scale``/``v_scale`` are ``[num_kv_heads]`` tensors
+PER_HEAD_SCALES = "fp8_per_head_scales"
 #: every attention variant a case can carry (``PagedCase.variants``): its field names
-VARIANTS = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "fp8_e4m3", "fp8_e5m2")
+VARIANTS = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "fp8_e4m3", "fp8_e5m2", PER_HEAD_SCALES)
 #: the problem's tensors, always present
 TENSOR_FIELDS = ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "query_start_loc")
 #: per-head variant tensors, ``None`` when the variant is off
 OPTIONAL_TENSOR_FIELDS = ("alibi_slopes", "sinks")
-#: the non-tensor fields
+#: the non-tensor fields (``k_scale``/``v_scale`` may be per-kv-head tensors: ``KV_SCALE_FIELDS``)
 SCALAR_FIELDS = ("scale", "sliding_window", "logits_soft_cap", "k_scale", "v_scale")
+#: the fp8 dequantization scales: a float (per tensor) or a ``[num_kv_heads]`` float32 tensor
+KV_SCALE_FIELDS = ("k_scale", "v_scale")
 _DIMS = {
     "query": ("num_tokens", "num_heads", "head_dim"),
     "key_cache": ("num_blocks", "block_size", "num_kv_heads", "head_dim"),
@@ -86,17 +90,28 @@ def check_options(
     v_scale: object = 1.0,
 ) -> None:
     """The non-tensor fields (no device read): ``scale`` (``None``: the default) and the
-    variants' scalars. ``kv_dtype`` is the cache dtype (only fp8 takes scales)."""
+    variants' scalars. ``kv_dtype`` is the cache dtype (only fp8 takes scales). A
+    ``k_scale``/``v_scale`` tensor (per kv head) is checked by ``check_tensors``; here only
+    the rule that it needs an fp8 cache (whatever its values)."""
     problem = sliding_window_problem(sliding_window)
     if problem:
         raise ProblemError(owner, "sliding_window", problem)
     optional = {"scale": scale, "logits_soft_cap": logits_soft_cap}
     for name, x in {**optional, "k_scale": k_scale, "v_scale": v_scale}.items():
+        if isinstance(x, torch.Tensor) and name in KV_SCALE_FIELDS:
+            if kv_dtype not in FP8_DTYPES:
+                raise ProblemError(
+                    owner,
+                    name,
+                    f"must be a float (1.0) unless the cache is fp8 (per-head scales apply to fp8 caches "
+                    f"only), got a tensor with a {kv_dtype} cache",
+                )
+            continue
         problem = "" if x is None and name in optional else positive_float_problem(x)
         if problem:
             raise ProblemError(owner, name, problem)
     for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
-        if x != 1.0 and kv_dtype not in FP8_DTYPES:
+        if not isinstance(x, torch.Tensor) and x != 1.0 and kv_dtype not in FP8_DTYPES:
             raise ProblemError(
                 owner,
                 name,
@@ -120,6 +135,24 @@ def check_per_head(owner: str, name: str, t: object, num_heads: int, device: tor
         raise ProblemError(owner, name, f"must be on the query's device {device} (one device for all), got {t.device}")
 
 
+def check_kv_scale(owner: str, name: str, t: object, num_kv_heads: int, device: torch.device) -> None:
+    """``k_scale``/``v_scale`` as a per-kv-head tensor: ``[num_kv_heads]`` float32 on
+    ``device`` (a float passes: ``check_options`` judges it). Whether every entry is finite
+    and > 0 is a value, read by ``check_tensors``."""
+    if not isinstance(t, torch.Tensor):
+        return
+    if tuple(t.shape) != (num_kv_heads,):
+        raise ProblemError(
+            owner,
+            name,
+            f"must be a float or have shape [num_kv_heads] = ({num_kv_heads},), got {tuple(t.shape)}",
+        )
+    if t.dtype != torch.float32:
+        raise ProblemError(owner, name, f"must be float32 (a per-kv-head scale), got {t.dtype}")
+    if t.device != device:
+        raise ProblemError(owner, name, f"must be on the query's device {device} (one device for all), got {t.device}")
+
+
 def check_tensors(
     owner: str,
     query: object,
@@ -131,6 +164,8 @@ def check_tensors(
     *,
     alibi_slopes: object = None,
     sinks: object = None,
+    k_scale: object = None,
+    v_scale: object = None,
     query_dtypes: Collection[torch.dtype] = FLOAT_DTYPES,
     sync: bool = True,
 ) -> tuple[list[int], list[int]] | None:
@@ -145,6 +180,8 @@ def check_tensors(
         seq_lens: ``[num_seqs]`` int32; query_start_loc: ``[num_seqs + 1]`` int32 from 0
             to ``num_tokens``, every sequence with ``1 <= q_b <= seq_lens[b]``.
         alibi_slopes, sinks: ``None`` or ``[num_heads]`` float32, finite.
+        k_scale, v_scale: a float (not checked here) or ``[num_kv_heads]`` float32, finite
+            and > 0 (per kv head).
         sync: read the values (one device-to-host transfer); ``False`` checks shapes,
             dtypes and devices only and returns ``None``.
 
@@ -221,17 +258,34 @@ def check_tensors(
     heads = {"alibi_slopes": alibi_slopes, "sinks": sinks}
     for name, x in heads.items():
         check_per_head(owner, name, x, Hq, dev)
+    scales = {"k_scale": k_scale, "v_scale": v_scale}
+    for name, x in scales.items():
+        check_kv_scale(owner, name, x, Hkv, dev)
     if not sync:
         return None
-    return _check_values(owner, t, N, bs, {n: x for n, x in heads.items() if isinstance(x, torch.Tensor)})
+    return _check_values(
+        owner,
+        t,
+        N,
+        bs,
+        {n: x for n, x in heads.items() if isinstance(x, torch.Tensor)},
+        {n: x for n, x in scales.items() if isinstance(x, torch.Tensor)},
+    )
 
 
 def _check_values(
-    owner: str, t: dict[str, torch.Tensor], num_blocks: int, block_size: int, heads: dict[str, torch.Tensor]
+    owner: str,
+    t: dict[str, torch.Tensor],
+    num_blocks: int,
+    block_size: int,
+    heads: dict[str, torch.Tensor],
+    scales: dict[str, torch.Tensor] | None = None,
 ) -> tuple[list[int], list[int]]:
     """The value rules, from one device-to-host transfer: the lengths, the offsets, per
     sequence whether a block id it uses is out of range (computed where the table lives),
-    and whether each per-head tensor is finite."""
+    whether each per-head tensor is finite, and whether each per-kv-head scale is finite
+    and > 0."""
+    scales = scales or {}
     tables, seq_lens, loc_t = t["block_tables"], t["seq_lens"], t["query_start_loc"]
     B, M = tables.shape
     T = t["query"].shape[0]
@@ -239,11 +293,17 @@ def _check_values(
     used = torch.arange(M, device=tables.device)[None, :] < need_t[:, None]  # [B, M]
     bad = used & ((tables < 0) | (tables >= num_blocks))  # [B, M]
     finite = [torch.isfinite(x).all().long().reshape(1) for x in heads.values()]
-    values = torch.cat([seq_lens.long(), loc_t.long(), bad.any(dim=1).long(), *finite]).tolist()
+    positive = [(torch.isfinite(x) & (x > 0)).all().long().reshape(1) for x in scales.values()]
+    values = torch.cat([seq_lens.long(), loc_t.long(), bad.any(dim=1).long(), *finite, *positive]).tolist()
     lens, loc, bad_rows = values[:B], values[B : 2 * B + 1], values[2 * B + 1 : 3 * B + 1]
     for name, ok in zip(heads, values[3 * B + 1 :]):
         if not ok:
             raise ProblemError(owner, name, "must be finite, got NaN or infinity")
+    for name, ok in zip(scales, values[3 * B + 1 + len(heads) :]):
+        if not ok:
+            # the error path may read the device again: the entries, for the message
+            got = ", ".join(f"{x:g}" for x in scales[name].tolist())
+            raise ProblemError(owner, name, f"must be finite and > 0 for every kv head, got [{got}]")
     if loc[0] != 0:
         raise ProblemError(owner, "query_start_loc", f"must start at 0, got {loc[0]}")
     if loc[-1] != T:
@@ -361,6 +421,8 @@ def check_problem(
         query_start_loc,
         alibi_slopes=alibi_slopes,
         sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
         query_dtypes=query_dtypes,
     )
     assert read is not None  # sync=True reads the values

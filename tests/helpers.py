@@ -59,11 +59,17 @@ N_DECODE_FP32 = sum(s.dtype == torch.float32 for s in QUICK_DECODE)
 N_SINGLE = sum(len(s.seqs) == 1 for s in QUICK_DECODE)  # single-sequence cases
 
 
+def _head_scale(scale, kv_head: int) -> float:
+    """An fp8 scale for one kv head: a float as it is, a per-head tensor's entry."""
+    return float(scale[kv_head]) if isinstance(scale, torch.Tensor) else scale
+
+
 def naive_attention(case: PagedCase, return_lse: bool = False):
     """An independent float64 reference: one loop per query token and head, reading the
     cache block by block through the table, written without the oracle's helpers.
 
-    Variants, written from their definitions: keys dequantized (``* k_scale``), the
+    Variants, written from their definitions: keys dequantized (``* k_scale``, the kv
+    head's own where the scales are per head), the
     score capped (``c * tanh(s / c)``), ALiBi added (``slope * (j - p)``), only keys in
     ``(p - W, p]`` visited, the sink's ``exp`` added to the denominator. With
     ``return_lse``, also ``[T, Hq]`` float64: ``log`` of the denominator.
@@ -86,8 +92,8 @@ def naive_attention(case: PagedCase, return_lse: bool = False):
                 scores, values = [], []
                 for j in range(first, pos + 1):
                     blk = int(case.block_tables[b, j // bs])
-                    kj = case.key_cache[blk, j % bs, kvh].double() * case.k_scale
-                    values.append(case.value_cache[blk, j % bs, kvh].double() * case.v_scale)
+                    kj = case.key_cache[blk, j % bs, kvh].double() * _head_scale(case.k_scale, kvh)
+                    values.append(case.value_cache[blk, j % bs, kvh].double() * _head_scale(case.v_scale, kvh))
                     sc = float(torch.dot(q_all[loc[b] + i, h], kj)) * case.scale
                     if case.logits_soft_cap is not None:
                         sc = case.logits_soft_cap * math.tanh(sc / case.logits_soft_cap)

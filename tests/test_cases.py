@@ -91,6 +91,7 @@ _KINDS = {
     "alibi_slopes": "alibi_slopes",
     "sinks": "sinks",
     **{name: "fp8" for name in FP8_DTYPES.values()},
+    "fp8_per_head_scales": "fp8",
 }
 
 

@@ -57,7 +57,8 @@ def test_every_loading_route_runs_the_suite(pytester, bad, route):
 def test_header_names_backend_and_versions(pytester):
     result = _run_here(pytester, DECODE, "--backend=sdpa")
     claims = (
-        "*claims: operations attention, gather, write_cache; variants alibi_slopes, fp8_e4m3, fp8_e5m2, sliding_window"
+        "*claims: operations attention, gather, write_cache; "
+        "variants alibi_slopes, fp8_e4m3, fp8_e5m2, fp8_per_head_scales, sliding_window"
     )
     result.stdout.fnmatch_lines(
         [

@@ -96,8 +96,9 @@ def lse_from_heads_first(lse: torch.Tensor) -> torch.Tensor:
 def scales_from_descale(descale_k: torch.Tensor | float, descale_v: torch.Tensor | float) -> tuple[float, float]:
     """``(k_scale, v_scale)`` from FlashAttention 3's ``k_descale``/``v_descale`` (``[B, Hkv]``
     tensors, or floats) or vLLM's ``k_scale``/``v_scale`` tensors: the same multiplier, the
-    dequantized key being ``stored * scale``. ``PagedCase`` has one scale per cache, so a
-    tensor must hold one value throughout."""
+    dequantized key being ``stored * scale``. The result is per tensor, so a tensor must hold
+    one value throughout (per-kv-head scales go to ``PagedCase`` as ``[num_kv_heads]`` tensors
+    as they are: FlashAttention 3's ``[B, Hkv]`` rows, when every row is the same)."""
     out = []
     for name, x in (("k_descale", descale_k), ("v_descale", descale_v)):
         if isinstance(x, torch.Tensor):
@@ -106,8 +107,8 @@ def scales_from_descale(descale_k: torch.Tensor | float, descale_v: torch.Tensor
                 raise ProblemError(
                     "scales_from_descale",
                     name,
-                    "must hold one value (PagedCase holds one scale per "
-                    "cache), got per-sequence or per-head scales that differ",
+                    "must hold one value (a per-tensor scale; pass per-kv-head scales to PagedCase "
+                    "as a [num_kv_heads] tensor), got per-sequence or per-head scales that differ",
                 )
             x = float(flat[0])
         out.append(float(x))

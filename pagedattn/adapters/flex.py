@@ -34,7 +34,7 @@ import torch
 
 from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.indexing import index_rows, token_to_seq
-from pagedattn.oracle import VARIANTS, PagedCase
+from pagedattn.oracle import VARIANTS, PagedCase, kv_row_scales
 
 #: Before this torch release, FlexAttention's eager path keeps fp16/bf16 intermediates in
 #: the input dtype: the suite measured 7x the policy's bound on torch 2.9.1 (CPU), and a
@@ -128,8 +128,9 @@ class FlexBackend:
             slots = case.slot_mapping(b)  # [L]
             k, v = index_rows(flat_k, slots), index_rows(flat_v, slots)
             if case.kv_dtype != case.dtype:  # fp8: dequantize into the query dtype
-                k = (k.float() * case.k_scale).to(case.dtype)
-                v = (v.float() * case.v_scale).to(case.dtype)
+                k_scale, v_scale = kv_row_scales(case)
+                k = (k.float() * k_scale).to(case.dtype)
+                v = (v.float() * v_scale).to(case.dtype)
             k_pool[0, :, slots] = k.transpose(0, 1)
             v_pool[0, :, slots] = v.transpose(0, 1)
             phys_to_logical[b, slots] = torch.arange(slots.shape[0], device=dev)

@@ -7,7 +7,14 @@ import torch
 import torch.nn.functional as F
 
 from pagedattn.adapters.capabilities import Capabilities
-from pagedattn.oracle import PagedCase, gather_history, paged_gather, write_cache_by_indexing
+from pagedattn.oracle import (
+    PER_HEAD_SCALES,
+    PagedCase,
+    gather_history,
+    kv_row_scales,
+    paged_gather,
+    write_cache_by_indexing,
+)
 from pagedattn.oracle.reference import causal_mask
 
 
@@ -19,13 +26,13 @@ class SDPABackend:
     Variants SDPA can express: the sliding window (in the mask), ALiBi (a float32 mask:
     the bias, ``-inf`` where masked; with fp16/bf16 the call runs in float32, because the
     bias in the query dtype loses the bits the policy counts on) and fp8 caches
-    (dequantized into the query dtype first, as vLLM's kernels do). Not soft-cap or sinks:
+    (dequantized into the query dtype first, as vLLM's kernels do; per-head scales too). Not soft-cap or sinks:
     SDPA has no hook for either."""
 
     name = "sdpa"
     capabilities = Capabilities(
         operations=frozenset({"attention", "gather", "write_cache"}),
-        variants=frozenset({"sliding_window", "alibi_slopes", "fp8_e4m3", "fp8_e5m2"}),
+        variants=frozenset({"sliding_window", "alibi_slopes", "fp8_e4m3", "fp8_e5m2", PER_HEAD_SCALES}),
         notes={"variants": "SDPA has no hook for a logits soft-cap or attention sinks"},
     )
 
@@ -39,8 +46,9 @@ class SDPABackend:
         for b, L in enumerate(case.seq_lens_list):
             k, v = gather_history(case, b)  # [L, Hkv, D]
             if case.kv_dtype != case.dtype:
-                k = (k.float() * case.k_scale).to(case.dtype)
-                v = (v.float() * case.v_scale).to(case.dtype)
+                k_scale, v_scale = kv_row_scales(case)
+                k = (k.float() * k_scale).to(case.dtype)
+                v = (v.float() * v_scale).to(case.dtype)
             k = k.repeat_interleave(case.gqa_ratio, 1).transpose(0, 1)  # [Hq, L, D]
             v = v.repeat_interleave(case.gqa_ratio, 1).transpose(0, 1)
             q = case.query[loc[b] : loc[b + 1]].transpose(0, 1)  # [Hq, n, D]

@@ -7,7 +7,7 @@ import torch
 from pagedattn._version import __version__
 from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.kernels import tlsim_programs as programs
-from pagedattn.oracle import VARIANTS, PagedCase
+from pagedattn.oracle import PER_HEAD_SCALES, VARIANTS, PagedCase
 
 
 class TLSimBackend:
@@ -19,7 +19,8 @@ class TLSimBackend:
     version = __version__
     capabilities = Capabilities(
         operations=frozenset({"attention", "gather", "write_cache", "lse"}),
-        variants=frozenset(VARIANTS),
+        variants=frozenset(VARIANTS) - {PER_HEAD_SCALES},
+        notes={"variants": "no per-head fp8 scales: the kernel takes one k_scale and one v_scale"},
     )
 
     def __init__(self, tile: int = 16):

@@ -14,13 +14,19 @@ import torch
 from pagedattn._version import __version__
 from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.adapters.interpreter import arrange_interpreter
-from pagedattn.oracle import VARIANTS, PagedCase
+from pagedattn.oracle import PER_HEAD_SCALES, VARIANTS, PagedCase
 
 #: The oldest Triton whose interpreter runs this kernel: 3.5's interpreter rejects a
 #: ``range`` over loaded scalars (seen with triton 3.5.1, the one torch 2.9 pins).
 MIN_INTERPRETER_TRITON = (3, 6)
 
 INSTALL_HINT = "pip install 'pagedattn-conformance[triton]'  (or: pip install triton)"
+
+
+#: why a claim is narrowed (``Capabilities.notes["variants"]``)
+VARIANTS_NOTE = (
+    "no per-head fp8 scales: the kernel folds one k_scale into the score scale and one v_scale into the output"
+)
 
 
 class TritonBackend:
@@ -40,24 +46,32 @@ class TritonBackend:
         self.version = f"pagedattn {__version__}, triton {triton.__version__}"
         version = tuple(int(x) for x in triton.__version__.split(".")[:2])
         # what the kernel implements; where it can run differs below
-        claims: dict = dict(operations=frozenset({"attention", "lse"}), variants=frozenset(VARIANTS))
+        claims: dict = dict(
+            operations=frozenset({"attention", "lse"}), variants=frozenset(VARIANTS) - {PER_HEAD_SCALES}
+        )
         if self.interpreter and version < MIN_INTERPRETER_TRITON:
             self.capabilities = Capabilities(
                 devices=frozenset(),
                 notes={
                     "devices": f"triton {triton.__version__}'s interpreter cannot run this kernel; "
-                    "use triton >= 3.6 (pip install 'triton>=3.6') or a GPU"
+                    "use triton >= 3.6 (pip install 'triton>=3.6') or a GPU",
+                    "variants": VARIANTS_NOTE,
                 },
                 **claims,
             )
         elif self.interpreter:
             self.capabilities = Capabilities(
-                devices=frozenset({"cpu"}), notes={"devices": "Triton interpreter: tensors on the CPU"}, **claims
+                devices=frozenset({"cpu"}),
+                notes={"devices": "Triton interpreter: tensors on the CPU", "variants": VARIANTS_NOTE},
+                **claims,
             )
         else:
             self.capabilities = Capabilities(
                 devices=frozenset({"cuda"}),
-                notes={"devices": "compiled Triton: CUDA tensors only (no interpreter fallback)"},
+                notes={
+                    "devices": "compiled Triton: CUDA tensors only (no interpreter fallback)",
+                    "variants": VARIANTS_NOTE,
+                },
                 **claims,
             )
 
@@ -83,6 +97,9 @@ class TritonBackend:
             self._call(case, return_lse=operation == "lse", compile_only=True)
 
     def _call(self, case: PagedCase, **kwargs):
+        k_scale, v_scale = case.k_scale, case.v_scale
+        if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):  # not claimed
+            raise NotImplementedError(f"triton backend: {VARIANTS_NOTE}")
         return self._kernel.paged_attention(
             case.query,
             case.key_cache,
@@ -95,7 +112,7 @@ class TritonBackend:
             logits_soft_cap=case.logits_soft_cap,
             alibi_slopes=case.alibi_slopes,
             sinks=case.sinks,
-            k_scale=case.k_scale,
-            v_scale=case.v_scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
             **kwargs,
         )

@@ -16,10 +16,13 @@ import torch
 from pagedattn.cases.grid import DTYPES
 from pagedattn.cases.spec import DTYPE_NAMES, CaseSpec
 from pagedattn.oracle.case import PagedCase
-from pagedattn.validation import FP8_DTYPES
+from pagedattn.validation import FP8_DTYPES, PER_HEAD_SCALES
 
 #: the variants a configuration switches on by name (an fp8 cache is its ``kv_dtype``)
 SWITCHED = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
+#: the variants a configuration names: the switched ones, and per-head fp8 scales (a kernel
+#: reads a tensor of scales where it read a number)
+CONFIGURED = frozenset(SWITCHED) | {PER_HEAD_SCALES}
 
 
 def dtype_name(dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> str:
@@ -37,7 +40,8 @@ class Configuration(NamedTuple):
         dtype: the query dtype.
         head_dim, block_size, num_heads, num_kv_heads: the shape.
         kv_dtype: the cache dtype when it differs from ``dtype`` (an fp8 cache), else ``None``.
-        variants: the variants switched on, among ``SWITCHED`` (an fp8 cache is ``kv_dtype``).
+        variants: the variants switched on, among ``CONFIGURED`` (an fp8 cache is ``kv_dtype``;
+            ``fp8_per_head_scales`` comes with one).
     """
 
     dtype: torch.dtype
@@ -58,7 +62,7 @@ class Configuration(NamedTuple):
             spec.num_heads,
             spec.num_kv_heads,
             spec.kv_dtype,
-            frozenset(spec.variants & set(SWITCHED)),
+            frozenset(spec.variants & CONFIGURED),
         )
 
     @classmethod
@@ -72,7 +76,7 @@ class Configuration(NamedTuple):
             case.num_heads,
             case.num_kv_heads,
             kv,
-            frozenset(case.variants & set(SWITCHED)),
+            frozenset(case.variants & CONFIGURED),
         )
 
     @property

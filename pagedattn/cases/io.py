@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from pagedattn.oracle.case import PagedCase
-from pagedattn.validation import OPTIONAL_TENSOR_FIELDS, SCALAR_FIELDS, TENSOR_FIELDS
+from pagedattn.validation import KV_SCALE_FIELDS, OPTIONAL_TENSOR_FIELDS, SCALAR_FIELDS, TENSOR_FIELDS
 
 FORMAT = "pagedattn-case/1"
 #: family names before they took the ``PagedCase`` field names (0.x files still replay)
@@ -22,8 +22,8 @@ class CaseFileError(ValueError):
 
 def case_state(case: PagedCase) -> dict[str, Any]:
     """Everything that defines ``case``, on the CPU: ``{"tensors": {...}, "options": {...}}``
-    (tensors bit for bit, the optional variant tensors only when set; scale and the
-    variants' parameters as plain numbers)."""
+    (tensors bit for bit, the optional variant tensors only when set, per-head fp8 scales
+    among them; scale and the variants' parameters as plain numbers)."""
     return {
         "tensors": {f: t.detach().cpu().clone() for f, t in case.tensors().items()},
         "options": case.options(),
@@ -82,13 +82,16 @@ def _structure_problem(payload: dict) -> str:
     if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
         return "'tensors' must be a dict of tensors"
     missing = [f for f in TENSOR_FIELDS if f not in tensors]
-    unknown = sorted(set(tensors) - set(TENSOR_FIELDS) - set(OPTIONAL_TENSOR_FIELDS))
+    unknown = sorted(set(tensors) - set(TENSOR_FIELDS) - set(OPTIONAL_TENSOR_FIELDS) - set(KV_SCALE_FIELDS))
     if missing:
         return f"'tensors' lacks {', '.join(missing)}"
     if unknown:
         return f"'tensors' has unknown fields {', '.join(unknown)}"
     if not isinstance(options, dict) or set(options) - set(SCALAR_FIELDS):
         return f"'options' must be a dict with keys among {list(SCALAR_FIELDS)}"
+    both = sorted(set(options) & set(tensors))
+    if both:
+        return f"'options' and 'tensors' both hold {', '.join(both)}"
     if not isinstance(meta, dict):
         return "'meta' must be a dict"
     payload.setdefault("meta", meta)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.oracle.case import PagedCase
-from pagedattn.validation import FP8_DTYPES, ProblemError
+from pagedattn.validation import FP8_DTYPES, PER_HEAD_SCALES, ProblemError
 
 LAYOUTS = ("sequential", "permuted", "interleaved", "shared")
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -57,7 +57,8 @@ class CaseSpec:
         kv_dtype: an fp8 cache dtype (``None``: the query dtype). The cache holds
             ``(x / scale).to(kv_dtype)`` of normal draws ``x``, so the dequantized cache
             is of the usual size.
-        k_scale, v_scale: the fp8 scales (only with ``kv_dtype``).
+        k_scale, v_scale: the fp8 scales (only with ``kv_dtype``): a float (per tensor) or a
+            tuple of ``num_kv_heads`` floats (per kv head, ``fp8_per_head_scales``).
     """
 
     family: str
@@ -78,8 +79,8 @@ class CaseSpec:
     alibi_slopes: bool = False
     sinks: bool = False
     kv_dtype: torch.dtype | None = None
-    k_scale: float = 1.0
-    v_scale: float = 1.0
+    k_scale: float | tuple[float, ...] = 1.0
+    v_scale: float | tuple[float, ...] = 1.0
 
     def __post_init__(self) -> None:
         if self.kv_dtype is not None and self.kv_dtype not in FP8_DTYPES:
@@ -112,7 +113,14 @@ class CaseSpec:
             "sinks": self.sinks,
         }
         fp8 = {FP8_DTYPES[self.kv_dtype]} if self.kv_dtype is not None else set()
+        if self.per_head_scales:
+            fp8.add(PER_HEAD_SCALES)
         return frozenset({name for name, used in on.items() if used} | fp8)
+
+    @property
+    def per_head_scales(self) -> bool:
+        """Whether ``k_scale`` or ``v_scale`` is per kv head (a tuple)."""
+        return isinstance(self.k_scale, tuple) or isinstance(self.v_scale, tuple)
 
     @property
     def gqa_ratio(self) -> int:
@@ -148,6 +156,8 @@ class CaseSpec:
             parts.append("sinks")
         if self.kv_dtype is not None:
             parts.append(FP8_DTYPES[self.kv_dtype])
+        if self.per_head_scales:
+            parts.append("perhead")
         if self.tag:
             parts.append(self.tag)
         return "-".join(parts)
@@ -205,8 +215,9 @@ class CaseSpec:
         qlens = [q for _, q in self.seqs]
         q = torch.randn(sum(qlens), self.num_heads, D, generator=gen) * self.query_gain
         loc = torch.tensor([0] + qlens, dtype=torch.int64).cumsum(0).to(torch.int32)
+        k_scale, v_scale = _scale_field(self.k_scale), _scale_field(self.v_scale)
         if self.kv_dtype is not None:
-            k, v = (k / self.k_scale).to(self.kv_dtype), (v / self.v_scale).to(self.kv_dtype)
+            k, v = (k / _rows(k_scale)).to(self.kv_dtype), (v / _rows(v_scale)).to(self.kv_dtype)
         else:
             k, v = k.to(self.dtype), v.to(self.dtype)
         H = self.num_heads
@@ -223,6 +234,16 @@ class CaseSpec:
             logits_soft_cap=self.logits_soft_cap,
             alibi_slopes=slopes,
             sinks=sinks,
-            k_scale=self.k_scale,
-            v_scale=self.v_scale,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
+
+
+def _scale_field(x: float | tuple[float, ...]) -> float | torch.Tensor:
+    """A spec's fp8 scale as ``PagedCase`` takes it: a float, or ``[num_kv_heads]`` float32."""
+    return torch.tensor(x, dtype=torch.float32) if isinstance(x, tuple) else x
+
+
+def _rows(x: float | torch.Tensor) -> float | torch.Tensor:
+    """A scale that divides a cache ``[N, block_size, num_kv_heads, head_dim]``."""
+    return x.view(-1, 1) if isinstance(x, torch.Tensor) else x

@@ -15,7 +15,7 @@ from pagedattn.cases.configuration import SWITCHED as _SWITCHED
 from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.grid import DTYPES, FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS
 from pagedattn.cases.spec import CaseSpec
-from pagedattn.validation import FP8_DTYPES
+from pagedattn.validation import FP8_DTYPES, PER_HEAD_SCALES
 
 #: (max history, max sequences, max query heads) per profile
 BOUNDS = {"quick": (96, 3, 8), "standard": (1024, 6, 16), "thorough": (8192, 8, 32)}
@@ -96,8 +96,18 @@ def case_specs(
     extra["sinks"] = "sinks" in on
     if fp8:
         extra["kv_dtype"] = _FP8[fp8[0]]
-        extra["k_scale"] = draw(st.sampled_from([0.37, 2.5]), label="k_scale")
-        extra["v_scale"] = draw(st.sampled_from([1.9, 0.3]), label="v_scale")
+        if configurations:  # the configuration says whether its scales are per head
+            per_head = PER_HEAD_SCALES in on
+        else:
+            per_head = PER_HEAD_SCALES in variants and draw(st.booleans(), label="per-head scales")
+        if per_head:
+            n = shape["num_kv_heads"]
+            pick = st.sampled_from([0.25, 0.5, 1.0, 2.0, 0.37])
+            extra["k_scale"] = tuple(draw(st.lists(pick, min_size=n, max_size=n), label="k_scale"))
+            extra["v_scale"] = tuple(draw(st.lists(pick, min_size=n, max_size=n), label="v_scale"))
+        else:
+            extra["k_scale"] = draw(st.sampled_from([0.37, 2.5]), label="k_scale")
+            extra["v_scale"] = draw(st.sampled_from([1.9, 0.3]), label="v_scale")
     if not configurations:
         shape["head_dim"] = draw(st.sampled_from(list(head_dims)), label="head_dim")
         shape["dtype"] = draw(st.sampled_from(list(dtypes)), label="dtype")

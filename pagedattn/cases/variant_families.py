@@ -159,7 +159,30 @@ def _fp8(profile: str) -> list[CaseSpec]:
     out.append(
         CaseSpec("fp8", ((30, 5),), head_dim=80, block_size=13, layout="permuted", kv_dtype=E4M3, dtype=BF16, **scales)
     )
+    # per-head scales: distinct per kv head, keys' and values' in another order, so that one
+    # head's scales applied to every head, or a head's swapped with another's, shows
+    per_head: dict[str, Any] = dict(k_scale=(0.5, 1.0, 2.0, 0.25), v_scale=(2.0, 0.25, 0.5, 1.0))
+    for dt, kv in ((F32, E4M3), (BF16, E4M3), (F16, E5M2)):
+        out.append(
+            CaseSpec(
+                "fp8", ((33, 33), (40, 1), (20, 7)), num_heads=8, num_kv_heads=4, kv_dtype=kv, dtype=dt, **per_head
+            )
+        )
     if profile != "quick":
+        for dt in (F16, BF16):
+            out.append(
+                CaseSpec(
+                    "fp8",
+                    ((1500, 1), (600, 600)),
+                    num_heads=16,
+                    num_kv_heads=4,
+                    head_dim=128,
+                    layout="permuted",
+                    kv_dtype=E4M3,
+                    dtype=dt,
+                    **per_head,
+                )
+            )
         for dt in (F16, BF16):
             for kv in (E4M3, E5M2):
                 out.append(

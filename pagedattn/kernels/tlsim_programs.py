@@ -245,6 +245,8 @@ def paged_attention(case: PagedCase, tile: int = 16, return_lse: bool = False):
         ``[num_tokens, num_heads, head_dim]`` in the query dtype; with ``return_lse``,
         also ``[num_tokens, num_heads]`` float32 (natural log, sink included).
     """
+    if case.per_head_scales:
+        raise NotImplementedError("tlsim paged_attention: no per-head fp8 scales (one k_scale, one v_scale)")
     q = case.query.contiguous()
     k = case.key_cache.contiguous()
     v = case.value_cache.contiguous()

@@ -7,13 +7,14 @@ from pagedattn.oracle.policy import PRECISIONS, QK_PRECISIONS, TANH_PRECISIONS, 
 from pagedattn.oracle.reference import (
     causal_mask,
     gather_history,
+    kv_row_scales,
     paged_attention_reference,
     paged_attention_reference_lse,
     paged_gather,
     write_cache_by_indexing,
 )
 from pagedattn.oracle.verdict import AttentionCheck, check_attention, check_attention_lse
-from pagedattn.validation import FP8_DTYPES, VARIANTS, ProblemError
+from pagedattn.validation import FP8_DTYPES, PER_HEAD_SCALES, VARIANTS, ProblemError
 
 __all__ = [
     "DTYPE_TABLE",
@@ -24,6 +25,7 @@ __all__ = [
     "AttentionCheck",
     "BitCheck",
     "FP8_DTYPES",
+    "PER_HEAD_SCALES",
     "PagedCase",
     "ProblemError",
     "VARIANTS",
@@ -34,6 +36,7 @@ __all__ = [
     "check_attention_lse",
     "check_bitexact",
     "gather_history",
+    "kv_row_scales",
     "paged_attention_reference",
     "paged_attention_reference_lse",
     "paged_gather",

@@ -15,7 +15,9 @@ import torch
 
 from pagedattn.validation import (
     FP8_DTYPES,
+    KV_SCALE_FIELDS,
     OPTIONAL_TENSOR_FIELDS,
+    PER_HEAD_SCALES,
     SCALAR_FIELDS,
     TENSOR_FIELDS,
     check_problem,
@@ -53,8 +55,11 @@ class PagedCase:
         sinks: ``[num_heads]`` float32 or ``None``: a per-head logit that joins the softmax
             denominator (``exp(sinks[h] - max)``) and contributes no value.
         k_scale, v_scale: dequantization scales of an fp8 cache: the key that enters the
-            score is ``float(key_cache[...]) * k_scale`` (values likewise). Only an fp8
-            cache (``float8_e4m3fn``/``float8_e5m2``) may carry a scale other than 1.0.
+            score is ``float(key_cache[...]) * k_scale`` (values likewise). Either a float
+            (per tensor) or a ``[num_kv_heads]`` float32 tensor, finite and > 0 (per kv head:
+            kv head ``g``'s keys are ``float(key_cache[..., g, :]) * k_scale[g]``; the
+            variant ``fp8_per_head_scales``). Only an fp8 cache
+            (``float8_e4m3fn``/``float8_e5m2``) may carry a float other than 1.0, or a tensor.
 
     The ``q_b`` new tokens of sequence ``b`` sit at absolute positions
     ``seq_lens[b] - q_b .. seq_lens[b] - 1``; their keys and values are already in the
@@ -93,8 +98,8 @@ class PagedCase:
     logits_soft_cap: float | None = None
     alibi_slopes: torch.Tensor | None = None
     sinks: torch.Tensor | None = None
-    k_scale: float = 1.0
-    v_scale: float = 1.0
+    k_scale: float | torch.Tensor = 1.0
+    v_scale: float | torch.Tensor = 1.0
     # host copies of query_start_loc and seq_lens, taken by validation
     _loc: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
     _seq_lens: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
@@ -124,8 +129,9 @@ class PagedCase:
             object.__setattr__(self, "scale", default_scale(self.head_dim))
         else:
             object.__setattr__(self, "scale", float(self.scale))
-        object.__setattr__(self, "k_scale", float(self.k_scale))
-        object.__setattr__(self, "v_scale", float(self.v_scale))
+        for f in KV_SCALE_FIELDS:
+            if not isinstance(getattr(self, f), torch.Tensor):
+                object.__setattr__(self, f, float(getattr(self, f)))
         if self.logits_soft_cap is not None:
             object.__setattr__(self, "logits_soft_cap", float(self.logits_soft_cap))
 
@@ -186,7 +192,34 @@ class PagedCase:
             out.add("sinks")
         if self.kv_dtype in FP8_DTYPES:
             out.add(FP8_DTYPES[self.kv_dtype])
+        if self.per_head_scales:
+            out.add(PER_HEAD_SCALES)
         return frozenset(out)
+
+    @property
+    def per_head_scales(self) -> bool:
+        """Whether ``k_scale`` or ``v_scale`` is a per-kv-head tensor."""
+        return any(isinstance(getattr(self, f), torch.Tensor) for f in KV_SCALE_FIELDS)
+
+    def kv_head_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(k_scale, v_scale)`` per kv head, each ``[num_kv_heads]`` float64 on the case's
+        device (a float repeated): the one form for code that takes both kinds."""
+        out = []
+        for f in KV_SCALE_FIELDS:
+            x = getattr(self, f)
+            if isinstance(x, torch.Tensor):
+                out.append(x.to(torch.float64))
+            else:
+                out.append(torch.full((self.num_kv_heads,), x, dtype=torch.float64, device=self.device))
+        return out[0], out[1]
+
+    def max_k_scale(self) -> float:
+        """The largest key scale (``k_scale`` itself when it is a float): a bound's upper bound."""
+        return _largest(self.k_scale)
+
+    def max_v_scale(self) -> float:
+        """The largest value scale (``v_scale`` itself when it is a float)."""
+        return _largest(self.v_scale)
 
     @property
     def device(self) -> torch.device:
@@ -233,11 +266,13 @@ class PagedCase:
         """Every tensor field that is set, by name (the optional ones only when present)."""
         out = {f: getattr(self, f) for f in TENSOR_FIELDS}
         out.update({f: getattr(self, f) for f in OPTIONAL_TENSOR_FIELDS if getattr(self, f) is not None})
+        out.update({f: getattr(self, f) for f in KV_SCALE_FIELDS if isinstance(getattr(self, f), torch.Tensor)})
         return out
 
     def options(self) -> dict:
-        """The non-tensor fields (scale and the variants' parameters), by name."""
-        return {f: getattr(self, f) for f in SCALAR_FIELDS}
+        """The non-tensor fields (scale and the variants' parameters), by name; a per-head
+        ``k_scale``/``v_scale`` is a tensor (``tensors()``), not here."""
+        return {f: getattr(self, f) for f in SCALAR_FIELDS if not isinstance(getattr(self, f), torch.Tensor)}
 
     def to(self, device: torch.device | str) -> PagedCase:
         """The same case with every tensor on ``device`` (a copy of a valid case: not
@@ -280,5 +315,17 @@ class PagedCase:
         if self.sinks is not None:
             parts.append("sinks=[" + ", ".join(f"{x:.3g}" for x in self.sinks.tolist()) + "]")
         if self.kv_dtype != self.dtype:
-            parts.append(f"kv_dtype={self.kv_dtype}, k_scale={self.k_scale:g}, v_scale={self.v_scale:g}")
+            scales = ", ".join(f"{f}={_scale_text(getattr(self, f))}" for f in KV_SCALE_FIELDS)
+            parts.append(f"kv_dtype={self.kv_dtype}, {scales}")
         return "".join(", " + p for p in parts)
+
+
+def _largest(x: float | torch.Tensor) -> float:
+    return float(x.max()) if isinstance(x, torch.Tensor) else x
+
+
+def _scale_text(x: float | torch.Tensor) -> str:
+    """A scale for ``repr``: ``0.37``, or per kv head ``[0.5, 1, 2, 0.25]``."""
+    if isinstance(x, torch.Tensor):
+        return "[" + ", ".join(f"{v:g}" for v in x.tolist()) + "]"
+    return f"{x:g}"

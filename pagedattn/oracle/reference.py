@@ -99,13 +99,23 @@ def causal_mask(
     return mask
 
 
-def dequantized(cache: torch.Tensor, scale: float) -> torch.Tensor:
-    """``cache`` in float64 and contiguous, times ``scale`` (the fp8 dequantization; 1.0
-    otherwise). One new tensor: a transposed view is converted and laid out in one pass (on the
+def kv_row_scales(case: PagedCase) -> tuple[float | torch.Tensor, float | torch.Tensor]:
+    """``(k_scale, v_scale)`` shaped to multiply rows ``[..., num_kv_heads, head_dim]`` (what
+    ``gather_history`` returns): a float as it is, a per-head tensor as ``[num_kv_heads, 1]``."""
+    k, v = case.k_scale, case.v_scale
+    return (k[:, None] if isinstance(k, torch.Tensor) else k), (v[:, None] if isinstance(v, torch.Tensor) else v)
+
+
+def dequantized(cache: torch.Tensor, scale: float | torch.Tensor) -> torch.Tensor:
+    """``cache`` ``[Hkv, L, D]`` in float64 and contiguous, times ``scale`` (the fp8
+    dequantization; 1.0 otherwise): a float, or ``[Hkv]`` float32, kv head ``g``'s rows times
+    ``scale[g]``. One new tensor: a transposed view is converted and laid out in one pass (on the
     CPU each fresh tensor of a long history costs its pages' first touch as well)."""
     # copy=True: a float64 input is copied too (``to`` would return it as it is, strided, and
     # the in-place scaling would then change the caller's tensor)
     out = cache.to(torch.float64, memory_format=torch.contiguous_format, copy=True)
+    if isinstance(scale, torch.Tensor):  # per kv head; float32 to float64 is exact
+        return out.mul_(scale.to(torch.float64).view(-1, 1, 1))
     return out.mul_(scale) if scale != 1.0 else out
 
 

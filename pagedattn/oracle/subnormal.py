@@ -30,8 +30,9 @@ def _weights_stay_normal(case: PagedCase, min_normal: float) -> bool:
     largest, read once on the host: every logit lies within ``S`` of 0, ``S`` from the largest
     norms of the queries and of every key in the pool (Cauchy-Schwarz; the soft-cap, ALiBi's
     largest bias), so a row spans at most ``2 S`` (``S + max |sink|`` with a sink, which joins
-    the maximum). A margin of 1 covers rounding. The maxima are read in one transfer and
-    combined in Python's float64 (on a GPU each tensor operation is a launch)."""
+    the maximum; with per-head key scales, the largest scale). A margin of 1 covers rounding.
+    The maxima are read in one transfer and combined in Python's float64 (on a GPU each tensor
+    operation is a launch)."""
     wide = torch.float64 if case.dtype == torch.float64 else torch.float32  # the norm may not narrow
     maxima = [torch.linalg.vector_norm(case.query, dim=-1, dtype=wide).amax()]
     pool = case.key_cache
@@ -43,9 +44,15 @@ def _weights_stay_normal(case: PagedCase, min_normal: float) -> bool:
         # the guards never fire on NaN either, so a NaN norm is left out (an infinite one is not)
         maxima.append(torch.linalg.vector_norm(keys, dim=-1, dtype=wide).nan_to_num_(nan=0.0, posinf=math.inf).amax())
     extras = [t.abs().amax() for t in (case.alibi_slopes, case.sinks) if t is not None]
+    # per-head key scales: the largest bounds every head's logits (read in the same transfer)
+    k_scale = case.k_scale
+    if isinstance(k_scale, torch.Tensor):
+        extras.append(k_scale.amax())
     q, *ks = torch.stack(maxima + extras).tolist()  # one read: float32 maxima are exact in float64
     ks, rest = ks[: len(ks) - len(extras)], ks[len(ks) - len(extras) :]
-    s = (q * max(ks)) * (case.scale * case.k_scale)
+    if isinstance(k_scale, torch.Tensor):
+        k_scale = rest.pop()
+    s = (q * max(ks)) * (case.scale * k_scale)
     if case.logits_soft_cap is not None:
         s = min(s, case.logits_soft_cap)
     if case.alibi_slopes is not None:

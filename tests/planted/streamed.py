@@ -59,6 +59,7 @@ BUGS = {
     "alibi_sign": "ALiBi bias slope * (p - j) instead of slope * (j - p)",
     "sink_dropped_in_split": "the sink is lost when the history is split (decode histories over 512 keys)",
     "fp8_scale_ignored": "fp8 k_scale and v_scale treated as 1.0",
+    "per_head_scale_per_tensor": "per-head fp8 scales applied per tensor: kv head 0's scales used for every head",
     "lse_log2": "the log-sum-exp returned in base 2 (FlashInfer's convention) where natural log is asked",
     # half-precision slips (flash-style weights, tiles of 64)
     "acc_input": "the output accumulator kept in the input dtype across tiles",
@@ -141,7 +142,8 @@ def streamed_attention(
     lens = case.seq_lens_list
     scale = case.head_dim**-0.5 if "scale_ignored" in bugs else case.scale * (1.01 if "scale_1pct" in bugs else 1.0)
     k_scale, v_scale = (1.0, 1.0) if "fp8_scale_ignored" in bugs else (case.k_scale, case.v_scale)
-    scale *= k_scale  # folded into the score scale, as kernels do
+    if "per_head_scale_per_tensor" in bugs:
+        k_scale, v_scale = (float(x[0]) if isinstance(x, torch.Tensor) else x for x in (k_scale, v_scale))
     window, cap = case.sliding_window, case.logits_soft_cap
     slopes = case.alibi_slopes.float()[:, None, None] if case.alibi_slopes is not None else None
     weights_dtype = case.dtype
@@ -151,6 +153,9 @@ def streamed_attention(
         kv_of_head = torch.arange(case.num_heads, device=dev) % case.num_kv_heads
     else:
         kv_of_head = torch.arange(case.num_heads, device=dev) // case.gqa_ratio
+    # per-head scales: each query head takes its kv head's, [Hq, 1, 1] (a float stays a float)
+    k_scale, v_scale = (x[kv_of_head].view(-1, 1, 1) if isinstance(x, torch.Tensor) else x for x in (k_scale, v_scale))
+    scale = scale * k_scale  # folded into the score scale, as kernels do
     for b in range(case.num_seqs):
         L = lens[0] if "first_seq_len" in bugs else lens[b]
         n = loc[b + 1] - loc[b]
@@ -158,7 +163,8 @@ def streamed_attention(
         if "query_bf16" in bugs:
             q = q.to(torch.bfloat16)
         if "scale_folded" in bugs:
-            q = (q.float() * (scale * math.log2(math.e))).to(case.dtype)
+            q_scale = scale.view(1, -1, 1) if isinstance(scale, torch.Tensor) else scale  # q is [n, Hq, D]
+            q = (q.float() * (q_scale * math.log2(math.e))).to(case.dtype)
         q = q.float().transpose(0, 1)  # [Hq, n, D]
         pos = torch.arange(L - n, L, device=dev)  # absolute positions of the new tokens
         if "causal_ignores_past" in bugs:

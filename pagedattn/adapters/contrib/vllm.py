@@ -38,7 +38,7 @@ import torch
 from pagedattn.adapters.contrib._triton import arrange_interpreter, runtime_claims
 from pagedattn.adapters.conventions import window_to_flash_attn
 from pagedattn.adapters.protocol import Capabilities, Exclusion
-from pagedattn.oracle import VARIANTS, PagedCase
+from pagedattn.oracle import PER_HEAD_SCALES, VARIANTS, PagedCase
 
 #: Where vLLM keeps ``unified_attention``, newest first.
 MODULES = ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention")
@@ -108,9 +108,11 @@ class VllmUnifiedBackend:
         notes = {
             "batch_invariance": BATCH_NOTE,
             "fp32_precision": "tl.dot on fp32 tiles uses TF32 on NVIDIA GPUs (Triton's default)",
+            "variants": "no per-head fp8 scales: unified_attention's k_descale/v_descale are read as "
+            "one scale per layer (the adapter passes [1] tensors)",
         }
         self.capabilities = Capabilities(
-            variants=frozenset(VARIANTS),
+            variants=frozenset(VARIANTS) - {PER_HEAD_SCALES},
             fp32_precision="tf32",
             invariances=frozenset({"determinism", "placement_invariance"}),
             exclusions=(ALIBI_SINKS,) if claims == "honest" else (),
