@@ -50,6 +50,14 @@ class SleepsFromThirdCall:
 '''
 
 
+def _default_signals():
+    """The run starts with the signals' default dispositions, as from a terminal: a test process
+    started in the background (``nohup``, ``&`` in a script) ignores SIGHUP and SIGINT, and its
+    children would inherit that."""
+    for signum in (signal.SIGINT, signal.SIGHUP, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_DFL)
+
+
 def _interrupted_run(path, signum, group=False):
     """Run the decode family under ``-n 2`` in ``path``, send ``signum`` to the controller (to
     its whole process group, as a terminal's Ctrl-C does, with ``group``) once both workers
@@ -59,7 +67,14 @@ def _interrupted_run(path, signum, group=False):
     args += ["pagedattn.conformance.test_decode", "--backend=sleeper.py:SleepsFromThirdCall", "--report-json=r.json"]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        args, cwd=path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        args,
+        cwd=path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_default_signals,
     )
     try:
         deadline = time.monotonic() + 120
