@@ -841,15 +841,15 @@ print(json.dumps(results))
 
 
 @needs_verdict_kernel
+@needs_verdict_kernel
 def test_a_loosened_policy_is_judged_by_the_torch_path(monkeypatch):
-    """A tolerance factor other than 1 never reaches the verdict kernel (``verdict._fused``):
+    """A tolerance factor other than 1 never reaches the verdict kernel (``host.usable``):
     compiled for an H100 it judged one wrongly. The torch path scales the bound by the factor."""
-    from pagedattn.oracle import verdict as verdict_module
     from pagedattn.verdict_kernel import host as gpu_check
 
-    monkeypatch.setattr(gpu_check, "usable", lambda case: True)
+    monkeypatch.setattr(gpu_check, "ON_CPU", True)
     case = CaseSpec("t", ((40, 1),), num_heads=2, num_kv_heads=1).build()
-    assert verdict_module._fused(case, 1.0) and not verdict_module._fused(case, 1.5)
+    assert gpu_check.usable(case) and not gpu_check.usable(case, 1.5)
     monkeypatch.setattr(gpu_check, "verdict_rows", lambda *a: pytest.fail("the verdict kernel was asked"))
     out = paged_attention_reference(case).to(case.dtype)
     strict, loose = check_attention(out, case, tolerance_factor=0.5), check_attention(out, case, tolerance_factor=1.5)

@@ -213,7 +213,7 @@ def check_attention(
     problem = _output_problem(output, case)
     if problem:
         return AttentionCheck(passed=False, warning=False, budget_used=float("inf"), problem=problem, **common)
-    if _fused(case, tolerance_factor):  # on a GPU: one kernel a block for the bound and the verdict
+    if gpu_check.usable(case, tolerance_factor):  # on a GPU: one kernel a block for the bound and the verdict
         (row,) = gpu_check.verdict_rows(
             output, None, case, precision, qk_precision, tanh_precision, tolerance_factor, partials_precision
         )
@@ -222,13 +222,7 @@ def check_attention(
     for blk in chunk_bounds(
         case, precision, qk_precision, tanh_precision, with_lse=False, partials_precision=partials_precision
     ):
-        verdict.add(
-            blk.tokens,
-            output[blk.tokens],
-            blk.o,
-            _scaled(blk.e, tolerance_factor),
-            var=_scaled_var(blk.var, tolerance_factor),
-        )
+        verdict.add_output(blk, output, tolerance_factor)
         del blk  # its rows go before the next block's are formed (a bound name would hold them)
     return verdict.check(case, common)
 
@@ -276,7 +270,7 @@ def check_attention_lse(
             **common,
         )
         return out_check, lse_check
-    if _fused(case, tolerance_factor):  # on a GPU: one kernel a block for the bounds and the verdicts
+    if gpu_check.usable(case, tolerance_factor):  # on a GPU: one kernel a block for the bounds and the verdicts
         policy_args = (precision, qk_precision, tanh_precision, tolerance_factor, partials_precision)
         row, lrow = gpu_check.verdict_rows(output, lse, case, *policy_args)
         v_out = _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim))
@@ -284,13 +278,7 @@ def check_attention_lse(
         return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
     v_out, v_lse = _Verdict(), _Verdict()
     for blk in chunk_bounds(case, precision, qk_precision, tanh_precision, partials_precision=partials_precision):
-        v_out.add(
-            blk.tokens,
-            output[blk.tokens],
-            blk.o,
-            _scaled(blk.e, tolerance_factor),
-            var=_scaled_var(blk.var, tolerance_factor),
-        )
+        v_out.add_output(blk, output, tolerance_factor)
         assert blk.lse is not None and blk.e_lse is not None
         v_lse.add(blk.tokens, lse[blk.tokens], blk.lse, _scaled(blk.e_lse, tolerance_factor), exact_inf=True)
         del blk  # its rows go before the next block's are formed
@@ -307,14 +295,6 @@ def _moments(err: torch.Tensor, var: torch.Tensor | None) -> torch.Tensor:
     v = torch.where(keep, var, 0.0)
     rows = v.sum(dim=-1)
     return torch.stack([torch.where(keep, err.square(), 0.0).sum(), rows.sum(), rows.square().sum()])
-
-
-def _fused(case: PagedCase, tolerance_factor: float) -> bool:
-    """Whether the fused check judges ``case``: where it can run (``gpu_check.usable``) and the
-    policy is not loosened. Compiled for an H100, the verdict kernel judged a tolerance factor of
-    1.5 wrongly (bounds not 1.5 times the policy's; 1 and 2 right), which the interpreter does not
-    reproduce: a backend with a tolerance factor is judged by the torch path."""
-    return tolerance_factor == 1.0 and gpu_check.usable(case)
 
 
 def _read(*rows: torch.Tensor) -> list[list[float]]:
@@ -421,6 +401,12 @@ class _Verdict:
         counts = torch.stack([ratio.le(1.0).logical_not_().sum(), finite_only_ref.sum(), flat[0]])
         stats = torch.cat([picked[0], counts.to(torch.float64), *picked[1:], moments])
         self._blocks.append((tokens.start, shape, stats))
+
+    def add_output(self, blk: Any, output: torch.Tensor, tolerance_factor: float) -> None:
+        """Judge a block of rows of ``output`` against its bound and expected error
+        (``policy._Bound``), both under ``tolerance_factor``."""
+        bound, var = _scaled(blk.e, tolerance_factor), _scaled_var(blk.var, tolerance_factor)
+        self.add(blk.tokens, output[blk.tokens], blk.o, bound, var=var)
 
     @classmethod
     def of(cls, row: list[float], shape: tuple[int, ...]) -> _Verdict:

@@ -70,8 +70,13 @@ NARROW_MIN_NORMAL = 2.0**-60
 KEY_BLOCK = 512
 
 
-def usable(case: PagedCase) -> bool:
-    """Whether the fused path runs for ``case``: see the module's docstring."""
+def usable(case: PagedCase, tolerance_factor: float = 1.0) -> bool:
+    """Whether the fused path runs for ``case`` judged with ``tolerance_factor``: see the module's
+    docstring. Only the policy as written: compiled for an H100, the kernel judged a tolerance
+    factor of 1.5 wrongly (bounds not 1.5 times the policy's; 1 and 2 right), which the
+    interpreter does not reproduce, so a loosened or tightened policy takes the torch path."""
+    if tolerance_factor != 1.0:
+        return False
     if case.dtype == torch.float64 or os.environ.get(ENV, "1") == "0" or triton_problem():
         return False
     if case.device.type == "cpu":
