@@ -412,7 +412,7 @@ def test_a_blocks_tensors_are_gone_before_the_next_blocks_come(path, monkeypatch
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     case = CaseSpec("t", ((300, 120), (50, 1)), num_heads=4, num_kv_heads=2).build().to(DEVICE)
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
-    monkeypatch.setattr(gpu_check, "usable", lambda case: path == "fused")
+    monkeypatch.setattr(gpu_check, "usable", lambda case, tolerance_factor=1.0: path == "fused")
     check_attention(out, case)
     assert len(alive) >= 3, f"several blocks expected, got {len(alive)}"
     assert not any(any(flags) for flags in alive), alive
@@ -428,7 +428,7 @@ def test_the_torch_paths_merged_blocks_go_before_the_next_ones_come(lse, monkeyp
     refs: list = []
     alive: list = []
     monkeypatch.setattr(verdict, "chunk_bounds", _watched(verdict.chunk_bounds, lambda b: (b.o, b.e), refs, alive))
-    monkeypatch.setattr(gpu_check, "usable", lambda case: False)
+    monkeypatch.setattr(gpu_check, "usable", lambda case, tolerance_factor=1.0: False)
     monkeypatch.setenv("PAGEDATTN_ORACLE_MAX_BYTES", str(1 << 20))
     case = CaseSpec("t", ((700, 350), (400, 300)), num_heads=4, num_kv_heads=2).build().to(DEVICE)
     out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, device=DEVICE)
@@ -654,7 +654,7 @@ def test_a_sequences_moments_are_gone_before_the_next_history_comes(path, monkey
     monkeypatch.setattr(sequence_stats, "_key_reach", reach)
     monkeypatch.setattr(gpu_check, "ON_CPU", path == "fused")
     monkeypatch.setattr(policy, "DEVICE_PATH_ON_CPU", True)
-    monkeypatch.setattr(gpu_check, "usable", lambda case: path == "fused")
+    monkeypatch.setattr(gpu_check, "usable", lambda case, tolerance_factor=1.0: path == "fused")
     # the decodes take the moments too (their direct sums, policy.direct_decode, hold no sequence's terms)
     monkeypatch.setattr(policy, "DIRECT_DECODES", False)
     spec = CaseSpec("t", ((300, 20), (50, 1), (280, 16), (80, 1)), num_heads=4, num_kv_heads=2)
