@@ -248,6 +248,7 @@ def chunk_bounds(
         ds_dot = terms.a * c.q.norm(dim=-1) * k_max  # [Hkv, G, n]
         ds_ops = terms.a_inf * c.q.abs().amax(dim=-1) * k_max
         ds_rest = U_FP32 * (c.row_max - 2.0 * c.score_floor.clamp(max=0.0)) + terms.row_const
+        bias = None  # the row's largest ALiBi bias, [Hkv, G, n]
         if c.alibi is not None:  # slope * (j - p) rounded once in fp32; |j - p| <= p - the row's first key
             slopes, rel = c.alibi
             reach_j = (-rel[:, 0]).add_(c.keys.start)  # the row's position p: p - first key = min(p, W - 1)
@@ -261,7 +262,7 @@ def chunk_bounds(
         ds_score = None
         if terms.u_score:
             s_abs = torch.maximum(c.row_max.abs(), c.score_floor.abs())
-            if c.alibi is not None:
+            if bias is not None:
                 s_abs = s_abs + bias
             ds_score = terms.u_score * s_abs
             ds_max = ds_max + ds_score
@@ -284,7 +285,7 @@ def chunk_bounds(
         sqrt_grow = grow**0.5
         key_w = w_sum = r2 = r1 = None
         if direct:
-            key_w = _key_score_var(c, terms, bias if c.alibi is not None else None, c.probs) if declared_keys else None
+            key_w = _key_score_var(c, terms, bias, c.probs) if declared_keys else None
             abs_pv, s2, q2, q1, p2, r2 = _decode_sums(c, o, key_w)
             c_v = o
             d = None
@@ -294,7 +295,7 @@ def chunk_bounds(
             s12 = c.output(seen[..., : 2 * D], probs=p32)  # [n, Hq, 2D] float32
             abs_pv, s2 = s12[..., :D], s12[..., D:]
             if declared_keys:
-                key_w = _key_score_var(c, terms, bias if c.alibi is not None else None, p32)
+                key_w = _key_score_var(c, terms, bias, p32)
             # the squared weights' sums: sum_j p_j^2 (v_j - c)^2 and sum_j p_j^2 (v_j - c)
             p2 = c.rows(p32.square_().sum(dim=-1))[..., None]  # [n, Hq, 1] float32
             s34 = c.output(seen[..., D:], probs=p32)
