@@ -15,9 +15,27 @@ query head per KV head it forms ``q . k`` as ``tl.sum(q[None, :] * k, 1)`` on in
 tiles, products rounded to bf16/fp16 before the sum: declared as ``qk_precision="input"`` on that
 path alone (``declared_on="decode_mha"``); its grouped path forms q.k with ``tl.dot``.
 
+MLA (``"mla"``): SGLang's MLA token pool holds one latent row per token, ``[slots, 1, 576]``
+(512 compressed columns, then 64 rotary ones), and passes ``k_buffer`` = that pool and
+``v_buffer`` = its first 512 columns (a view, same storage); the kernels read ``Lk`` and
+``Lv`` from the buffers' widths. The adapter does the same with the case's latent cache
+flattened to slots (``mla_value_buffer``). With 16-128 query heads on one latent head the
+decode takes its grouped path (``tl.dot`` q.k, fp32 accumulation; at ``Lk = 576`` it splits
+the dot into 512 + 64 columns), so the ``"input"`` q.k declaration does not cover it. A
+separate value cache of another width (``"head_dim_v"``) goes through the same arguments.
+The split buffer ``attn_logits`` is ``[B, Hq, splits, Lv]``: the kernel finds each split's
+log-sum-exp at ``attn_logits``' offset divided by ``Lv``, so its last dim must be ``Lv``.
+
 ``sglang_extend`` calls ``extend_attention_fwd`` (``triton_ops/extend_attention.py``): the
 cached prefix through prefix-only ``kv_indices`` into the pool, the new tokens' K/V as
-contiguous tensors (``layouts.new_tokens_kv``), causal within them. Its window is
+contiguous tensors (``layouts.new_tokens_kv``), causal within them. A tree mask
+(speculative verification, ``"tree_mask"``) goes in as SGLang's ``custom_mask``: per request,
+the ``[q_len, seq_len]`` bool matrix (row = new token, column = key, the history's columns
+True) flattened row-major at ``mask_indptr[b]`` (``sglang_custom_mask``), with
+``is_causal=True`` and ``skip_prefix_custom_mask=True`` as SGLang's verify step passes them:
+the kernel then reads no history column, replaces its causal test by the mask on the new
+tokens, and still stops each query tile's loop at the tile's last row (``IS_CAUSAL``),
+which loses nothing because a tree mask has nothing above its diagonal. Its window is
 ``sliding_window_size = W - 1`` (keys with ``q - k <= W - 1``), and ``0`` means "no window"
 (the kernel tests ``SLIDING_WINDOW_SIZE > 0``), so ``W = 1`` cannot be expressed: those
 cases are excluded with the reason (a real deviation, documented in
@@ -70,10 +88,46 @@ def _version(module) -> str:
     return f"sglang {getattr(sglang, '__version__', '?')} ({module.__name__}), triton {triton.__version__}"
 
 
+def mla_value_buffer(k_buffer: torch.Tensor, head_dim_v: int) -> torch.Tensor:
+    """SGLang's MLA ``v_buffer``: the latent pool's first ``head_dim_v`` columns, a view.
+
+    Args:
+        k_buffer: ``[slots, 1, head_dim]`` (576: 512 latent, 64 rotary), the cache dtype.
+
+    Returns:
+        ``[slots, 1, head_dim_v]``, the same storage and row stride.
+    """
+    return k_buffer[..., :head_dim_v]
+
+
 def _token_pool(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
-    """``k_buffer``, ``v_buffer`` ``[N * bs, Hkv, D]``: views of the canonical pool."""
+    """``k_buffer`` ``[N * bs, Hkv, D]`` and ``v_buffer`` ``[N * bs, Hkv, Dv]``: views of the
+    canonical pool (with a latent cache, ``v_buffer`` is ``k_buffer``'s first ``Dv`` columns)."""
     N, bs, H, D = case.key_cache.shape
-    return case.key_cache.view(N * bs, H, D), case.value_cache.view(N * bs, H, D)
+    k_buffer = case.key_cache.view(N * bs, H, D)
+    if case.shared_kv:
+        return k_buffer, mla_value_buffer(k_buffer, case.head_dim_v)
+    return k_buffer, case.value_cache.view(N * bs, H, case.head_dim_v)
+
+
+def sglang_custom_mask(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's ``custom_mask`` and ``mask_indptr`` from ``case.tree_mask``.
+
+    Returns:
+        ``custom_mask``: ``[sum_b q_b * seq_len_b]`` bool: request ``b``'s ``[q_b, seq_len_b]``
+        matrix, row-major (row ``i`` = new token ``i``, column ``j`` = key ``j`` of its
+        history), its ``context_len`` history columns True, the last ``q_b`` columns
+        ``case.tree_mask_of(b)``; ``mask_indptr``: ``[B + 1]`` int32, where each matrix starts.
+    """
+    dev = case.device
+    rows, sizes = [], [0]
+    for b, (q_len, seq_len) in enumerate(zip(case.query_lens, case.seq_lens.tolist())):
+        m = torch.ones(q_len, seq_len, dtype=torch.bool, device=dev)
+        m[:, seq_len - q_len :] = case.tree_mask_of(b)
+        rows.append(m.flatten())
+        sizes.append(q_len * seq_len)
+    mask_indptr = torch.tensor(sizes, device=dev).cumsum(0).to(torch.int32)
+    return torch.cat(rows), mask_indptr
 
 
 def split_count(seq_len: int) -> int:
@@ -108,7 +162,7 @@ class SGLangDecodeBackend:
             "qk_precision": "with one query head per KV head, q.k is tl.sum(q[None, :] * k, 1) on input-dtype tiles",
             "fp32_precision": "the GQA path's tl.dot on fp32 tiles uses TF32 on NVIDIA GPUs",
         }
-        variants = {"sliding_window", "logits_soft_cap", "sinks"}
+        variants = {"sliding_window", "logits_soft_cap", "sinks", "mla", "head_dim_v"}
         if claims == "signature":
             variants |= {"fp8_e4m3", "fp8_e5m2"}
         else:
@@ -133,7 +187,7 @@ class SGLangDecodeBackend:
             self.paged_attention(case)
 
     def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Returns ``[B, Hq, D]`` (one row per request) in the query dtype."""
+        """Returns ``[B, Hq, Dv]`` (one row per request) in the query dtype."""
         if max(case.query_lens) != 1:  # the suite never asks (decode_only); a direct caller might
             raise ValueError(f"sglang_decode: query_lens must all be 1 (decode), got {case.query_lens}")
         dev = case.device
@@ -144,9 +198,10 @@ class SGLangDecodeBackend:
             kv_indptr = torch.tensor([0] + [len(k) for k in keep], device=dev).cumsum(0).to(torch.int32)
             kv_indices = torch.cat(keep)
         lens = (kv_indptr[1:] - kv_indptr[:-1]).tolist()
-        B, H, D = case.query.shape
+        B, H, _ = case.query.shape
+        Dv = case.head_dim_v
         q = case.query.contiguous()
-        out = torch.empty_like(q) if out is None else out
+        out = q.new_empty(B, H, Dv) if out is None else out
         self._mod.decode_attention_fwd(
             q,
             k_buffer,
@@ -154,7 +209,7 @@ class SGLangDecodeBackend:
             out,
             kv_indptr,
             kv_indices,
-            torch.empty(B, H, MAX_KV_SPLITS, D, dtype=torch.float32, device=dev),
+            torch.empty(B, H, MAX_KV_SPLITS, Dv, dtype=torch.float32, device=dev),  # last dim Lv: see above
             torch.empty(B, H, MAX_KV_SPLITS, dtype=torch.float32, device=dev),
             torch.tensor([split_count(n) for n in lens], dtype=torch.int32, device=dev),
             MAX_KV_SPLITS,
@@ -180,7 +235,7 @@ class SGLangExtendBackend:
             "fp32_precision": "tl.dot on fp32 tiles uses TF32 on NVIDIA GPUs",
         }
         self.capabilities = Capabilities(
-            variants=frozenset({"sliding_window", "logits_soft_cap", "sinks"}),
+            variants=frozenset({"sliding_window", "logits_soft_cap", "sinks", "mla", "head_dim_v", "tree_mask"}),
             fp32_precision="tf32",
             case_filter=_window_one if claims == "honest" else None,
             notes=notes,
@@ -197,12 +252,16 @@ class SGLangExtendBackend:
             self.paged_attention(case)
 
     def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
-        """Returns ``[T, Hq, D]`` in the query dtype."""
+        """Returns ``[T, Hq, Dv]`` in the query dtype."""
         k_buffer, v_buffer = _token_pool(case)
         prefix_indptr, prefix_indices = token_kv_indices(case, "prefix")
         k_new, v_new = new_tokens_kv(case)
+        if case.shared_kv:  # the new tokens' latent rows, and their first Dv columns as values, as SGLang passes them
+            v_new = mla_value_buffer(k_new, case.head_dim_v)
+        custom_mask, mask_indptr = sglang_custom_mask(case) if case.tree_mask is not None else (None, None)
         q = case.query.contiguous()
-        out = torch.empty_like(q) if out is None else out
+        T, H, _ = q.shape
+        out = q.new_empty(T, H, case.head_dim_v) if out is None else out
         self._mod.extend_attention_fwd(
             q,
             k_new,
@@ -213,11 +272,12 @@ class SGLangExtendBackend:
             case.query_start_loc.to(torch.int32),
             prefix_indptr,
             prefix_indices,
-            None,  # custom_mask
-            True,  # is_causal
-            None,  # mask_indptr
+            custom_mask,
+            True,  # is_causal: with a tree mask too, as SGLang's verify step (see above)
+            mask_indptr,
             max(case.query_lens),
             sm_scale=case.scale,
+            skip_prefix_custom_mask=True,  # the history is all visible: its columns are not read
             logit_cap=case.logits_soft_cap or 0.0,
             sliding_window_size=window_to_flashinfer(case.sliding_window),
             sinks=None if case.sinks is None else case.sinks.float().contiguous(),

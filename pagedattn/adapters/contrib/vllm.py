@@ -23,6 +23,20 @@ with several new tokens that shifts each row's scores by ``slope * i``, which so
 hides, unless a sink joins the denominator. ``VllmUnifiedBackend(claims="signature")``
 claims everything the signature takes, to show it.
 
+``vllm_mla_decode``: vLLM's Triton MLA decode, ``decode_attention_fwd``
+(``triton_decode_attention.py``, the kernel of its TRITON_MLA backend). The backend passes
+the paged latent cache ``[num_blocks, block_size, 1, 576]`` as ``k_buffer``, its first 512
+columns (a view) as ``v_buffer``, ``page_size = block_size``, the block table as
+``req_to_token`` and the history lengths as ``b_seq_len``; the canonical case is that layout,
+so the adapter passes it through (``mla_value_view``). With ``is_mla=True`` (as the backend
+passes it) the grouped kernel never reads ``v_buffer``'s data: it takes V as the transpose of
+the K tile's first ``Lv`` columns, so a separate value cache (``"head_dim_v"``) goes with
+``is_mla=False``, which reads ``v_buffer``. One query token per request (``decode_only``);
+``num_kv_splits`` as the backend picks it, from the batch's longest (windowed) history,
+hence no batch-invariance claim. The kernel returns the natural-log LSE, so operation
+``lse`` is claimed. Where the signature lacks them (older revisions), ``sliding_window`` and
+fp8 (which needs ``v_scale``) are not claimed.
+
 The package is imported in the constructor: without it the constructor raises
 ``ImportError("vllm is not installed: ...")``.
 """
@@ -42,6 +56,12 @@ from pagedattn.oracle import PER_HEAD_SCALES, VARIANTS, PagedCase
 
 #: Where vLLM keeps ``unified_attention``, newest first.
 MODULES = ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention")
+#: Where vLLM keeps its Triton MLA ``decode_attention_fwd``, newest first.
+MLA_MODULES = ("vllm.v1.attention.ops.triton_decode_attention", "vllm.attention.ops.triton_decode_attention")
+#: The TRITON_MLA backend's split choice: one split per this many keys, rounded up to a power of 2 ...
+MLA_MIN_WORK_PER_SPLIT = 512
+#: ... and at most this many splits per streaming multiprocessor.
+MLA_SPLIT_OCCUPANCY = 2
 INSTALL_HINT = "vllm is not installed: pip install vllm"
 #: vLLM's TritonAttention backend: the 2D grid should reach this many programs, so decode
 #: batches of fewer than ``128 // num_kv_heads`` sequences take the 3D launch instead.
@@ -63,17 +83,18 @@ ALIBI_SINKS = Exclusion(
 )
 
 
-def import_kernel_module():
-    """The module holding ``unified_attention``; ``ImportError`` with the install hint when absent."""
+def import_kernel_module(modules: tuple[str, ...] = MODULES):
+    """The first of ``modules`` that imports (default: the one holding ``unified_attention``);
+    ``ImportError`` with the install hint when vLLM is absent."""
     if importlib.util.find_spec("vllm") is None:
         raise ImportError(INSTALL_HINT)
     tried = []
-    for name in MODULES:
+    for name in modules:
         try:
             return importlib.import_module(name)
         except ImportError as exc:
             tried.append(f"{name}: {exc}")
-    raise ImportError("vllm is installed but its Triton unified_attention was not found (" + "; ".join(tried) + ")")
+    raise ImportError("vllm is installed but its Triton kernel module was not found (" + "; ".join(tried) + ")")
 
 
 class VllmUnifiedBackend:
@@ -188,3 +209,141 @@ class VllmUnifiedBackend:
 def signature_claims() -> VllmUnifiedBackend:
     """Everything the signature takes (``--backend=pagedattn.adapters.contrib.vllm:signature_claims``)."""
     return VllmUnifiedBackend(claims="signature")
+
+
+def mla_value_view(key_cache: torch.Tensor, head_dim_v: int) -> torch.Tensor:
+    """vLLM's MLA ``kv_c_cache``: the latent cache's first ``head_dim_v`` columns, a view.
+
+    Args:
+        key_cache: ``[num_blocks, block_size, 1, head_dim]`` (576: 512 latent, 64 rotary).
+
+    Returns:
+        ``[num_blocks, block_size, 1, head_dim_v]``, the same storage and strides.
+    """
+    return key_cache[..., :head_dim_v]
+
+
+def mla_num_kv_splits(max_seq_len: int, sm_count: int | None) -> int:
+    """The TRITON_MLA backend's ``num_kv_splits``: ``next_power_of_2(max(1, L // 512))`` for the
+    batch's longest history ``L``, at most ``2 * sm_count`` (no cap when ``None``)."""
+    splits = 1 << (max(1, max_seq_len // MLA_MIN_WORK_PER_SPLIT) - 1).bit_length()
+    return splits if sm_count is None else min(splits, MLA_SPLIT_OCCUPANCY * sm_count)
+
+
+class VllmMLADecodeBackend:
+    """vLLM's Triton MLA ``decode_attention_fwd`` (one query token per request).
+
+    Args:
+        claims: ``"honest"`` (default) or ``"signature"`` (adds the variants the kernel takes
+            but computes differently: sinks are not an argument, so none).
+    """
+
+    name = "vllm_mla_decode"
+
+    def __init__(self, claims: str = "honest") -> None:
+        if claims not in ("honest", "signature"):
+            raise ValueError(f"claims must be 'honest' or 'signature', got {claims!r}")
+        if importlib.util.find_spec("vllm") is None:
+            raise ImportError(INSTALL_HINT)
+        self.interpreter = arrange_interpreter()
+        import triton
+
+        self._mod = import_kernel_module(MLA_MODULES)
+        self._params = set(inspect.signature(self._mod.decode_attention_fwd).parameters)
+        vllm = importlib.import_module("vllm")
+        self.version = f"vllm {getattr(vllm, '__version__', '?')} ({self._mod.__name__}), triton {triton.__version__}"
+        self.claims = claims
+        notes = {
+            "decode_only": "decode_attention_fwd takes one query token per request",
+            "qk_precision": "with one query head per KV head, q.k is tl.sum(q[None, :] * k, 1) on input-dtype tiles",
+            "fp32_precision": "the grouped path's tl.dot on fp32 tiles uses TF32 on NVIDIA GPUs",
+            "batch_invariance": "num_kv_splits follows the batch's longest history (as vLLM's TRITON_MLA backend "
+            "picks it), and the split points of every request follow num_kv_splits",
+            "variants": "no ALiBi or sinks argument; one fp8 scale per layer (k_scale/v_scale are read as one "
+            "element)",
+        }
+        variants = {"mla", "head_dim_v", "logits_soft_cap"}
+        if "sliding_window" in self._params:
+            variants.add("sliding_window")
+        if "v_scale" in self._params:  # older revisions dequantize V with k_scale
+            variants |= {"fp8_e4m3", "fp8_e5m2"}
+        self.capabilities = Capabilities(
+            variants=frozenset(variants),
+            operations=frozenset({"attention", "lse"}),
+            decode_only=True,
+            qk_precision="input",
+            declared_on="decode_mha",  # the grouped path (GQA > 1, MLA) forms q.k with tl.dot
+            fp32_precision="tf32",
+            invariances=frozenset({"determinism", "placement_invariance"}),
+            case_filter=_mla_one_scale if claims == "honest" else None,
+            notes=notes,
+            **runtime_claims(self.interpreter, notes),
+        )
+
+    @property
+    def target(self) -> str:
+        where = "Triton interpreter, cpu" if self.interpreter else "compiled, cuda"
+        return f"vllm_mla_decode ({self._mod.__name__}.decode_attention_fwd; {where}; claims={self.claims})"
+
+    def warmup(self, case: PagedCase) -> None:
+        if not self.interpreter:
+            self.paged_attention(case)
+
+    def paged_attention(self, case: PagedCase, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Returns ``[B, Hq, Dv]`` (one row per request) in the query dtype."""
+        return self._run(case, out)[0]
+
+    def paged_attention_lse(self, case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+        """The output ``[B, Hq, Dv]`` and the natural-log LSE ``[B, Hq]`` float32."""
+        return self._run(case, None)
+
+    def _run(self, case: PagedCase, out: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if max(case.query_lens) != 1:  # the suite never asks (decode_only); a direct caller might
+            raise ValueError(f"vllm_mla_decode: query_lens must all be 1 (decode), got {case.query_lens}")
+        dev = case.device
+        B, H, _ = case.query.shape
+        Dv = case.head_dim_v
+        q = case.query.contiguous()
+        out = q.new_empty(B, H, Dv) if out is None else out
+        lse = torch.empty(B, H, dtype=torch.float32, device=dev)
+        longest = case.max_seq_len if case.sliding_window is None else min(case.max_seq_len, case.sliding_window)
+        sm_count = torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else None
+        splits = mla_num_kv_splits(longest, sm_count)
+        shared = case.shared_kv
+        v_buffer = mla_value_view(case.key_cache, Dv) if shared else case.value_cache
+        kwargs: dict[str, Any] = {"logit_cap": case.logits_soft_cap or 0.0}
+        if case.kv_dtype != case.dtype:
+            kwargs["k_scale"] = torch.tensor(case.k_scale, dtype=torch.float32, device=dev)
+            kwargs["v_scale"] = torch.tensor(case.v_scale, dtype=torch.float32, device=dev)
+        if "is_mla" in self._params:
+            kwargs["is_mla"] = shared
+        if case.sliding_window is not None:
+            kwargs["sliding_window"] = case.sliding_window
+        self._mod.decode_attention_fwd(
+            q,
+            case.key_cache,
+            v_buffer,
+            out,
+            lse,
+            case.block_tables.to(torch.int32),
+            case.seq_lens.to(torch.int32),
+            torch.empty(B, H, splits, Dv + 1, dtype=torch.float32, device=dev),  # + 1: each split's LSE
+            splits,
+            case.scale,
+            case.block_size,
+            **kwargs,
+        )
+        return out, lse
+
+
+def _mla_one_scale(case: PagedCase, operation: str) -> str | None:
+    """An fp8 latent cache with v_scale != k_scale is excluded on the grouped path: with is_mla it takes V from the
+    K tile, dequantized with k_scale (vLLM passes v_scale=k_scale)."""
+    if case.shared_kv and case.gqa_ratio > 1 and case.kv_dtype != case.dtype and case.v_scale != case.k_scale:
+        return "is_mla takes V from the K tile dequantized with k_scale; v_scale differs"
+    return None
+
+
+def mla_signature_claims() -> VllmMLADecodeBackend:
+    """``--backend=pagedattn.adapters.contrib.vllm:mla_signature_claims``."""
+    return VllmMLADecodeBackend(claims="signature")

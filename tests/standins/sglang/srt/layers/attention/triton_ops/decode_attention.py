@@ -5,7 +5,10 @@ Conventions: ``q`` ``[B, Hq, D]``, one query token per request, which sees every
 ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`` lists in the token pool ``k_buffer``/
 ``v_buffer`` ``[slots, Hkv, D]``; scores scaled by ``sm_scale * k_scale``, capped by
 ``logit_cap > 0``; ``sinks`` ``[Hq]`` join the denominator; the output is multiplied by
-``v_scale``. The split buffers must have ``max_kv_splits`` splits; they are otherwise unused.
+``v_scale``. ``k_buffer`` and ``v_buffer`` may differ in width (``Lk``, ``Lv``: MLA's latent pool
+and its first ``Lv`` columns); ``o`` is ``[B, Hq, Lv]``. The split buffers must have
+``max_kv_splits`` splits and ``attn_logits`` the width ``Lv`` (the kernel finds each split's
+log-sum-exp at ``attn_logits``' offset divided by ``Lv``); they are otherwise unused.
 """
 
 import torch
@@ -31,6 +34,8 @@ def decode_attention_fwd(
     xai_temperature_len=-1,
 ):
     assert max_kv_splits == attn_logits.shape[2]
+    Lk, Lv = k_buffer.shape[-1], v_buffer.shape[-1]
+    assert attn_logits.shape[3] == Lv and q.shape[-1] == Lk and o.shape[-1] == Lv
     assert q.shape[0] <= kv_indptr.shape[0] - 1
     assert q.shape[0] <= attn_logits.shape[0]
     if xai_temperature_len > 0:

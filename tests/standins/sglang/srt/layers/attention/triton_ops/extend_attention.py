@@ -7,7 +7,13 @@ token slots ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`` of ``k_buffer``/``v_bu
 New token ``i`` (position ``P + i``) sees every prefix key and new tokens ``<= i``
 (``is_causal``); ``sliding_window_size = S > 0`` keeps keys with ``query - key <= S``,
 and ``S <= 0`` means no window (the kernel's ``SLIDING_WINDOW_SIZE > 0`` test);
-``logit_cap > 0`` caps the scaled score; ``sinks`` join the denominator.
+``logit_cap > 0`` caps the scaled score; ``sinks`` join the denominator. ``custom_mask``
+(bool) replaces the causal test among the new tokens: request ``b``'s ``[n, prefix + n]``
+matrix, row-major from ``mask_indptr[b]`` (row = new token, column = key); its prefix columns
+are read only with ``skip_prefix_custom_mask=False``. With ``is_causal`` too the kernel stops
+each query tile at its last row, which the stand-in models as ``j <= i`` among the new tokens
+(the same for masks with nothing above the diagonal). ``k``/``v`` may differ in width
+(MLA); the output is ``[T, Hq, Lv]``.
 """
 
 import torch
@@ -36,8 +42,9 @@ def extend_attention_fwd(
     window_kv_offsets=None,
     xai_temperature_len=-1,
 ):
-    if custom_mask is not None or not is_causal or xai_temperature_len > 0:
-        raise NotImplementedError("stand-in: custom masks, non-causal and xai temperature are not modelled")
+    if xai_temperature_len > 0 or window_kv_offsets is not None:
+        raise NotImplementedError("stand-in: xai temperature and window_kv_offsets are not modelled")
+    assert o_extend.shape[-1] == v_extend.shape[-1] == v_buffer.shape[-1]
     sm_scale = sm_scale or 1.0 / (q_extend.shape[-1] ** 0.5)
     qo, kv = qo_indptr.tolist(), kv_indptr.tolist()
     for b in range(len(qo) - 1):
@@ -47,7 +54,15 @@ def extend_attention_fwd(
         v = torch.cat([v_buffer[slots], v_extend[qo[b] : qo[b + 1]]])
         pos = prefix + torch.arange(n, device=q_extend.device)
         j = torch.arange(prefix + n, device=q_extend.device)
-        visible = j[None, :] <= pos[:, None]
+        visible = torch.ones(n, prefix + n, dtype=torch.bool, device=q_extend.device)
+        if is_causal:
+            visible &= j[None, :] <= pos[:, None]
+        if custom_mask is not None:
+            start = int(mask_indptr[b])
+            m = custom_mask[start : start + n * (prefix + n)].view(n, prefix + n).bool()
+            visible[:, prefix:] &= m[:, prefix:]
+            if not skip_prefix_custom_mask:
+                visible[:, :prefix] &= m[:, :prefix]
         if sliding_window_size > 0:
             visible &= pos[:, None] <= j[None, :] + sliding_window_size
         out = attend(q_extend[qo[b] : qo[b + 1]], k, v, sm_scale, visible, logit_cap, None, sinks)
