@@ -25,6 +25,7 @@ from tests.asserts import assert_equal
 STANDINS = Path(__file__).parent / "standins"
 ADAPTERS = {
     "vllm_unified": ("pagedattn.adapters.contrib.vllm", "VllmUnifiedBackend", "vllm"),
+    "vllm_mla_decode": ("pagedattn.adapters.contrib.vllm", "VllmMLADecodeBackend", "vllm"),
     "sglang_decode": ("pagedattn.adapters.contrib.sglang", "SGLangDecodeBackend", "sglang"),
     "sglang_extend": ("pagedattn.adapters.contrib.sglang", "SGLangExtendBackend", "sglang"),
 }
