@@ -230,3 +230,17 @@ def test_a_wrong_custom_mask_fails(wrong, monkeypatch):
     monkeypatch.setattr(sys.modules["pagedattn.adapters.contrib.sglang"], "sglang_custom_mask", wrong)
     result = _judge(backend, case)
     assert not result.passed and result.budget_used > 10, result.budget_used
+
+
+@pytest.mark.parametrize("name", ["sglang_decode", "vllm_mla_decode"])
+def test_head_blocks_that_straddle_two_kv_heads_are_excluded(name):
+    """The grouped decode kernels' 16-head blocks: 40 heads on 2 kv heads puts heads 16-31 in one
+    block with kv head 0, so heads 20-31 read the wrong kv head (seen on the real kernels under the
+    interpreter); 32 on 2 and 48 on 3 are multiples of 16 and fine."""
+    honest, signature = _backend(name), _backend(name, claims="signature")
+    straddle = CaseSpec("t", ((40, 1),), num_heads=40, num_kv_heads=2, dtype=torch.float32).build()
+    assert "straddles" in honest.capabilities.case_reason(straddle)
+    assert signature.capabilities.case_reason(straddle) is None
+    for heads, kv_heads in ((32, 2), (48, 3), (40, 1), (24, 3)):
+        case = CaseSpec("t", ((40, 1),), num_heads=heads, num_kv_heads=kv_heads, dtype=torch.float32).build()
+        assert honest.capabilities.case_reason(case) is None, (heads, kv_heads)

@@ -53,7 +53,7 @@ from typing import Any
 
 import torch
 
-from pagedattn.adapters.contrib._triton import arrange_interpreter, runtime_claims
+from pagedattn.adapters.contrib._triton import arrange_interpreter, grouped_head_blocks, runtime_claims
 from pagedattn.adapters.conventions import window_to_flashinfer
 from pagedattn.adapters.layouts import new_tokens_kv, token_kv_indices
 from pagedattn.adapters.protocol import Capabilities
@@ -173,6 +173,7 @@ class SGLangDecodeBackend:
             qk_precision="input",
             declared_on="decode_mha",  # the grouped path (GQA > 1) forms q.k with tl.dot
             fp32_precision="tf32",
+            case_filter=grouped_head_blocks if claims == "honest" else None,
             notes=notes,
             **runtime_claims(self.interpreter, notes),
         )

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from pagedattn.adapters.contrib._triton import arrange_interpreter, runtime_claims
+from pagedattn.adapters.contrib._triton import arrange_interpreter, grouped_head_blocks, runtime_claims
 from pagedattn.adapters.conventions import window_to_flash_attn
 from pagedattn.adapters.protocol import Capabilities, Exclusion
 from pagedattn.oracle import PER_HEAD_SCALES, VARIANTS, PagedCase
@@ -336,11 +336,12 @@ class VllmMLADecodeBackend:
 
 
 def _mla_one_scale(case: PagedCase, operation: str) -> str | None:
-    """An fp8 latent cache with v_scale != k_scale is excluded on the grouped path: with is_mla it takes V from the
-    K tile, dequantized with k_scale (vLLM passes v_scale=k_scale)."""
+    """GQA groups over 16 that are no multiple of 16 with several kv heads (the 16-head blocks straddle two kv
+    heads), and an fp8 latent cache with v_scale != k_scale on the grouped path (is_mla takes V from the K tile,
+    dequantized with k_scale; vLLM passes v_scale=k_scale), are excluded."""
     if case.shared_kv and case.gqa_ratio > 1 and case.kv_dtype != case.dtype and case.v_scale != case.k_scale:
         return "is_mla takes V from the K tile dequantized with k_scale; v_scale differs"
-    return None
+    return grouped_head_blocks(case, operation)
 
 
 def mla_signature_claims() -> VllmMLADecodeBackend:
