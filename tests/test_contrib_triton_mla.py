@@ -169,18 +169,26 @@ def test_tree_mask_passes_against_the_extend_standin():
 
 
 def test_the_quick_profile_mla_and_tree_mask_cases_pass_against_the_standins():
-    """Every claimed case of the quick grid's MLA and tree-mask families."""
+    """Every claimed case of the quick grid's MLA and tree-mask families, and the decode forms
+    of the multi-token ones on the decode-only kernels (as the suite judges them)."""
+    from pagedattn.adapters.layouts import to_decode_rows
+
     backends = {name: _backend(name) for name in ADAPTERS}
     cases = [(spec.id, spec.build()) for spec in grid("quick") if spec.family in ("mla", "tree_mask")]
     assert cases, "the quick grid has no mla or tree_mask family"
-    ran, failed = 0, {}
+    ran, failed = set(), {}
     for name, backend in backends.items():
         for case_id, case in cases:
+            if backend.capabilities.decode_only and case.tree_mask is None and max(case.query_lens) > 1:
+                case_id, case = f"{case_id}-as-decode", to_decode_rows(case)
             if backend.capabilities.case_reason(case) is None:
-                ran += 1
+                ran.add(case_id.removesuffix("-as-decode"))
                 if not (result := _judge(backend, case)).passed:
                     failed[f"{name}:{case_id}"] = result.budget_used
-    assert ran >= len(cases) and not failed, f"ran {ran}; failed {failed}"
+    assert not failed, f"failed {failed}"
+    # on the interpreter bf16 is not claimed, and SGLang's extend kernel takes no fp8
+    expected = {i for i, c in cases if c.dtype != torch.bfloat16 and "fp8" not in i}
+    assert expected and expected <= ran, f"not run: {sorted(expected - ran)}"
 
 
 # ------------------------------------------------------------------ wrong conversions fail

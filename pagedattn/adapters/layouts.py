@@ -84,14 +84,15 @@ def new_tokens_kv(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
     """The new tokens' keys and values as contiguous tensors, in query order.
 
     Returns:
-        ``(k [T, Hkv, D], v [T, Hkv, D])`` in the cache dtype: row ``t`` holds what the pool
+        ``(k [T, Hkv, D], v [T, Hkv, Dv])`` in the cache dtype: row ``t`` holds what the pool
         holds at query token ``t``'s own position (each request's last ``query_len``
         positions), bit for bit, like the ``k``/``v`` an engine computes for the step before
-        it writes them into its cache.
+        it writes them into its cache (with a latent cache, ``v`` is a copy of ``k``'s first
+        ``Dv`` columns).
     """
     N, bs, H, D = case.key_cache.shape
     slots = torch.cat([case.slot_mapping(b)[c:] for b, c in enumerate(case.context_lens)])
-    flat_k, flat_v = case.key_cache.reshape(N * bs, H, D), case.value_cache.reshape(N * bs, H, D)
+    flat_k, flat_v = case.key_cache.reshape(N * bs, H, D), case.value_cache.reshape(N * bs, H, case.head_dim_v)
     return index_rows(flat_k, slots).contiguous(), index_rows(flat_v, slots).contiguous()
 
 

@@ -122,8 +122,11 @@ def sglang_custom_mask(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
     dev = case.device
     rows, sizes = [], [0]
     for b, (q_len, seq_len) in enumerate(zip(case.query_lens, case.seq_lens.tolist())):
+        tree = case.tree_mask_of(b)
+        if tree is None:
+            raise ValueError("sglang_custom_mask: the case has no tree_mask")
         m = torch.ones(q_len, seq_len, dtype=torch.bool, device=dev)
-        m[:, seq_len - q_len :] = case.tree_mask_of(b)
+        m[:, seq_len - q_len :] = tree
         rows.append(m.flatten())
         sizes.append(q_len * seq_len)
     mask_indptr = torch.tensor(sizes, device=dev).cumsum(0).to(torch.int32)
@@ -166,7 +169,9 @@ class SGLangDecodeBackend:
         if claims == "signature":
             variants |= {"fp8_e4m3", "fp8_e5m2"}
         else:
-            notes["variants"] = f"no ALiBi argument; fp8 not claimed: {FP8_DECODE}"
+            notes["variants"] = (
+                f"no ALiBi argument; no tree masks (one query token per request); fp8 not claimed: {FP8_DECODE}"
+            )
         self.capabilities = Capabilities(
             variants=frozenset(variants),
             decode_only=True,

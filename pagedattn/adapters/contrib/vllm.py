@@ -260,7 +260,8 @@ class VllmMLADecodeBackend:
             "fp32_precision": "the grouped path's tl.dot on fp32 tiles uses TF32 on NVIDIA GPUs",
             "batch_invariance": "num_kv_splits follows the batch's longest history (as vLLM's TRITON_MLA backend "
             "picks it), and the split points of every request follow num_kv_splits",
-            "variants": "no ALiBi or sinks argument; one fp8 scale per layer (k_scale/v_scale are read as one element)",
+            "variants": "no ALiBi or sinks argument; no tree masks (one query token per request); one fp8 scale per "
+            "layer (k_scale/v_scale are read as one element)",
         }
         variants = {"mla", "head_dim_v", "logits_soft_cap"}
         if "sliding_window" in self._params:

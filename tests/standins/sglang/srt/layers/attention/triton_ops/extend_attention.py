@@ -58,8 +58,9 @@ def extend_attention_fwd(
         if is_causal:
             visible &= j[None, :] <= pos[:, None]
         if custom_mask is not None:
-            start = int(mask_indptr[b])
-            m = custom_mask[start : start + n * (prefix + n)].view(n, prefix + n).bool()
+            start, size = int(mask_indptr[b]), n * (prefix + n)
+            m = custom_mask[start : start + size].bool()
+            m = torch.cat([m, m.new_zeros(size - len(m))]).view(n, prefix + n)  # past the end: undefined, here False
             visible[:, prefix:] &= m[:, prefix:]
             if not skip_prefix_custom_mask:
                 visible[:, :prefix] &= m[:, :prefix]
