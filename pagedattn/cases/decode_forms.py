@@ -187,10 +187,11 @@ class DecodeFormSpec:
 
 def with_decode_forms(specs: Iterable[Any]) -> list[Any]:
     """``specs`` with each grid case of several query tokens in a sequence followed by its
-    decode form (what a decode-only backend is offered); other specs as they are."""
+    decode form (what a decode-only backend is offered); other specs as they are. A tree-masked
+    case has none: a new token's visible keys are its history and its ancestors, not a prefix."""
     out: list[Any] = []
     for spec in specs:
         out.append(spec)
-        if isinstance(spec, CaseSpec) and any(q > 1 for _, q in spec.seqs):
+        if isinstance(spec, CaseSpec) and any(q > 1 for _, q in spec.seqs) and not spec.tree_mask:
             out.append(DecodeFormSpec(spec))
     return out
