@@ -1,6 +1,7 @@
-"""``vllm_unified``: vLLM's Triton ``unified_attention`` (its TritonAttention backend's kernel).
+"""vLLM's Triton kernels: ``vllm_unified`` (``unified_attention``, its TritonAttention backend's
+kernel) and ``vllm_mla_decode`` (its TRITON_MLA backend's decode, below).
 
-vLLM's kernel reads the canonical layout itself (a ``[N, bs, Hkv, D]`` pool, a block
+``unified_attention`` reads the canonical layout itself (a ``[N, bs, Hkv, D]`` pool, a block
 table, ``seqused_k`` and ``cu_seqlens_q``), so the adapter passes the case through and
 converts only the variants: the window as FlashAttention's ``window_size=(W - 1, 0)``
 (the kernel uses ``1 + window_size[0] = W`` keys, ``(-1, -1)``: none), the soft-cap as a
