@@ -183,8 +183,8 @@ class DecodeFormSpec:
         return self.source.head_dim
 
     @property
-    def head_dim_v(self) -> int | None:
-        return self.source.head_dim_v
+    def value_width(self) -> int:
+        return self.source.value_width
 
     @property
     def block_size(self) -> int:
