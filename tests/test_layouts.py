@@ -178,3 +178,58 @@ def test_decode_rows_give_the_same_attention(spec, variant):
     short = rows.replace(seq_lens=rows.seq_lens - 1) if min(rows.seq_lens_list) > 1 else None
     if short is not None:
         assert float((paged_attention_reference(short) - b).abs().max() / b.abs().max()) > 1e-3
+
+
+# ------------------------------------------------------------------ tree masks (FlashInfer custom_mask)
+def _tree_masks(query_lens, seed=0):
+    """A valid tree mask (diagonal True, nothing above it) per sequence, flattened and concatenated."""
+    g = torch.Generator().manual_seed(seed)
+    parts = []
+    for q in query_lens:
+        m = torch.tril(torch.rand(q, q, generator=g) < 0.5)
+        m.fill_diagonal_(True)
+        parts.append(m.reshape(-1))
+    return torch.cat(parts)
+
+
+TREE_BATCHES = [([1], [7]), ([4], [4]), ([1, 3, 5], [9, 3, 21]), ([6, 2], [6, 40])]
+
+
+@pytest.mark.parametrize(("query_lens", "seq_lens"), TREE_BATCHES, ids=lambda x: "-".join(map(str, x)))
+def test_tree_mask_flashinfer_round_trip(query_lens, seq_lens):
+    tree = _tree_masks(query_lens)
+    custom = layouts.tree_mask_to_flashinfer(tree, query_lens, seq_lens)
+    indptr = layouts.flashinfer_mask_indptr(query_lens, seq_lens).tolist()
+    total = sum(q * n for q, n in zip(query_lens, seq_lens))
+    assert custom.dtype == torch.bool and custom.numel() == indptr[-1] == total, (custom.numel(), indptr[-1], total)
+    at = 0
+    for b, (q, n) in enumerate(zip(query_lens, seq_lens)):
+        rows = custom[indptr[b] : indptr[b + 1]].view(q, n)
+        assert bool(rows[:, : n - q].all()), f"request {b}: a cached column is hidden"
+        assert_equal(rows[:, n - q :], tree[at : at + q * q].view(q, q), f"request {b}'s new-token columns")
+        at += q * q
+    assert_equal(layouts.tree_mask_from_flashinfer(custom, query_lens, seq_lens), tree, "the tree mask read back")
+    packed, packed_indptr = layouts.pack_mask_bits(custom, query_lens, seq_lens)
+    assert packed.dtype == torch.uint8
+    sizes = (packed_indptr[1:] - packed_indptr[:-1]).tolist()
+    assert sizes == [-(-q * n // 8) for q, n in zip(query_lens, seq_lens)], f"packed segment sizes {sizes}"
+    assert_equal(layouts.unpack_mask_bits(packed, packed_indptr, query_lens, seq_lens), custom, "the bits unpacked")
+
+
+def test_mask_bits_are_packed_in_little_bit_order_per_request():
+    # numpy.packbits(..., bitorder="little") of 1,0,1,1,0,0,1,1 is 0b11001101: element k is bit k
+    bits = torch.tensor([1, 0, 1, 1, 0, 0, 1, 1], dtype=torch.bool)
+    packed, indptr = layouts.pack_mask_bits(bits, [1], [8])
+    assert packed.tolist() == [0b11001101], f"packed {[bin(x) for x in packed.tolist()]}, expected ['0b11001101']"
+    # each request starts a byte of its own: 1x3 then 1x2 bits take two bytes, not one
+    packed, indptr = layouts.pack_mask_bits(torch.tensor([1, 0, 1, 1, 1], dtype=torch.bool), [1, 1], [3, 2])
+    assert packed.tolist() == [0b101, 0b11] and indptr.tolist() == [0, 1, 2], (packed.tolist(), indptr.tolist())
+
+
+def test_tree_mask_converters_refuse_what_a_tree_mask_cannot_say():
+    with pytest.raises(ValueError, match="tree_mask_to_flashinfer.tree_mask: must hold"):
+        layouts.tree_mask_to_flashinfer(torch.ones(5, dtype=torch.bool), [2], [4])
+    custom = layouts.tree_mask_to_flashinfer(_tree_masks([2]), [2], [4])
+    custom[0] = False  # row 0 no longer sees cached key 0
+    with pytest.raises(ValueError, match="request 0 hides a cached column"):
+        layouts.tree_mask_from_flashinfer(custom, [2], [4])
