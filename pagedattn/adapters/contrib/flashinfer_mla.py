@@ -48,7 +48,10 @@ HEAD_DIM_CKV, HEAD_DIM_KPE = 512, 64
 
 
 def _latent_split(case: PagedCase, operation: str) -> str | None:
-    """The one latent head of width 576 = 512 + 64 that the wrapper's module is compiled for."""
+    """The one latent head of width 576 = 512 + 64 that the wrapper's module is compiled for,
+    the value read from its first 512 columns."""
+    if not case.shared_kv:
+        return "the MLA wrapper reads the value as the key cache's first 512 columns; the case has its own"
     if case.num_kv_heads != 1:
         return f"MLA has one latent head; the case has {case.num_kv_heads} kv heads"
     if case.head_dim_v != HEAD_DIM_CKV:
