@@ -65,7 +65,7 @@ import torch
 from pagedattn.adapters.conventions import lse_from_log2, window_to_flashinfer
 from pagedattn.adapters.layouts import to_flashinfer, tree_mask_to_flashinfer
 from pagedattn.adapters.protocol import INVARIANCES, Capabilities, Exclusion
-from pagedattn.oracle import PER_HEAD_SCALES, VARIANTS, PagedCase
+from pagedattn.oracle import HEAD_DIM_V, MLA, PER_HEAD_SCALES, VARIANTS, PagedCase
 
 #: float workspace per device (FlashInfer's recommended 128 MB); zeroed before its first use
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -101,7 +101,7 @@ def capabilities() -> Capabilities:
         head_dims=frozenset({64, 128, 256}),
         devices=frozenset({"cuda"}),
         operations=frozenset({"attention", "lse"}),
-        variants=frozenset(VARIANTS) - {PER_HEAD_SCALES, "mla", "head_dim_v"},
+        variants=frozenset(VARIANTS) - {PER_HEAD_SCALES, MLA, HEAD_DIM_V},
         invariances=INVARIANCES - {"batch_invariance"},
         exclusions=EXCLUSIONS,
         tanh_precision="approx",
