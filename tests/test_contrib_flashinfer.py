@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -76,7 +77,8 @@ def standins(monkeypatch):
 
 def _suite(pytester, monkeypatch, factory: str, *modules: str, extra: tuple[str, ...] = ()) -> dict:
     """Runs the conformance modules against ``factory`` in a subprocess; the JSON report."""
-    monkeypatch.setenv("PYTHONPATH", str(STANDINS))
+    # the stand-ins, then this checkout's pagedattn (not whichever one is installed)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(STANDINS), str(STANDINS.parent.parent)]))
     (pytester.path / "standin_backends.py").write_text(FACTORIES)
     targets = [f"pagedattn.conformance.{m}" for m in modules] if modules else ["pagedattn.conformance"]
     args = ["--pyargs", *targets]
@@ -403,8 +405,10 @@ def test_the_flashinfer_backend_leaves_mla_to_the_mla_wrapper(standins):
     from pagedattn.adapters.contrib.flashinfer import FlashInferBackend
 
     caps = dataclasses.replace(FlashInferBackend().capabilities, devices=frozenset({"cpu"}))
-    reason = caps.case_reason(_mla_case([9], [1])) or ""
-    assert "not claimed" in reason, f"the paged wrappers should not claim an MLA case, got {reason!r}"
+    assert not {"mla", "head_dim_v"} & caps.variants and "tree_mask" in caps.variants, sorted(caps.variants)
+    wide = dataclasses.replace(caps, head_dims=None)  # the variant alone keeps an MLA case out
+    reason = wide.case_reason(_mla_case([9], [1])) or ""
+    assert "variant mla not claimed" in reason, f"the paged wrappers should not claim an MLA case, got {reason!r}"
 
 
 @pytest.mark.parametrize(
