@@ -1,5 +1,7 @@
 """Layout converters: convert, read back, bit-equal."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -233,3 +235,81 @@ def test_tree_mask_converters_refuse_what_a_tree_mask_cannot_say():
     custom[0] = False  # row 0 no longer sees cached key 0
     with pytest.raises(ValueError, match="request 0 hides a cached column"):
         layouts.tree_mask_from_flashinfer(custom, [2], [4])
+
+
+# ------------------------------------------------------------------ MLA's latent cache
+MLA_SPECS = [
+    CaseSpec(
+        "t",
+        lens,
+        num_heads=16,
+        num_kv_heads=1,
+        head_dim=576,
+        head_dim_v=512,
+        mla=True,
+        scale=0.1352,
+        block_size=bs,
+        layout="permuted",
+        dtype=dt,
+    )
+    for lens, bs, dt in (
+        (((37, 1), (20, 4), (70, 2)), 16, torch.bfloat16),
+        (((37, 2), (130, 2)), 64, torch.float16),
+        (((9, 1), (12, 3)), 1, torch.float32),
+    )
+]
+
+
+@pytest.mark.parametrize("spec", MLA_SPECS, ids=lambda s: s.id)
+def test_flashinfer_mla_round_trip(spec):
+    case = spec.build()
+    assert case.shared_kv
+    args = layouts.to_flashinfer_mla(case)
+    ckv, kpe = args["ckv_cache"], args["kpe_cache"]
+    assert ckv.shape == (case.num_blocks, case.block_size, 512) and kpe.shape == (case.num_blocks, case.block_size, 64)
+    assert args["q_nope"].shape == (case.num_tokens, 16, 512) and args["q_pe"].shape == (case.num_tokens, 16, 64)
+    # views of the latent cache, not copies
+    size = case.key_cache.element_size()
+    assert ckv.data_ptr() == case.key_cache.data_ptr() and kpe.data_ptr() == case.key_cache.data_ptr() + 512 * size
+    t = case.block_size - 1  # one element of each by hand: the last token of block 2
+    assert bits_equal(ckv[2, t, 9], case.key_cache[2, t, 0, 9])
+    assert bits_equal(kpe[2, t, 3], case.key_cache[2, t, 0, 515])
+    assert args["kv_len_arr"].tolist() == case.seq_lens_list and args["sm_scale"] == 0.1352
+    back = layouts.from_flashinfer_mla(args)
+    assert back.shared_kv and bits_equal(back.key_cache, case.key_cache)
+    _same_problem(back, case)
+
+
+def test_flashmla_takes_the_latent_cache_itself_at_block_size_64():
+    case = MLA_SPECS[1].build()
+    args = layouts.to_flashmla(case)
+    assert args["k_cache"] is case.key_cache and args["k_cache"].shape[1:] == (64, 1, 576)
+    assert args["q"].shape == (case.num_seqs, 2, 16, 576) and args["head_dim_v"] == 512
+    back = layouts.from_flashmla(args)
+    assert back.shared_kv and back.key_cache is case.key_cache
+    _same_problem(back, case)
+
+
+def test_mla_converters_refuse_what_their_kernels_cannot_take():
+    with pytest.raises(ValueError, match="to_flashmla.block_size: must be 64"):
+        layouts.to_flashmla(MLA_SPECS[0].build())
+    ragged = dataclasses.replace(MLA_SPECS[1], seqs=((70, 1), (130, 2))).build()
+    with pytest.raises(ValueError, match="to_flashmla.query_lens: must be equal"):
+        layouts.to_flashmla(ragged)
+    with pytest.raises(ValueError, match="to_flashinfer_mla.case: must be an MLA case"):
+        layouts.to_flashinfer_mla(SPECS[0].build())
+    with pytest.raises(ValueError, match="split_latent.latent: must be"):
+        layouts.split_latent(torch.zeros(2, 4, 2, 576), 512)
+
+
+def test_split_latent_copies_only_what_a_kernel_cannot_read_and_never_writes():
+    latent = torch.randn(3, 4, 1, 576).to(torch.bfloat16)
+    strided = latent.transpose(0, 1)  # [4, 3, 1, 576]: page stride below token stride, still unit last stride
+    ckv, kpe = layouts.split_latent(strided, 512)
+    assert ckv.data_ptr() == strided.data_ptr(), "a unit-stride view was copied"
+    columns = torch.randn(3, 4, 1, 1152).to(torch.bfloat16)[..., ::2]  # last stride 2: a kernel cannot read it
+    before = columns.clone()
+    ckv, kpe = layouts.split_latent(columns, 512)
+    assert ckv.is_contiguous() and kpe.is_contiguous() and bits_equal(ckv, columns[:, :, 0, :512])
+    assert bits_equal(kpe, columns[:, :, 0, 512:]) and bits_equal(columns, before)
+    assert bits_equal(layouts.join_latent(ckv, kpe), columns.contiguous())
