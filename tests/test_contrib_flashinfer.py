@@ -612,3 +612,44 @@ def test_flashinfer_mla_and_tree_masks_pass_what_they_claim_on_the_standin(pytes
     _assert_claims_pass(report, {MLA_FAMILY})
     report = _suite(pytester, monkeypatch, "flashinfer_cpu", extra=("-k", "tree"))
     _assert_claims_pass(report, {TREE_FAMILY})
+
+
+# ------------------------------------------------------------------ a stand-in quirk, on the real package
+@pytest.mark.parametrize(
+    ("seq_lens", "query_lens", "packed_passes"),
+    [([12], [5], True), ([12, 40], [5, 3], False)],
+    ids=["one-request", "two-requests"],
+)
+def test_the_real_prefill_wrapper_reads_packed_mask_offsets_as_the_standin_does(seq_lens, query_lens, packed_passes):
+    """On a GPU with FlashInfer installed: the bool mask passes; packed bits pass for one request
+    and not for two (0.5.3's plan() keeps a packed mask's offsets in elements). Skipped elsewhere."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA and FlashInfer: checks a stand-in quirk against the real package")
+    flashinfer = pytest.importorskip("flashinfer", reason="flashinfer is not installed: pip install flashinfer-python")
+    if "standin" in getattr(flashinfer, "__version__", ""):
+        pytest.skip("the stand-in is on sys.path, not the real package")
+    case = _decode_case(seq_lens, query_lens, tree_mask=_tree_masks(query_lens)).to("cuda")
+    custom = layouts.tree_mask_to_flashinfer(case.tree_mask, query_lens, seq_lens)
+    packed, _ = layouts.pack_mask_bits(custom, query_lens, seq_lens)
+    a = layouts.to_flashinfer(case)
+    verdicts = {}
+    for name, mask in (("custom_mask", custom), ("packed_custom_mask", packed)):
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device="cuda"), "NHD"
+        )
+        wrapper.plan(
+            a["qo_indptr"],
+            a["kv_indptr"],
+            a["kv_indices"],
+            a["kv_last_page_len"],
+            case.num_heads,
+            case.num_kv_heads,
+            case.head_dim,
+            case.block_size,
+            causal=False,
+            sm_scale=case.scale,
+            q_data_type=case.dtype,
+            **{name: mask},
+        )
+        verdicts[name] = check_attention(wrapper.run(a["q"], a["kv_cache"]), case).passed
+    assert verdicts == {"custom_mask": True, "packed_custom_mask": packed_passes}, verdicts
