@@ -55,7 +55,12 @@ import torch
 
 from pagedattn.adapters.contrib._triton import arrange_interpreter, grouped_head_blocks, runtime_claims
 from pagedattn.adapters.conventions import window_to_flashinfer
-from pagedattn.adapters.layouts import new_tokens_kv, token_kv_indices
+from pagedattn.adapters.layouts import (
+    flashinfer_mask_indptr,
+    new_tokens_kv,
+    token_kv_indices,
+    tree_mask_to_flashinfer,
+)
 from pagedattn.adapters.protocol import Capabilities
 from pagedattn.oracle import PagedCase
 
@@ -111,7 +116,8 @@ def _token_pool(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def sglang_custom_mask(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
-    """SGLang's ``custom_mask`` and ``mask_indptr`` from ``case.tree_mask``.
+    """SGLang's ``custom_mask`` and ``mask_indptr`` from ``case.tree_mask``: FlashInfer's layout
+    (``layouts.tree_mask_to_flashinfer``), as SGLang's verify step builds it for both backends.
 
     Returns:
         ``custom_mask``: ``[sum_b q_b * seq_len_b]`` bool: request ``b``'s ``[q_b, seq_len_b]``
@@ -119,18 +125,12 @@ def sglang_custom_mask(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
         history), its ``context_len`` history columns True, the last ``q_b`` columns
         ``case.tree_mask_of(b)``; ``mask_indptr``: ``[B + 1]`` int32, where each matrix starts.
     """
-    dev = case.device
-    rows, sizes = [], [0]
-    for b, (q_len, seq_len) in enumerate(zip(case.query_lens, case.seq_lens.tolist())):
-        tree = case.tree_mask_of(b)
-        if tree is None:
-            raise ValueError("sglang_custom_mask: the case has no tree_mask")
-        m = torch.ones(q_len, seq_len, dtype=torch.bool, device=dev)
-        m[:, seq_len - q_len :] = tree
-        rows.append(m.flatten())
-        sizes.append(q_len * seq_len)
-    mask_indptr = torch.tensor(sizes, device=dev).cumsum(0).to(torch.int32)
-    return torch.cat(rows), mask_indptr
+    if case.tree_mask is None:
+        raise ValueError("sglang_custom_mask: the case has no tree_mask")
+    q_lens, seq_lens = case.query_lens, case.seq_lens_list
+    return tree_mask_to_flashinfer(case.tree_mask, q_lens, seq_lens), flashinfer_mask_indptr(
+        q_lens, seq_lens, case.device
+    )
 
 
 def split_count(seq_len: int) -> int:
