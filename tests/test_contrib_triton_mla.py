@@ -56,40 +56,36 @@ def _judge(backend, case, out=None):
 def mla_case(seqs, num_heads=16, block_size=16, dtype=torch.float32, **kw):
     """A latent-cache case: one kv head of 576 columns, values its first 512 (a view)."""
     spec = CaseSpec(
-        "t", seqs, num_heads=num_heads, num_kv_heads=1, head_dim=MLA_DIM, block_size=block_size, dtype=dtype, **kw
+        "t",
+        seqs,
+        num_heads=num_heads,
+        num_kv_heads=1,
+        head_dim=MLA_DIM,
+        head_dim_v=MLA_DIM_V,
+        mla=True,
+        scale=MLA_SCALE,
+        block_size=block_size,
+        dtype=dtype,
+        **kw,
     )
-    base = spec.build().replace(scale=MLA_SCALE)
-    case = base.with_caches(base.key_cache, base.key_cache[..., :MLA_DIM_V])
-    assert case.shared_kv and case.variants >= {"mla"}
+    case = spec.build()
+    assert case.shared_kv and "mla" in case.variants
     return case
 
 
 def head_dim_v_case(seqs, head_dim=96, head_dim_v=64, **kw):
     """Separate caches: keys of ``head_dim`` columns, values of ``head_dim_v``."""
-    base = CaseSpec("t", seqs, head_dim=head_dim, dtype=torch.float32, **kw).build()
-    N, bs, H, _ = base.key_cache.shape
-    value = torch.randn(N, bs, H, head_dim_v, generator=torch.Generator().manual_seed(3))
-    case = base.with_caches(base.key_cache, value)
+    case = CaseSpec("t", seqs, head_dim=head_dim, head_dim_v=head_dim_v, dtype=torch.float32, **kw).build()
     assert not case.shared_kv and "head_dim_v" in case.variants
     return case
 
 
-def random_tree(n: int, seed: int) -> torch.Tensor:
-    """``[n, n]`` bool: token ``i`` sees itself and its ancestors in a random tree whose
-    parents come first (topological order)."""
-    g = torch.Generator().manual_seed(seed)
-    m = torch.eye(n, dtype=torch.bool)
-    for i in range(1, n):
-        m[i] |= m[int(torch.randint(0, i, (), generator=g))]
-    return m
-
-
-def tree_case(seqs, seed=0, **kw):
-    """A multi-token case with a random tree mask per sequence (history all visible)."""
-    base = CaseSpec("t", seqs, dtype=torch.float32, **kw).build()
-    masks = [random_tree(q, seed + b) for b, (_, q) in enumerate(seqs)]
-    case = base.replace(tree_mask=torch.cat([m.flatten() for m in masks]))
-    assert "tree_mask" in case.variants and not any(m.all() for m in masks if len(m) > 1)
+def tree_case(seqs, **kw):
+    """A multi-token case with a random tree mask per sequence (history all visible), one of
+    them no chain (a chain is causal attention, which a mask read as causal would pass)."""
+    case = CaseSpec("t", seqs, tree_mask=True, dtype=torch.float32, **kw).build()
+    masks = [case.tree_mask_of(b) for b in range(case.num_seqs)]
+    assert any(not torch.equal(m, torch.ones_like(m).tril()) for m in masks if m is not None)
     return case
 
 
