@@ -187,14 +187,6 @@ def test_each_multi_token_case_is_followed_by_its_decode_form():
     assert len(offered) == len(specs) + sum(any(q > 1 for _, q in s.seqs) for s in specs)
 
 
-def test_a_tree_masked_case_has_no_decode_form():
-    """A tree-masked row sees its history and its ancestors, not a prefix: no decode of it is
-    the same problem, so a decode-only backend is offered none (and the case is unsupported)."""
-    specs = grid("quick", "tree_mask")
-    assert any(any(q > 1 for _, q in s.seqs) for s in specs)
-    assert with_decode_forms(specs) == specs
-
-
 # ------------------------------------------------------------------ the suite
 DECODE_ONLY_REFERENCE = """
 import dataclasses
