@@ -88,6 +88,10 @@ def _gqa(profile: str) -> list[CaseSpec]:
             out.append(CaseSpec("gqa", ((23, 1), (30, 5)), num_heads=2 * ratio, num_kv_heads=2, dtype=dt))
     for dt in DTYPES:  # MQA: a single kv head
         out.append(CaseSpec("gqa", ((23, 1), (30, 5)), num_heads=8, num_kv_heads=1, dtype=dt))
+    # groups of 20 over two kv heads: a kernel that packs query heads 16 to a program and finds
+    # their kv head from the program alone mixes two groups in one block (vLLM's and SGLang's
+    # grouped decode kernels do)
+    out.append(CaseSpec("gqa", ((40, 1), (70, 1)), num_heads=40, num_kv_heads=2, dtype=F16))
     if profile != "quick":
         for dt in DTYPES:
             out.append(CaseSpec("gqa", ((900, 1), (700, 64)), num_heads=32, num_kv_heads=4, head_dim=128, dtype=dt))
