@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.validation import (
+    FP8_DTYPES,
     ProblemError,
     check_options,
     check_per_head,
@@ -55,6 +56,36 @@ def fp32_scale_problem(x: float) -> str:
         normal = f"[{FP32_TINY:.3g}, {FP32_MAX:.4g}]"
         return f"must be inside fp32's normal range {normal} (the kernel's fp32 argument), got {x:g}"
     return ""
+
+
+def shared_latent(key_cache: torch.Tensor, value_cache: torch.Tensor) -> int | None:
+    """The value width ``head_dim_v`` where ``value_cache`` is a view of ``key_cache``'s first
+    ``head_dim_v < head_dim`` columns (MLA's latent cache: the same storage, the same first
+    element and the same strides); ``None`` for separate caches."""
+    if value_cache.shape[:3] != key_cache.shape[:3] or value_cache.shape[3] >= key_cache.shape[3]:
+        return None
+    same = (
+        value_cache.untyped_storage().data_ptr() == key_cache.untyped_storage().data_ptr()
+        and value_cache.data_ptr() == key_cache.data_ptr()
+        and value_cache.stride() == key_cache.stride()
+    )
+    return int(value_cache.shape[3]) if same else None
+
+
+#: the variants the MLA kernel has none of (``check_mla_variants``)
+MLA_ABSENT = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
+
+
+def check_mla_variants(key_cache: torch.Tensor, variants: Variants) -> None:
+    """``ProblemError`` naming the first variant the MLA decode kernel (a shared latent cache)
+    does not compute: a window, soft-cap, ALiBi, sinks, an fp8 cache."""
+    for name in MLA_ABSENT:
+        if getattr(variants, name) is not None:
+            raise ProblemError(OWNER, name, "must be None over a shared latent cache (the MLA kernel has none)")
+    if key_cache.dtype in FP8_DTYPES:
+        raise ProblemError(
+            OWNER, "key_cache", f"must be the query dtype over a shared latent cache (MLA), got {key_cache.dtype}"
+        )
 
 
 def check_paged_inputs(
@@ -125,9 +156,10 @@ def check_paged_inputs(
         if problem:
             raise ProblemError(OWNER, "scale", problem)
     if out is not None:
-        if not isinstance(out, torch.Tensor) or out.shape != query.shape or out.dtype != query.dtype:
+        shape = (*query.shape[:2], value_cache.shape[3])  # [num_tokens, num_heads, head_dim_v]
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != query.dtype:
             got = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ProblemError(OWNER, "out", f"must be a {query.dtype} tensor of shape {tuple(query.shape)}, got {got}")
+            raise ProblemError(OWNER, "out", f"must be a {query.dtype} tensor of shape {shape}, got {got}")
         if out.device != query.device:
             raise ProblemError(OWNER, "out", f"must be on the query's device {query.device}, got {out.device}")
         if out.stride(-1) != 1:

@@ -46,6 +46,9 @@ class LaunchConfig:
     SPLIT_WHOLE: bool = False  # decode: a program walks every split of its sequence and merges them in its loop
     FOLD_PARTS: int = 0  # decode: the merge folds each history's splits in this many parts, then the parts
     LOOP_PARTS: bool = False  # decode: split-loop programs fold their parts in their loop (whole parts each)
+    HEAD_DIM_V: int = 0  # MLA decode: the latent (value) columns of a cache row, a power of two ...
+    ROPE_PAD: int = 0  # ... the rest of the row (the rotary columns), padded to a power of two ...
+    HEAD_BLOCKS: int = 0  # ... and the blocks of GROUP_PAD query heads a kv head's group takes
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
@@ -82,6 +85,7 @@ class LaunchPlan:
     decode: LaunchConfig | None
     other: LaunchConfig | None
     max_splits: int  # splits of the longest decode history
+    mla: bool = False  # the decode launch is the MLA kernel's (a shared latent cache)
 
     @property
     def scratch_splits(self) -> int:
@@ -102,11 +106,21 @@ def plan_launch(
     kv_dtype: torch.dtype | None = None,
     sliding_window: int | None = None,
     tuning: KernelTuning = TUNING,
+    *,
+    head_dim_v: int | None = None,
 ) -> LaunchPlan:
     """The launches of one batch, from sizes alone (``kv_dtype``: the cache's dtype, ``None``
     for the query dtype; an fp8 cache takes its own decode launch shapes and register cap;
     ``sliding_window``: the keys a decode token sees, which set how much work each of its
-    splits has, a launch shape only; ``tuning``: the tile and split sizes and thresholds)."""
+    splits has, a launch shape only; ``tuning``: the tile and split sizes and thresholds).
+
+    ``head_dim_v``: the value width of a shared latent cache (MLA: the value is the key row's
+    first ``head_dim_v`` columns), whose decode takes the MLA kernel (``plan_mla_decode``);
+    ``None``: separate caches of ``head_dim`` columns."""
+    if head_dim_v is not None:
+        return plan_mla(
+            seq_lens, query_lens, num_heads, num_kv_heads, head_dim, head_dim_v, block_size, dtype, interpreter, tuning
+        )
     group = num_heads // num_kv_heads
     group_pad = next_power_of_2(group)
     d_pad = max(MIN_DOT, next_power_of_2(head_dim))
@@ -272,6 +286,81 @@ def _plan_prefill(
         num_stages=stages,
         **common,
     )
+
+
+def plan_mla(
+    seq_lens: list[int],
+    query_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    head_dim_v: int,
+    block_size: int,
+    dtype: torch.dtype,
+    interpreter: bool,
+    tuning: KernelTuning = TUNING,
+) -> LaunchPlan:
+    """The launch of a decode batch over a shared latent cache (MLA, ``triton_mla_decode``):
+    rows of ``head_dim`` columns whose first ``head_dim_v`` (a power of two, >= 16) are the value.
+    Every sequence must be a decode (one new token): the MLA kernel has no prefill."""
+    if any(q != 1 for q in query_lens):
+        b = next(b for b, q in enumerate(query_lens) if q != 1)
+        raise ProblemError(
+            OWNER,
+            "query_start_loc",
+            f"must give every sequence one new token over a shared latent cache (MLA: decode only), "
+            f"got {query_lens[b]} for sequence {b}",
+        )
+    if head_dim_v < MIN_DOT or head_dim_v & (head_dim_v - 1) or head_dim_v >= head_dim:
+        raise ProblemError(
+            OWNER,
+            "value_cache",
+            f"must have a power-of-two head_dim_v >= {MIN_DOT} below head_dim {head_dim} over a shared "
+            f"latent cache (MLA), got {head_dim_v}",
+        )
+    group = num_heads // num_kv_heads
+    block_h = min(tuning.mla_block_h, max(MIN_DOT, next_power_of_2(group)))
+    head_blocks = -(-group // block_h)
+    max_splits = max(decode_work(n, None, tuning)[0] for n in set(seq_lens))
+    n = len(seq_lens)
+    if max(max_splits, n) > GRID_YZ_MAX:
+        raise ProblemError(
+            OWNER,
+            "seq_lens",
+            f"{n} MLA decode sequences of up to {max_splits} splits; a launch holds at most {GRID_YZ_MAX} of each",
+        )
+    scratch = n * max_splits * num_heads * head_dim_v
+    if scratch > INT32_MAX:
+        raise ProblemError(
+            OWNER,
+            "seq_lens",
+            f"{n} MLA decode sequences of up to {max_splits} splits need a scratch of "
+            f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
+        )
+    wide = dtype == torch.float32
+    block_n = decode_block_n(dtype, interpreter, tuning) if wide else tuning.mla_block_n
+    decode = LaunchConfig(
+        grid=(num_kv_heads * head_blocks, max_splits, n),
+        GROUP=group,
+        GROUP_PAD=block_h,
+        BLOCK_Q=1,
+        BLOCK_N=block_n,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_v,  # the accumulator's and the scratch's width
+        HEAD_DIM_V=head_dim_v,
+        ROPE_PAD=max(MIN_DOT, next_power_of_2(head_dim - head_dim_v)),
+        HEAD_BLOCKS=head_blocks,
+        BLOCK_SIZE=block_size,
+        UPCAST=interpreter and dtype == torch.bfloat16,
+        SPLIT_SIZE=tuning.split_size,
+        SPLIT_LONG=tuning.split_long,
+        LONG_FROM=tuning.long_from,
+        SPLIT_SHORT=tuning.split_short,
+        SHORT_UNDER=tuning.short_under,
+        num_warps=tuning.mla_warps,
+        num_stages=tuning.mla_stages,
+    )
+    return LaunchPlan(list(range(n)), [], decode, None, max_splits, mla=True)
 
 
 def decode_grid(n_decode: int, n_groups: int, num_kv_heads: int) -> tuple[bool, tuple[int, int, int]]:

@@ -28,9 +28,17 @@ from typing import Any
 
 import torch
 
-from pagedattn.kernels.checks import Variants, check_paged_inputs, check_variants, fits_int32
+from pagedattn.kernels.checks import (
+    Variants,
+    check_mla_variants,
+    check_paged_inputs,
+    check_variants,
+    fits_int32,
+    shared_latent,
+)
 from pagedattn.kernels.launch_plan import MIN_DOT, LaunchConfig, LaunchPlan, fp8_widening, plan_launch
 from pagedattn.kernels.triton_decode import _decode_kernel
+from pagedattn.kernels.triton_mla_decode import _mla_decode_kernel
 from pagedattn.kernels.triton_prefill import _prefill_kernel
 from pagedattn.kernels.tuning import TUNING, KernelTuning
 from pagedattn.validation import default_scale
@@ -74,6 +82,7 @@ class PreparedBatch:
     scale: float  # the softmax scale times k_scale (an fp8 cache's dequantization)
     query_shape: tuple[int, ...]
     cache_shape: tuple[int, ...]
+    value_shape: tuple[int, ...]  # the value cache's: a latent cache's first head_dim_v columns (MLA)
     dtype: torch.dtype
     kv_dtype: torch.dtype
     device: torch.device
@@ -84,8 +93,8 @@ class PreparedBatch:
     other_ids: torch.Tensor | None
     part_acc: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, HEAD_DIM_PAD] fp32
     part_ml: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, 2] fp32
-    done: torch.Tensor | None  # [n_decode, num_kv_heads] int32, zero between launches
-    upcast_out: torch.Tensor | None  # [num_tokens, num_heads, head_dim] fp32 (interpreter, bf16 only)
+    done: torch.Tensor | None  # [n_decode, decode programs a split] int32, zero between launches
+    upcast_out: torch.Tensor | None  # [num_tokens, num_heads, head_dim_v] fp32 (interpreter, bf16 only)
     variants: Variants = Variants()
     fp8_native: bool = False  # the device converts fp8 pairs to fp16 in one instruction (sm_89+, CUDA, compiled)
 
@@ -120,6 +129,9 @@ def prepare(
         sinks=variants.get("sinks"),
     )
     var = check_variants(query, key_cache, scale=scale, **variants)
+    latent = shared_latent(key_cache, value_cache)  # MLA: the value is the key row's first columns
+    if latent is not None:
+        check_mla_variants(key_cache, var)
     interp = interpreter_active()
     if query.device.type != "cuda" and not interp:
         raise RuntimeError(
@@ -140,16 +152,21 @@ def prepare(
         key_cache.dtype,
         var.sliding_window,
         tuning=tuning,
+        head_dim_v=latent,
     )
     dev = query.device
     n_dec = len(plan.decode_seqs)
     d_pad = plan.decode.HEAD_DIM_PAD if plan.decode is not None else 0
+    # the decode programs a split of a sequence: one a kv head, or MLA's head blocks of each
+    counters = Hkv * plan.decode.HEAD_BLOCKS if plan.mla and plan.decode is not None else Hkv
     upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
+    Dv = value_cache.shape[3]
     return PreparedBatch(
         plan=plan,
         scale=(default_scale(D) if scale is None else float(scale)) * var.k_scale,
         query_shape=tuple(query.shape),
         cache_shape=tuple(key_cache.shape),
+        value_shape=tuple(value_cache.shape),
         dtype=query.dtype,
         kv_dtype=key_cache.dtype,
         device=dev,
@@ -160,8 +177,8 @@ def prepare(
         other_ids=torch.tensor(plan.other_seqs, dtype=torch.int32, device=dev) if plan.other_seqs else None,
         part_acc=torch.empty(n_dec, plan.scratch_splits, Hq, d_pad, dtype=torch.float32, device=dev) if n_dec else None,
         part_ml=torch.empty(n_dec, plan.scratch_splits, Hq, 2, dtype=torch.float32, device=dev) if n_dec else None,
-        done=torch.zeros(n_dec, Hkv, dtype=torch.int32, device=dev) if n_dec else None,
-        upcast_out=torch.empty(T, Hq, D, dtype=torch.float32, device=dev) if upcast else None,
+        done=torch.zeros(n_dec, counters, dtype=torch.int32, device=dev) if n_dec else None,
+        upcast_out=torch.empty(T, Hq, Dv, dtype=torch.float32, device=dev) if upcast else None,
         variants=var,
         fp8_native=_fp8_native(dev, interp),
     )
@@ -188,7 +205,7 @@ def run(
     """The launches of a prepared batch, over tensors of the prepared shapes (checked
     here without touching the device: shapes, dtypes, devices, last-dim strides).
 
-    ``out`` [num_tokens, num_heads, head_dim] (query dtype) and, with ``return_lse``,
+    ``out`` [num_tokens, num_heads, head_dim_v] (query dtype) and, with ``return_lse``,
     ``lse`` [num_tokens, num_heads] float32 are written when given, else allocated.
     Given both, ``run`` allocates nothing and never waits for the device, so it can be
     captured in a CUDA graph and replayed (one prepared batch per graph: the batch's
@@ -203,24 +220,25 @@ def run(
     for name, t, shape, dtype in (
         ("query", query, prep.query_shape, prep.dtype),
         ("key_cache", key_cache, prep.cache_shape, prep.kv_dtype),
-        ("value_cache", value_cache, prep.cache_shape, prep.kv_dtype),
+        ("value_cache", value_cache, prep.value_shape, prep.kv_dtype),
     ):
         if tuple(t.shape) != shape or t.dtype != dtype or t.device != prep.device or t.stride(-1) != 1:
             raise ValueError(
                 f"paged_attention.run: {name} must match the prepared batch: shape {shape}, {dtype}, "
                 f"{prep.device}, contiguous last dimension; got {tuple(t.shape)}, {t.dtype}, {t.device}"
             )
+    out_shape = (*prep.query_shape[:2], prep.value_shape[3])  # [num_tokens, num_heads, head_dim_v]
     if out is None:
-        out = torch.empty_like(query)
+        out = torch.empty(out_shape, dtype=prep.dtype, device=prep.device)
     elif (
-        tuple(out.shape) != prep.query_shape
+        tuple(out.shape) != out_shape
         or out.dtype != prep.dtype
         or out.device != prep.device
         or out.stride(-1) != 1
         or not fits_int32(out)
     ):
         raise ValueError(
-            f"paged_attention.run: out must be {prep.dtype} of shape {prep.query_shape} on {prep.device}, with a "
+            f"paged_attention.run: out must be {prep.dtype} of shape {out_shape} on {prep.device}, with a "
             "contiguous last dimension and every element offset <= 2**31 - 1"
         )
     plan, var = prep.plan, prep.variants
@@ -269,7 +287,9 @@ def run(
         WRITE_LSE=var.return_lse,
     )
     tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
-    if plan.decode is not None:
+    if plan.mla:
+        _run_mla(prep, query, key_cache, target, lse_buf, compile_only)
+    elif plan.decode is not None:
         cfg, part_acc, part_ml = plan.decode, prep.part_acc, prep.part_ml
         assert part_acc is not None and part_ml is not None  # prepared with the decode launch
         _launcher(_decode_kernel, cfg.grid, compile_only)(
@@ -364,6 +384,66 @@ def run(
     if target is not out and not compile_only:
         out.copy_(target)
     return (out, lse) if lse is not None and var.return_lse else out
+
+
+def _run_mla(
+    prep: PreparedBatch,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    target: torch.Tensor,
+    lse_buf: torch.Tensor,
+    compile_only: bool,
+) -> None:
+    """The MLA decode launch of a prepared batch over the latent cache ``key_cache`` (the value
+    is its first ``head_dim_v`` columns, read from there): ``target`` [num_tokens, num_heads,
+    head_dim_v] and, with ``return_lse``, ``lse_buf`` [num_tokens, num_heads] fp32 are written."""
+    cfg, part_acc, part_ml = prep.plan.decode, prep.part_acc, prep.part_ml
+    assert cfg is not None and part_acc is not None and part_ml is not None  # prepared with the MLA launch
+    tables = prep.block_tables
+    _launcher(_mla_decode_kernel, cfg.grid, compile_only)(
+        query,
+        key_cache,
+        tables,
+        prep.seq_lens,
+        prep.query_start_loc,
+        prep.decode_ids,
+        part_acc,
+        part_ml,
+        prep.done,
+        target,
+        lse_buf,
+        prep.scale,
+        cfg.HEAD_BLOCKS,
+        query.stride(0),
+        query.stride(1),
+        key_cache.stride(0),
+        key_cache.stride(1),
+        key_cache.stride(2),
+        tables.stride(0),
+        part_acc.stride(0),
+        part_acc.stride(1),
+        part_ml.stride(0),
+        part_ml.stride(1),
+        target.stride(0),
+        target.stride(1),
+        lse_buf.stride(0),
+        GROUP=cfg.GROUP,
+        BLOCK_H=cfg.GROUP_PAD,
+        BLOCK_N=cfg.BLOCK_N,
+        HEAD_DIM=cfg.HEAD_DIM,
+        HEAD_DIM_V=cfg.HEAD_DIM_V,
+        ROPE_PAD=cfg.ROPE_PAD,
+        BLOCK_SIZE=cfg.BLOCK_SIZE,
+        SPLIT_SIZE=cfg.SPLIT_SIZE,
+        SPLIT_LONG=cfg.SPLIT_LONG,
+        LONG_FROM=cfg.LONG_FROM,
+        SPLIT_SHORT=cfg.SPLIT_SHORT,
+        SHORT_UNDER=cfg.SHORT_UNDER,
+        UPCAST=cfg.UPCAST,
+        OFF_I32=fits_int32(key_cache),
+        WRITE_LSE=prep.variants.return_lse,
+        **cfg.launch_options,
+    )
 
 
 def _launcher(kernel: Any, grid: tuple[int, int, int], compile_only: bool) -> Any:

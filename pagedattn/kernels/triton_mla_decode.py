@@ -1,0 +1,253 @@
+"""The MLA decode kernel: absorbed-form multi-head latent attention (DeepSeek V2/V3) over a
+paged latent cache, for the sequences of a batch with one new token.
+
+The cache holds one row a token: ``HEAD_DIM_V`` latent columns then ``HEAD_DIM - HEAD_DIM_V``
+rotary ones (512 + 64 in DeepSeek); the key is the whole row and the value its latent part,
+so the value is never read apart from the key. A program owns ``BLOCK_H`` query heads of one
+kv head (MLA: the only one) of one sequence and one split of its history: each key tile is
+loaded once, as a latent part [BLOCK_N, HEAD_DIM_V] and a rotary part [BLOCK_N, ROPE_PAD]
+(576 columns are no power of two; neither part is padded past its next power of two), and
+serves every head of the block, in two dots for the score and one for P·V on the latent part
+already loaded. The splits are the decode kernel's (``decode_split``: a rule of the history's
+own length) and merge as its do: the program that completes a sequence's count merges the
+splits in their order (the same bits in any batch); a history of one split is finished by
+its program without the scratch.
+
+This module imports triton: import it only after the interpreter has been decided.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from pagedattn.kernels.triton_decode import _combine, _finish, _identity, _load_state, _store_state
+from pagedattn.kernels.triton_tiles import _page_of, _slot_of
+
+#: integer arguments the JIT must not specialize (each value class would be a kernel of its own)
+_PLAIN_INTS_MLA = ("stride_bt", "stride_lt", "head_blocks")
+
+
+@triton.jit
+def _mla_tile(
+    q_lat,
+    q_rope,
+    m,
+    l_sum,
+    acc,
+    blk,
+    j,
+    kmask,
+    cache_ptr,
+    kv_head,
+    s_scale,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    ROPE_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    OFF_I32: tl.constexpr,
+):
+    """One key tile of the online softmax: the keys ``j`` [BLOCK_N] (``kmask``: those below the
+    split's end) in cache blocks ``blk`` [BLOCK_N] join the heads' running max ``m`` [BLOCK_H]
+    (base 2), denominator ``l_sum`` [BLOCK_H] and weighted-value sum ``acc`` [BLOCK_H, HEAD_DIM_V]
+    fp32. ``q_lat`` [BLOCK_H, HEAD_DIM_V] and ``q_rope`` [BLOCK_H, ROPE_PAD] are the query's two
+    parts; ``s_scale`` the softmax scale times log2(e), folded into the exponent."""
+    slot = _slot_of(j, BLOCK_SIZE)
+    if OFF_I32:
+        off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
+    else:
+        off = blk.to(tl.int64) * stride_kb + slot.to(tl.int64) * stride_ks + kv_head.to(tl.int64) * stride_kh
+    dv = tl.arange(0, HEAD_DIM_V)
+    dr = tl.arange(0, ROPE_PAD)
+    ROPE: tl.constexpr = HEAD_DIM - HEAD_DIM_V
+    # the latent part is the value too: loaded once, for the score's dot and for P·V
+    k_lat = tl.load(cache_ptr + off[:, None] + dv[None, :], mask=kmask[:, None], other=0.0)  # [BLOCK_N, HEAD_DIM_V]
+    k_rope = tl.load(
+        cache_ptr + off[:, None] + HEAD_DIM_V + dr[None, :], mask=kmask[:, None] & (dr < ROPE)[None, :], other=0.0
+    )  # [BLOCK_N, ROPE_PAD]
+    if UPCAST:
+        k_lat = k_lat.to(tl.float32)
+        k_rope = k_rope.to(tl.float32)
+    s = tl.dot(q_lat, tl.trans(k_lat), input_precision="ieee")  # [BLOCK_H, BLOCK_N]
+    s = tl.dot(q_rope, tl.trans(k_rope), s, input_precision="ieee")
+    # masked loads give zero keys, and a zero key still scores: force them out
+    s = tl.where(kmask[None, :], s, float("-inf"))
+    # s_scale > 0, so the scaled max is the max of the scaled scores
+    m_new = tl.maximum(m, tl.max(s, 1) * s_scale)
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding heads (zero queries score 0, never -inf)
+    alpha = tl.exp2(m - m_safe)
+    p = tl.exp2(s * s_scale[:, None] - m_safe[:, None])
+    l_sum = l_sum * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(k_lat.dtype), k_lat, input_precision="ieee")
+    return m_new, l_sum, acc
+
+
+@triton.jit(do_not_specialize=list(_PLAIN_INTS_MLA))
+def _mla_decode_kernel(
+    # pointers
+    q_ptr,
+    cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    query_start_loc_ptr,
+    seq_ids_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    done_ptr,
+    out_ptr,
+    lse_ptr,
+    # sizes
+    scale,
+    head_blocks,
+    # strides (elements); partials are [n_decode, max_splits, num_heads, HEAD_DIM_V] and [..., 2]
+    stride_qt,
+    stride_qh,
+    stride_kb,
+    stride_ks,
+    stride_kh,
+    stride_bt,
+    stride_pa_seq,
+    stride_pa_split,
+    stride_pml_seq,
+    stride_pml_split,
+    stride_ot,
+    stride_oh,
+    stride_lt,
+    # meta-parameters
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    ROPE_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    SPLIT_SIZE: tl.constexpr,
+    SPLIT_LONG: tl.constexpr,
+    LONG_FROM: tl.constexpr,
+    SPLIT_SHORT: tl.constexpr,
+    SHORT_UNDER: tl.constexpr,
+    UPCAST: tl.constexpr,
+    OFF_I32: tl.constexpr,
+    WRITE_LSE: tl.constexpr,
+):
+    """One split of one decode sequence's history for ``BLOCK_H`` query heads of one kv head.
+    The grid is (kv heads x ``head_blocks`` blocks a kv head, the longest history's splits,
+    decode sequences); a program past its sequence's last split ends at once.
+
+    A split writes its running max, denominator and weighted-value sum to the scratch and
+    counts itself in ``done_ptr`` [n_decode, num_kv_heads * head_blocks] int32 (zero between
+    launches: the merging program resets it, so a CUDA graph can replay the launch); the
+    program whose count completes the sequence's splits merges them in split order
+    (``_combine`` from the identity: the same bits whoever ran them). A history of one split
+    is finished by its program, which stores and counts nothing (merging one state from the
+    identity gives that state's bits)."""
+    hb = tl.program_id(0)
+    split = tl.program_id(1)
+    i = tl.program_id(2)  # index among the decode sequences
+    seq = tl.load(seq_ids_ptr + i)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    split_size = tl.where(seq_len >= LONG_FROM, SPLIT_LONG, SPLIT_SIZE)  # the host's decode_split
+    if SHORT_UNDER > 0:
+        split_size = tl.where(seq_len < SHORT_UNDER, SPLIT_SHORT, split_size)
+    n_splits = (seq_len + split_size - 1) // split_size
+    if split < n_splits:
+        kv_head = hb // head_blocks
+        g = (hb % head_blocks) * BLOCK_H + tl.arange(0, BLOCK_H)  # index within the kv head's group
+        row_mask = g < GROUP
+        head = kv_head * GROUP + g
+        t = tl.load(query_start_loc_ptr + seq)
+        dv = tl.arange(0, HEAD_DIM_V)
+        dr = tl.arange(0, ROPE_PAD)
+        q_row = q_ptr + t * stride_qt + head[:, None] * stride_qh
+        q_lat = tl.load(q_row + dv[None, :], mask=row_mask[:, None], other=0.0)  # [BLOCK_H, HEAD_DIM_V]
+        rope_mask = row_mask[:, None] & (dr < HEAD_DIM - HEAD_DIM_V)[None, :]
+        q_rope = tl.load(q_row + HEAD_DIM_V + dr[None, :], mask=rope_mask, other=0.0)  # [BLOCK_H, ROPE_PAD]
+        if UPCAST:
+            q_lat = q_lat.to(tl.float32)
+            q_rope = q_rope.to(tl.float32)
+        s_scale = tl.zeros([BLOCK_H], tl.float32) + scale * 1.4426950408889634  # log2(e): base-2 softmax
+        lo = split * split_size
+        hi = tl.minimum(seq_len, lo + split_size)
+        table_ptr = block_tables_ptr + seq * stride_bt
+        m, l_sum, acc = _identity(BLOCK_H, HEAD_DIM_V)
+        # the block-table entries a step ahead, so the K loads are not indirect on a load of
+        # their own step (the decode kernel's ``_attend_tiles`` says why)
+        j_next = lo + tl.arange(0, BLOCK_N)
+        blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
+        for j0 in range(lo, hi, BLOCK_N):
+            j = j0 + tl.arange(0, BLOCK_N)
+            blk = blk_next
+            j_next = j + BLOCK_N
+            blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
+            m, l_sum, acc = _mla_tile(
+                q_lat,
+                q_rope,
+                m,
+                l_sum,
+                acc,
+                blk,
+                j,
+                j < hi,
+                cache_ptr,
+                kv_head,
+                s_scale,
+                stride_kb,
+                stride_ks,
+                stride_kh,
+                HEAD_DIM,
+                HEAD_DIM_V,
+                ROPE_PAD,
+                BLOCK_SIZE,
+                UPCAST,
+                OFF_I32,
+            )
+        o_ptrs = out_ptr + t * stride_ot + head[:, None] * stride_oh + dv[None, :]
+        if n_splits == 1:  # the whole history in this program: finished here
+            _finish(
+                m,
+                l_sum,
+                acc,
+                lse_ptr,
+                head,
+                row_mask,
+                1.0,
+                o_ptrs,
+                row_mask[:, None],
+                lse_ptr + t * stride_lt + head,
+                False,
+                WRITE_LSE,
+            )
+        else:
+            pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_V + dv[None, :]  # [BLOCK_H, HEAD_DIM_V]
+            pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [BLOCK_H]
+            _store_state(pa, pml, split, m, l_sum, acc, row_mask, stride_pa_split, stride_pml_split)
+            # every thread's stores precede the count (the barrier), and the count releases
+            # them to the merging program, which acquires them with its own count
+            tl.debug_barrier()
+            done = done_ptr + i * tl.num_programs(0) + hb
+            if tl.atomic_add(done, 1, sem="acq_rel") == n_splits - 1:
+                tl.atomic_xchg(done, 0)  # ready for the next launch (or graph replay)
+                # the splits in order from the identity; .cg loads, no pipelining (the decode
+                # kernel's merge says why)
+                m, l_sum, acc = _identity(BLOCK_H, HEAD_DIM_V)
+                for s in tl.range(0, n_splits, num_stages=1):
+                    m_s, l_s, acc_s = _load_state(pa, pml, s, row_mask, stride_pa_split, stride_pml_split)
+                    m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s)
+                _finish(
+                    m,
+                    l_sum,
+                    acc,
+                    lse_ptr,
+                    head,
+                    row_mask,
+                    1.0,
+                    o_ptrs,
+                    row_mask[:, None],
+                    lse_ptr + t * stride_lt + head,
+                    False,
+                    WRITE_LSE,
+                )
