@@ -88,6 +88,34 @@ def check_mla_variants(key_cache: torch.Tensor, variants: Variants) -> None:
         )
 
 
+def check_tree_mask(tree_mask: object, query_lens: list[int], device: torch.device) -> list[int]:
+    """The kernel's rules of a tree mask (``None`` passes): a 1-D contiguous bool tensor of
+    ``sum(q_b ** 2)`` entries on the query's device, each sequence's ``[q_b, q_b]`` mask
+    row-major after the ones before it, without an ALiBi or window (which the problem forbids
+    beside it). Returns the masks' offsets (``num_seqs + 1`` ints; ``[]`` without a mask)."""
+    if tree_mask is None:
+        return []
+    if not isinstance(tree_mask, torch.Tensor):
+        raise ProblemError(OWNER, "tree_mask", f"must be a torch.Tensor or None, got {type(tree_mask).__name__}")
+    offsets = [0]
+    for q in query_lens:
+        offsets.append(offsets[-1] + q * q)
+    if tree_mask.dtype != torch.bool or tree_mask.dim() != 1 or tree_mask.shape[0] != offsets[-1]:
+        raise ProblemError(
+            OWNER,
+            "tree_mask",
+            f"must be bool of shape [sum of q_b * q_b] = ({offsets[-1]},), got {tree_mask.dtype} "
+            f"{tuple(tree_mask.shape)}",
+        )
+    if tree_mask.device != device:
+        raise ProblemError(
+            OWNER, "tree_mask", f"must be on the query's device {device} (one device for all), got {tree_mask.device}"
+        )
+    if tree_mask.stride(0) != 1:
+        raise ProblemError(OWNER, "tree_mask", f"must be contiguous, got stride {tree_mask.stride(0)}")
+    return offsets
+
+
 def check_paged_inputs(
     query: torch.Tensor,
     key_cache: torch.Tensor,

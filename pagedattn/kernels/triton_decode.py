@@ -267,6 +267,9 @@ def _decode_kernel(
                 s_scale,
                 window,
                 soft_cap,
+                seq_ids_ptr,  # no tree mask: decodes see every key
+                0,
+                0,
                 stride_kb,
                 stride_ks,
                 stride_kh,
@@ -345,6 +348,9 @@ def _decode_kernel(
                     s_scale,
                     window,
                     soft_cap,
+                    seq_ids_ptr,  # no tree mask: decodes see every key
+                    0,
+                    0,
                     stride_kb,
                     stride_ks,
                     stride_kh,

@@ -3,8 +3,10 @@ launches (``prepare``, ``run``, ``paged_attention``).
 
 Decode, causal prefill, partial continuation, GQA/MQA and scattered or shared blocks,
 for a ragged batch. Sequences with one new token go to the decode kernel
-(``triton_decode``), the others to the prefill kernel (``triton_prefill``); both walk the
-history through the block table with the online softmax of ``triton_tiles``. Every
+(``triton_decode``), the others to the prefill kernel (``triton_prefill``, which also takes
+speculative decoding's tree masks); both walk the history through the block table with the
+online softmax of ``triton_tiles``. A decode batch over MLA's shared latent cache goes to
+its own kernel (``triton_mla_decode``). Every
 integer that becomes a pointer offset or a grid size is computed on the host by plain
 functions (``checks``, ``launch_plan``, ``decode_splits``), which never import triton and
 are tested anywhere; the tuning they read is ``tuning.TUNING``.
@@ -29,9 +31,11 @@ from typing import Any
 import torch
 
 from pagedattn.kernels.checks import (
+    OWNER,
     Variants,
     check_mla_variants,
     check_paged_inputs,
+    check_tree_mask,
     check_variants,
     fits_int32,
     shared_latent,
@@ -41,7 +45,7 @@ from pagedattn.kernels.triton_decode import _decode_kernel
 from pagedattn.kernels.triton_mla_decode import _mla_decode_kernel
 from pagedattn.kernels.triton_prefill import _prefill_kernel
 from pagedattn.kernels.tuning import TUNING, KernelTuning
-from pagedattn.validation import default_scale
+from pagedattn.validation import ProblemError, default_scale
 
 __all__ = [
     "MIN_DOT",
@@ -96,6 +100,8 @@ class PreparedBatch:
     done: torch.Tensor | None  # [n_decode, decode programs a split] int32, zero between launches
     upcast_out: torch.Tensor | None  # [num_tokens, num_heads, head_dim_v] fp32 (interpreter, bf16 only)
     variants: Variants = Variants()
+    tree_mask: torch.Tensor | None = None  # [sum q_b * q_b] uint8 (the bool mask's bytes)
+    tree_offsets: torch.Tensor | None = None  # [num_seqs + 1] int64: where each sequence's mask starts
     fp8_native: bool = False  # the device converts fp8 pairs to fp16 in one instruction (sm_89+, CUDA, compiled)
 
 
@@ -110,6 +116,7 @@ def prepare(
     out: torch.Tensor | None = None,
     *,
     tuning: KernelTuning = TUNING,
+    tree_mask: torch.Tensor | None = None,
     **variants,
 ) -> PreparedBatch:
     """Check every input (``ValueError`` naming the field), plan the launches and
@@ -129,6 +136,12 @@ def prepare(
         sinks=variants.get("sinks"),
     )
     var = check_variants(query, key_cache, scale=scale, **variants)
+    query_lens = [loc[i + 1] - loc[i] for i in range(len(lens))]
+    tree_offsets = check_tree_mask(tree_mask, query_lens, query.device)
+    if tree_mask is not None:
+        for name in ("sliding_window", "alibi_slopes"):
+            if getattr(var, name) is not None:
+                raise ProblemError(OWNER, name, "must be None with a tree_mask (positions are tree depths)")
     latent = shared_latent(key_cache, value_cache)  # MLA: the value is the key row's first columns
     if latent is not None:
         check_mla_variants(key_cache, var)
@@ -142,7 +155,7 @@ def prepare(
     Hkv = key_cache.shape[2]
     plan = plan_launch(
         lens,
-        [loc[i + 1] - loc[i] for i in range(len(lens))],
+        query_lens,
         Hq,
         Hkv,
         D,
@@ -180,6 +193,9 @@ def prepare(
         done=torch.zeros(n_dec, counters, dtype=torch.int32, device=dev) if n_dec else None,
         upcast_out=torch.empty(T, Hq, Dv, dtype=torch.float32, device=dev) if upcast else None,
         variants=var,
+        # only multi-token sequences read their masks (a decode's is [True])
+        tree_mask=tree_mask.view(torch.uint8) if tree_mask is not None and plan.other_seqs else None,
+        tree_offsets=torch.tensor(tree_offsets, dtype=torch.int64, device=dev) if tree_offsets else None,
         fp8_native=_fp8_native(dev, interp),
     )
 
@@ -357,6 +373,8 @@ def run(
             prep.other_ids,
             alibi,
             sinks,
+            prep.tree_mask if prep.tree_mask is not None else target,
+            prep.tree_offsets if prep.tree_offsets is not None else target,
             target,
             lse_buf,
             prep.scale,
@@ -378,6 +396,7 @@ def run(
             HEAD_DIM_PAD=cfg.HEAD_DIM_PAD,
             BLOCK_SIZE=cfg.BLOCK_SIZE,
             UPCAST=cfg.UPCAST,
+            USE_TREE=prep.tree_mask is not None,
             **flags,
             **cfg.launch_options,
         )
@@ -473,6 +492,7 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     return_lse: bool = False,
+    tree_mask: torch.Tensor | None = None,
     compile_only: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Paged attention over a ragged batch: ``run(prepare(...), ...)``.
@@ -481,23 +501,29 @@ def paged_attention(
         query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``,
             the query dtype or float8_e4m3fn/float8_e5m2; any strides with a contiguous
-            last dimension.
+            last dimension. Or MLA's latent cache: ``value_cache`` a view of ``key_cache``'s
+            first ``head_dim_v`` columns (``key_cache[..., :head_dim_v]``, a power of two),
+            read from the key cache (decode only; no window, soft-cap, ALiBi, sinks or fp8).
         block_tables: ``[num_seqs, max_blocks]`` int32 (entries past a sequence's last
             block are never read).
         seq_lens: ``[num_seqs]`` int32, new tokens included.
         query_start_loc: ``[num_seqs + 1]`` int32.
         scale: softmax scale, default ``head_dim ** -0.5``.
-        out: optional ``[num_tokens, num_heads, head_dim]`` query-dtype tensor to write.
+        out: optional ``[num_tokens, num_heads, head_dim_v]`` query-dtype tensor to write.
         sliding_window: ``W >= 1``: the query at position ``p`` sees keys ``p-W+1 .. p``.
         logits_soft_cap: ``c > 0``: scores become ``c * tanh(s / c)`` before masking.
         alibi_slopes: ``[num_heads]`` float32: score ``+= slope[h] * (j - p)``.
         sinks: ``[num_heads]`` float32: a logit per head that joins the denominator.
         k_scale, v_scale: dequantization scales of an fp8 cache (1.0 otherwise).
         return_lse: also return the log-sum-exp.
+        tree_mask: ``[sum_b q_b * q_b]`` bool: sequence ``b``'s ``[q_b, q_b]`` mask, row-major,
+            after those of the sequences before it; new token ``i`` sees new token ``j``
+            where ``[i, j]`` is set (lower-triangular), and the whole history. Not with
+            ``sliding_window`` or ``alibi_slopes``.
         compile_only: compile this batch's kernels and launch nothing (``run``).
 
     Returns:
-        ``[num_tokens, num_heads, head_dim]`` in the query dtype (``out`` if given);
+        ``[num_tokens, num_heads, head_dim_v]`` in the query dtype (``out`` if given);
         with ``return_lse``, also ``[num_tokens, num_heads]`` float32, the natural log of
         each row's softmax denominator (the sink included).
     """
@@ -517,5 +543,6 @@ def paged_attention(
         k_scale=k_scale,
         v_scale=v_scale,
         return_lse=return_lse,
+        tree_mask=tree_mask,
     )
     return run(prep, query, key_cache, value_cache, out, compile_only=compile_only)

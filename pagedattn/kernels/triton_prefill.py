@@ -6,6 +6,8 @@ query heads of one kv head (``BLOCK_Q * GROUP_PAD`` rows), so each K/V tile it r
 serves the whole GQA group, and walks the visible history ``BLOCK_N`` keys at a time
 through the block table with an online softmax in fp32: first the key tiles every row
 sees wholly (below the causal diagonal), without a mask, then the diagonal's, masked.
+Speculative decoding's tree masks (``USE_TREE``) are read in the masked tiles, which then
+start at the history's end.
 
 This module imports triton: import it only after the interpreter has been decided.
 """
@@ -36,6 +38,9 @@ def _attend(
     qk_scale,
     window,
     soft_cap,
+    tree_ptr,
+    tree_q,
+    context,
     stride_kb,
     stride_ks,
     stride_kh,
@@ -52,6 +57,7 @@ def _attend(
     USE_ALIBI: tl.constexpr,
     KV_FP8: tl.constexpr,
     OFF_I32: tl.constexpr,
+    USE_TREE: tl.constexpr,
 ):
     """Causal online softmax of the rows ``q`` [ROWS, D] over keys ``lo .. hi-1`` of one
     sequence (its block-table row at ``table_ptr``); row ``r`` sees keys ``<= pos[r]`` and
@@ -59,7 +65,9 @@ def _attend(
     multiple of ``BLOCK_N``) are visible to every row: their tiles skip the mask. ``qk_scale``
     [ROWS] scales each row's scores (the softmax scale, an fp8 cache's ``k_scale``,
     ``_query_rows``'s unscaling); ``slopes`` [ROWS] are the rows' ALiBi slopes (unused without
-    ``USE_ALIBI``). The returned max ``m`` is in base 2 (natural-log units times log2(e))."""
+    ``USE_ALIBI``). With ``USE_TREE`` the masked tiles also read the sequence's tree mask
+    (``tree_ptr``: ``[tree_q, tree_q]`` uint8 over the new tokens after ``context`` keys). The
+    returned max ``m`` is in base 2 (natural-log units times log2(e))."""
     s_scale = _folded_scale(qk_scale, USE_SOFTCAP, USE_ALIBI)
     j_next = lo + tl.arange(0, BLOCK_N)
     blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
@@ -82,6 +90,9 @@ def _attend(
         s_scale,
         window,
         soft_cap,
+        tree_ptr,
+        tree_q,
+        context,
         stride_kb,
         stride_ks,
         stride_kh,
@@ -100,6 +111,7 @@ def _attend(
         OFF_I32,
         False,
         True,
+        USE_TREE,
     )
     m, l_sum, acc, blk_next = _attend_tiles(
         q,
@@ -120,6 +132,9 @@ def _attend(
         s_scale,
         window,
         soft_cap,
+        tree_ptr,
+        tree_q,
+        context,
         stride_kb,
         stride_ks,
         stride_kh,
@@ -138,6 +153,7 @@ def _attend(
         OFF_I32,
         True,
         True,
+        USE_TREE,
     )
     return m, l_sum, acc
 
@@ -159,6 +175,8 @@ def _prefill_kernel(
     seq_ids_ptr,
     alibi_ptr,
     sinks_ptr,
+    tree_mask_ptr,
+    tree_offsets_ptr,
     out_ptr,
     lse_ptr,
     # sizes
@@ -196,11 +214,18 @@ def _prefill_kernel(
     F16_DOTS: tl.constexpr,
     OFF_I32: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    USE_TREE: tl.constexpr,
 ):
     """One tile of ``BLOCK_Q`` query tokens of one sequence times one kv head's query
     group. The grid's (q_tile, kv_head) programs are taken in the order of decreasing
     q_tile, all kv heads of a q_tile together, so the longest (causal) tiles start first
-    and the short ones fill the tail."""
+    and the short ones fill the tail.
+
+    With ``USE_TREE`` the new tokens see each other as their sequence's tree mask says
+    (``tree_mask_ptr``: the batch's masks, uint8, packed; ``tree_offsets_ptr`` [num_seqs + 1]
+    int64: where each sequence's ``[q_b, q_b]`` mask starts). The mask is lower-triangular, so
+    the causal tile bounds hold; the history's whole tiles skip the mask, every tile past the
+    history's last whole one reads it."""
     seq = tl.load(seq_ids_ptr + tl.program_id(0))
     n_tiles = tl.num_programs(1)
     n_heads = tl.num_programs(2)
@@ -237,7 +262,11 @@ def _prefill_kernel(
         # keys below the tile's first row's position are visible to every row (no window):
         # whole tiles of them skip the mask; the rest (the diagonal) is masked
         full_hi = lo
-        if not USE_WINDOW:
+        tree_ptr = tree_mask_ptr
+        if USE_TREE:  # a new token need not see the new tokens before it: the history only
+            tree_ptr = tree_mask_ptr + tl.load(tree_offsets_ptr + seq)
+            full_hi = lo + (context - lo) // BLOCK_N * BLOCK_N
+        elif not USE_WINDOW:
             full_hi = lo + (context + q_tile * BLOCK_Q + 1 - lo) // BLOCK_N * BLOCK_N
         m, l_sum, acc = _attend(
             q,
@@ -256,6 +285,9 @@ def _prefill_kernel(
             qk_scale,
             window,
             soft_cap,
+            tree_ptr,
+            q_len,
+            context,
             stride_kb,
             stride_ks,
             stride_kh,
@@ -272,6 +304,7 @@ def _prefill_kernel(
             USE_ALIBI,
             KV_FP8,
             OFF_I32,
+            USE_TREE,
         )
         if USE_SINKS:
             # the sink joins once, after the keys (weight exp(sink - m), no value), as in the decode

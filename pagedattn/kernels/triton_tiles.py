@@ -145,6 +145,9 @@ def _step(
     s_scale,
     window,
     soft_cap,
+    tree_ptr,
+    tree_q,
+    context,
     stride_kb,
     stride_ks,
     stride_kh,
@@ -162,14 +165,18 @@ def _step(
     OFF_I32: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    USE_TREE: tl.constexpr = False,
 ):
     """One key tile of the online softmax: the keys ``j`` [BLOCK_N] (int32; ``kmask``: those
     that exist, below the history's or the split's end) in the cache blocks ``blk`` [BLOCK_N]
     join the rows' running max ``m`` [ROWS], denominator ``l_sum`` [ROWS] and weighted-V sum
     ``acc`` [ROWS, HEAD_DIM_PAD] (fp32), which come back updated. The softmax runs in base 2:
     ``m`` is in natural-log units times log2(e). Without ``MASKED`` every key is visible to
-    every row: no mask is computed. Shared by ``_attend_tiles`` and the decode kernel's split
-    loop, so both compute a tile alike."""
+    every row: no mask is computed. With ``USE_TREE`` (and ``CAUSAL``) a new token sees the
+    new tokens its sequence's tree mask allows: ``tree_ptr`` points at the sequence's
+    ``[tree_q, tree_q]`` mask (uint8, row-major), whose new tokens follow ``context`` history
+    keys. Shared by ``_attend_tiles`` and the decode kernel's split loop, so both compute a
+    tile alike."""
     d = tl.arange(0, HEAD_DIM_PAD)
     dmask = d < HEAD_DIM
     # FOLD: scores stay unscaled until the exponent, where the scale (with log2(e)) and the
@@ -218,6 +225,12 @@ def _step(
         visible = kmask[None, :]
         if CAUSAL:
             visible = visible & (j[None, :] <= pos[:, None])
+            if USE_TREE:  # new keys on or below the diagonal: the mask's bit (every history key is seen)
+                jn = j - context  # [BLOCK_N] the key's index among the new tokens (< 0: history)
+                ti = pos - context  # [ROWS] the row's; padding rows (ti >= tree_q) read no bit
+                new = (jn[None, :] >= 0) & (jn[None, :] <= ti[:, None]) & (ti[:, None] < tree_q)
+                bits = tl.load(tree_ptr + ti[:, None] * tree_q + jn[None, :], mask=new, other=1)
+                visible = visible & (bits != 0)
         if USE_WINDOW:
             visible = visible & (j[None, :] > pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
@@ -261,6 +274,9 @@ def _attend_tiles(
     s_scale,
     window,
     soft_cap,
+    tree_ptr,
+    tree_q,
+    context,
     stride_kb,
     stride_ks,
     stride_kh,
@@ -279,6 +295,7 @@ def _attend_tiles(
     OFF_I32: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    USE_TREE: tl.constexpr = False,
 ):
     """The key tiles ``start, start + BLOCK_N, .. < end`` of one sequence's history (its
     block-table row at ``table_ptr``; ``hi``: the history's end, which bounds every load) into
@@ -314,6 +331,9 @@ def _attend_tiles(
             s_scale,
             window,
             soft_cap,
+            tree_ptr,
+            tree_q,
+            context,
             stride_kb,
             stride_ks,
             stride_kh,
@@ -331,5 +351,6 @@ def _attend_tiles(
             OFF_I32,
             MASKED,
             CAUSAL,
+            USE_TREE,
         )
     return m, l_sum, acc, blk_next
