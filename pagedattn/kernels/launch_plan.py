@@ -46,8 +46,9 @@ class LaunchConfig:
     SPLIT_WHOLE: bool = False  # decode: a program walks every split of its sequence and merges them in its loop
     FOLD_PARTS: int = 0  # decode: the merge folds each history's splits in this many parts, then the parts
     LOOP_PARTS: bool = False  # decode: split-loop programs fold their parts in their loop (whole parts each)
-    HEAD_DIM_V: int = 0  # MLA decode: the latent (value) columns of a cache row, a power of two ...
-    ROPE_PAD: int = 0  # ... the rest of the row (the rotary columns), padded to a power of two ...
+    HEAD_DIM_V: int = 0  # the value's columns (MLA: the latent columns of a cache row, a power of two) ...
+    HEAD_DIM_V_PAD: int = 0  # ... padded: the accumulator's, the output tile's and the decode scratch's width
+    ROPE_PAD: int = 0  # MLA decode: the rest of the row (the rotary columns), padded to a power of two ...
     HEAD_BLOCKS: int = 0  # ... and the blocks of GROUP_PAD query heads a kv head's group takes
     num_warps: int = 4
     num_stages: int = 2
@@ -108,26 +109,32 @@ def plan_launch(
     tuning: KernelTuning = TUNING,
     *,
     head_dim_v: int | None = None,
+    shared_kv: bool = False,
 ) -> LaunchPlan:
     """The launches of one batch, from sizes alone (``kv_dtype``: the cache's dtype, ``None``
     for the query dtype; an fp8 cache takes its own decode launch shapes and register cap;
     ``sliding_window``: the keys a decode token sees, which set how much work each of its
     splits has, a launch shape only; ``tuning``: the tile and split sizes and thresholds).
 
-    ``head_dim_v``: the value width of a shared latent cache (MLA: the value is the key row's
-    first ``head_dim_v`` columns), whose decode takes the MLA kernel (``plan_mla_decode``);
-    ``None``: separate caches of ``head_dim`` columns."""
-    if head_dim_v is not None:
+    ``head_dim_v``: the value's width (``None``: ``head_dim``); with ``shared_kv`` the value is
+    the key row's first ``head_dim_v`` columns (MLA's latent cache), whose decode takes the
+    MLA kernel (``plan_mla``)."""
+    if shared_kv:
+        assert head_dim_v is not None, "a shared latent cache has a value width"
         return plan_mla(
             seq_lens, query_lens, num_heads, num_kv_heads, head_dim, head_dim_v, block_size, dtype, interpreter, tuning
         )
+    dv = head_dim if head_dim_v is None else head_dim_v
     group = num_heads // num_kv_heads
     group_pad = next_power_of_2(group)
-    d_pad = max(MIN_DOT, next_power_of_2(head_dim))
+    # the tile and register rules below read the wider of the key's and the value's widths
+    d_pad = max(MIN_DOT, next_power_of_2(max(head_dim, dv)))
     common: dict[str, Any] = dict(
         GROUP=group,
         HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=d_pad,
+        HEAD_DIM_PAD=max(MIN_DOT, next_power_of_2(head_dim)),
+        HEAD_DIM_V=dv,
+        HEAD_DIM_V_PAD=max(MIN_DOT, next_power_of_2(dv)),
         BLOCK_SIZE=block_size,
         UPCAST=interpreter and dtype == torch.bfloat16,
     )
@@ -202,10 +209,10 @@ def _plan_decode(
     # a launch-wide choice, so programs holding no part state keep their registers
     folds = {decode_fold(n, tuning) for n, _, _ in per_len.values()}
     loop_parts = split_loop and not whole and max(folds) > 1 and all(spp % f == 0 for f in folds)
-    # the scratch ([n_decode, splits, num_heads, HEAD_DIM_PAD] fp32; one split where the
+    # the scratch ([n_decode, splits, num_heads, HEAD_DIM_V_PAD] fp32; one split where the
     # programs merge in their loop and store none) is addressed in int32; its size also
     # bounds the decode grid's one axis
-    scratch = len(lens) * (1 if whole else max_splits) * num_heads * d_pad
+    scratch = len(lens) * (1 if whole else max_splits) * num_heads * common["HEAD_DIM_V_PAD"]
     if scratch > INT32_MAX:
         raise ProblemError(
             OWNER,
@@ -346,8 +353,9 @@ def plan_mla(
         BLOCK_Q=1,
         BLOCK_N=block_n,
         HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=head_dim_v,  # the accumulator's and the scratch's width
+        HEAD_DIM_PAD=head_dim_v + max(MIN_DOT, next_power_of_2(head_dim - head_dim_v)),  # a row's loaded columns
         HEAD_DIM_V=head_dim_v,
+        HEAD_DIM_V_PAD=head_dim_v,
         ROPE_PAD=max(MIN_DOT, next_power_of_2(head_dim - head_dim_v)),
         HEAD_BLOCKS=head_blocks,
         BLOCK_SIZE=block_size,

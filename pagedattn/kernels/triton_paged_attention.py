@@ -95,7 +95,7 @@ class PreparedBatch:
     query_start_loc: torch.Tensor
     decode_ids: torch.Tensor | None
     other_ids: torch.Tensor | None
-    part_acc: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, HEAD_DIM_PAD] fp32
+    part_acc: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, HEAD_DIM_V_PAD] fp32
     part_ml: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, 2] fp32
     done: torch.Tensor | None  # [n_decode, decode programs a split] int32, zero between launches
     upcast_out: torch.Tensor | None  # [num_tokens, num_heads, head_dim_v] fp32 (interpreter, bf16 only)
@@ -165,11 +165,12 @@ def prepare(
         key_cache.dtype,
         var.sliding_window,
         tuning=tuning,
-        head_dim_v=latent,
+        head_dim_v=value_cache.shape[3],
+        shared_kv=latent is not None,
     )
     dev = query.device
     n_dec = len(plan.decode_seqs)
-    d_pad = plan.decode.HEAD_DIM_PAD if plan.decode is not None else 0
+    d_pad = plan.decode.HEAD_DIM_V_PAD if plan.decode is not None else 0
     # the decode programs a split of a sequence: one a kv head, or MLA's head blocks of each
     counters = Hkv * plan.decode.HEAD_BLOCKS if plan.mla and plan.decode is not None else Hkv
     upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
@@ -287,6 +288,7 @@ def run(
         kv_fp8
         and prep.fp8_native
         and prep.cache_shape[3] % 2 == 0
+        and prep.value_shape[3] % 2 == 0
         and key_cache.data_ptr() % 2 == 0
         and value_cache.data_ptr() % 2 == 0
         and all(s % 2 == 0 for s in strides_kv)
@@ -346,6 +348,8 @@ def run(
             BLOCK_N=cfg.BLOCK_N,
             HEAD_DIM=cfg.HEAD_DIM,
             HEAD_DIM_PAD=cfg.HEAD_DIM_PAD,
+            HEAD_DIM_V=cfg.HEAD_DIM_V,
+            HEAD_DIM_V_PAD=cfg.HEAD_DIM_V_PAD,
             BLOCK_SIZE=cfg.BLOCK_SIZE,
             SPLIT_SIZE=cfg.SPLIT_SIZE,
             SPLIT_LONG=cfg.SPLIT_LONG,
@@ -394,6 +398,8 @@ def run(
             BLOCK_N=cfg.BLOCK_N,
             HEAD_DIM=cfg.HEAD_DIM,
             HEAD_DIM_PAD=cfg.HEAD_DIM_PAD,
+            HEAD_DIM_V=cfg.HEAD_DIM_V,
+            HEAD_DIM_V_PAD=cfg.HEAD_DIM_V_PAD,
             BLOCK_SIZE=cfg.BLOCK_SIZE,
             UPCAST=cfg.UPCAST,
             USE_TREE=prep.tree_mask is not None,

@@ -50,6 +50,8 @@ def _attend(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -102,6 +104,8 @@ def _attend(
         BLOCK_N,
         HEAD_DIM,
         HEAD_DIM_PAD,
+        HEAD_DIM_V,
+        HEAD_DIM_V_PAD,
         BLOCK_SIZE,
         UPCAST,
         USE_WINDOW,
@@ -144,6 +148,8 @@ def _attend(
         BLOCK_N,
         HEAD_DIM,
         HEAD_DIM_PAD,
+        HEAD_DIM_V,
+        HEAD_DIM_V_PAD,
         BLOCK_SIZE,
         UPCAST,
         USE_WINDOW,
@@ -204,6 +210,8 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -258,7 +266,7 @@ def _prefill_kernel(
         slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([ROWS], tl.float32)
         m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_sum = tl.zeros([ROWS], dtype=tl.float32)
-        acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
+        acc = tl.zeros([ROWS, HEAD_DIM_V_PAD], dtype=tl.float32)
         # keys below the tile's first row's position are visible to every row (no window):
         # whole tiles of them skip the mask; the rest (the diagonal) is masked
         full_hi = lo
@@ -297,6 +305,8 @@ def _prefill_kernel(
             BLOCK_N,
             HEAD_DIM,
             HEAD_DIM_PAD,
+            HEAD_DIM_V,
+            HEAD_DIM_V_PAD,
             BLOCK_SIZE,
             UPCAST,
             USE_WINDOW,
@@ -321,8 +331,10 @@ def _prefill_kernel(
             m = m_new
         l_safe = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
         result = acc * (v_scale / l_safe)[:, None]
-        o_off = (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-        tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
+        dv = tl.arange(0, HEAD_DIM_V_PAD)
+        o_off = (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
+        o_mask = row_mask[:, None] & (dv < HEAD_DIM_V)[None, :]
+        tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=o_mask)
         if WRITE_LSE:
             lse = (m + tl.log2(l_safe)) * 0.6931471805599453  # base 2 to natural log
             tl.store(lse_ptr + (q_start + tok) * stride_lt + head, lse, mask=row_mask)

@@ -156,6 +156,8 @@ def _step(
     stride_vh,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -165,12 +167,13 @@ def _step(
     OFF_I32: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
-    USE_TREE: tl.constexpr = False,
+    USE_TREE: tl.constexpr,
 ):
     """One key tile of the online softmax: the keys ``j`` [BLOCK_N] (int32; ``kmask``: those
     that exist, below the history's or the split's end) in the cache blocks ``blk`` [BLOCK_N]
     join the rows' running max ``m`` [ROWS], denominator ``l_sum`` [ROWS] and weighted-V sum
-    ``acc`` [ROWS, HEAD_DIM_PAD] (fp32), which come back updated. The softmax runs in base 2:
+    ``acc`` [ROWS, HEAD_DIM_V_PAD] (fp32), which come back updated (keys of ``HEAD_DIM``
+    columns, values of ``HEAD_DIM_V``). The softmax runs in base 2:
     ``m`` is in natural-log units times log2(e). Without ``MASKED`` every key is visible to
     every row: no mask is computed. With ``USE_TREE`` (and ``CAUSAL``) a new token sees the
     new tokens its sequence's tree mask allows: ``tree_ptr`` points at the sequence's
@@ -191,17 +194,20 @@ def _step(
         blk, slot_w, head_w = blk.to(tl.int64), slot.to(tl.int64), kv_head.to(tl.int64)
         k_off = blk * stride_kb + slot_w * stride_ks + head_w * stride_kh
         v_off = blk * stride_vb + slot_w * stride_vs + head_w * stride_vh
+    dv = tl.arange(0, HEAD_DIM_V_PAD)
+    dvmask = dv < HEAD_DIM_V
     if KV_FP8 >= 2:  # K and V as 16-bit pairs of fp8 values (every offset even: the host checks)
         dp = tl.arange(0, HEAD_DIM_PAD // 2)
         pmask = dp < HEAD_DIM // 2
+        dvp = tl.arange(0, HEAD_DIM_V_PAD // 2)
         kt = _load_pairs(k_cache_ptr, k_off, dp, pmask, kmask, MASKED)
-        v = _load_pairs(v_cache_ptr, v_off, dp, pmask, kmask, MASKED)
+        v = _load_pairs(v_cache_ptr, v_off, dvp, dvp < HEAD_DIM_V // 2, kmask, MASKED)
     elif MASKED:
         kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + v_off[:, None] + dv[None, :], mask=kmask[:, None] & dvmask[None, :], other=0.0)
     else:
         kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=dmask[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + v_off[:, None] + dv[None, :], mask=dvmask[None, :], other=0.0)
     # fp8 -> the dots' dtype is exact (fewer exponent and significand bits)
     if KV_FP8 >= 2:
         kt = tl.trans(_widen_pairs(kt, KV_FP8 == 3))
@@ -286,6 +292,8 @@ def _attend_tiles(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -295,7 +303,7 @@ def _attend_tiles(
     OFF_I32: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
-    USE_TREE: tl.constexpr = False,
+    USE_TREE: tl.constexpr,
 ):
     """The key tiles ``start, start + BLOCK_N, .. < end`` of one sequence's history (its
     block-table row at ``table_ptr``; ``hi``: the history's end, which bounds every load) into
@@ -342,6 +350,8 @@ def _attend_tiles(
             stride_vh,
             HEAD_DIM,
             HEAD_DIM_PAD,
+            HEAD_DIM_V,
+            HEAD_DIM_V_PAD,
             BLOCK_SIZE,
             UPCAST,
             USE_WINDOW,
