@@ -23,12 +23,29 @@ FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 FP8_DTYPES = {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}
 #: the variant of an fp8 cache whose ``k_scale``/``v_scale`` are ``[num_kv_heads]`` tensors
 PER_HEAD_SCALES = "fp8_per_head_scales"
+#: the variant of a value cache that is a view of the key cache's leading columns (MLA's latent cache)
+MLA = "mla"
+#: the variant of a separate value cache whose head dim differs from the key's
+HEAD_DIM_V = "head_dim_v"
+#: the variant of a per-sequence mask over the new tokens (tree-masked speculative verification)
+TREE_MASK = "tree_mask"
+#: the variants that change the problem's shape (widths, shared rows, the mask), not the scores' formula
+SHAPE_VARIANTS = (MLA, HEAD_DIM_V, TREE_MASK)
 #: every attention variant a case can carry (``PagedCase.variants``): its field names
-VARIANTS = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "fp8_e4m3", "fp8_e5m2", PER_HEAD_SCALES)
+VARIANTS = (
+    "sliding_window",
+    "logits_soft_cap",
+    "alibi_slopes",
+    "sinks",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    PER_HEAD_SCALES,
+    *SHAPE_VARIANTS,
+)
 #: the problem's tensors, always present
 TENSOR_FIELDS = ("query", "key_cache", "value_cache", "block_tables", "seq_lens", "query_start_loc")
-#: per-head variant tensors, ``None`` when the variant is off
-OPTIONAL_TENSOR_FIELDS = ("alibi_slopes", "sinks")
+#: variant tensors, ``None`` when the variant is off: per head, and the tree mask
+OPTIONAL_TENSOR_FIELDS = ("alibi_slopes", "sinks", "tree_mask")
 #: the non-tensor fields (``k_scale``/``v_scale`` may be per-kv-head tensors: ``KV_SCALE_FIELDS``)
 SCALAR_FIELDS = ("scale", "sliding_window", "logits_soft_cap", "k_scale", "v_scale")
 #: the fp8 dequantization scales: a float (per tensor) or a ``[num_kv_heads]`` float32 tensor
@@ -36,6 +53,7 @@ KV_SCALE_FIELDS = ("k_scale", "v_scale")
 _DIMS = {
     "query": ("num_tokens", "num_heads", "head_dim"),
     "key_cache": ("num_blocks", "block_size", "num_kv_heads", "head_dim"),
+    "value_cache": ("num_blocks", "block_size", "num_kv_heads", "head_dim_v"),
 }
 
 
@@ -166,6 +184,7 @@ def check_tensors(
     sinks: object = None,
     k_scale: object = None,
     v_scale: object = None,
+    tree_mask: object = None,
     query_dtypes: Collection[torch.dtype] = FLOAT_DTYPES,
     sync: bool = True,
 ) -> tuple[list[int], list[int]] | None:
@@ -173,8 +192,10 @@ def check_tensors(
 
     Args:
         query: ``[num_tokens, num_heads, head_dim]``, one of ``query_dtypes``.
-        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the
-            query dtype or an fp8 dtype (both the same).
+        key_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the query dtype or
+            an fp8 dtype.
+        value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim_v]``, the key cache's
+            dtype (``head_dim_v`` any width; a view of the key cache's columns allowed).
         block_tables: ``[num_seqs, max_blocks]`` int32; entries a sequence uses lie in
             ``[0, num_blocks)``, the others are padding (never read, never checked).
         seq_lens: ``[num_seqs]`` int32; query_start_loc: ``[num_seqs + 1]`` int32 from 0
@@ -182,6 +203,8 @@ def check_tensors(
         alibi_slopes, sinks: ``None`` or ``[num_heads]`` float32, finite.
         k_scale, v_scale: a float (not checked here) or ``[num_kv_heads]`` float32, finite
             and > 0 (per kv head).
+        tree_mask: ``None`` or ``[sum_b q_b * q_b]`` bool, each sequence's ``[q_b, q_b]``
+            mask row-major in sequence order, with a True diagonal and nothing above it.
         sync: read the values (one device-to-host transfer); ``False`` checks shapes,
             dtypes and devices only and returns ``None``.
 
@@ -226,9 +249,12 @@ def check_tensors(
         raise ProblemError(owner, "query", "must hold values (use cpu or cuda), got the meta device, which holds none")
 
     # shapes
-    if k.shape != v.shape:
+    if k.shape[:3] != v.shape[:3]:
         raise ProblemError(
-            owner, "value_cache", f"must have the key_cache shape {tuple(k.shape)}, got {tuple(v.shape)}"
+            owner,
+            "value_cache",
+            f"must have the key_cache's [num_blocks, block_size, num_kv_heads] = {tuple(k.shape[:3])}, "
+            f"got {tuple(v.shape[:3])}",
         )
     T, Hq, D = q.shape
     N, bs, Hkv, Dk = k.shape
@@ -261,6 +287,7 @@ def check_tensors(
     scales = {"k_scale": k_scale, "v_scale": v_scale}
     for name, x in scales.items():
         check_kv_scale(owner, name, x, Hkv, dev)
+    check_tree_mask(owner, tree_mask, dev)
     if not sync:
         return None
     return _check_values(
@@ -270,7 +297,69 @@ def check_tensors(
         bs,
         {n: x for n, x in heads.items() if isinstance(x, torch.Tensor)},
         {n: x for n, x in scales.items() if isinstance(x, torch.Tensor)},
+        tree_mask if isinstance(tree_mask, torch.Tensor) else None,
     )
+
+
+def check_tree_mask(owner: str, t: object, device: torch.device) -> None:
+    """``tree_mask``'s type: ``None`` or a 1-D bool tensor on ``device``. Its length and its
+    entries (a True diagonal, nothing above it) are values, read by ``check_tensors``."""
+    if t is None:
+        return
+    if not isinstance(t, torch.Tensor):
+        raise ProblemError(owner, "tree_mask", f"must be a torch.Tensor or None, got {type(t).__name__}")
+    if t.dim() != 1 or t.dtype != torch.bool:
+        raise ProblemError(
+            owner,
+            "tree_mask",
+            f"must be [sum_b q_b * q_b] bool (each sequence's mask over its new tokens, flattened), "
+            f"got {t.dtype} of shape {tuple(t.shape)}",
+        )
+    if t.device != device:
+        raise ProblemError(
+            owner, "tree_mask", f"must be on the query's device {device} (one device for all), got {t.device}"
+        )
+
+
+def tree_mask_offsets(query_lens: list[int]) -> list[int]:
+    """``[num_seqs + 1]``: where each sequence's ``[q_b, q_b]`` mask starts in a packed tree
+    mask (``sum_{b' < b} q_b'^2``), and the total length last."""
+    out = [0]
+    for q in query_lens:
+        out.append(out[-1] + q * q)
+    return out
+
+
+def _check_tree_mask_values(owner: str, mask: list[int], query_lens: list[int]) -> None:
+    """The tree mask's length and entries (host copies): every sequence's ``[q_b, q_b]`` matrix
+    has a True diagonal (a token sees itself) and no True above it (a token's ancestors come
+    before it)."""
+    offsets = tree_mask_offsets(query_lens)
+    if len(mask) != offsets[-1]:
+        raise ProblemError(
+            owner,
+            "tree_mask",
+            f"must have sum_b q_b * q_b = {offsets[-1]} entries (query lengths {query_lens}), got {len(mask)}",
+        )
+    for b, q in enumerate(query_lens):
+        m = torch.tensor(mask[offsets[b] : offsets[b + 1]], dtype=torch.bool).view(q, q)
+        diag = m.diagonal()
+        if not bool(diag.all()):
+            i = int((~diag).nonzero()[0, 0])
+            raise ProblemError(
+                owner,
+                "tree_mask",
+                f"must have a True diagonal (a token sees itself), got [{i}, {i}] False for sequence {b}",
+            )
+        above = m.triu(1)
+        if bool(above.any()):
+            i, j = (int(x) for x in above.nonzero()[0])
+            raise ProblemError(
+                owner,
+                "tree_mask",
+                f"must be False above the diagonal (a token's ancestors come before it), "
+                f"got [{i}, {j}] True for sequence {b}",
+            )
 
 
 def _check_values(
@@ -280,6 +369,7 @@ def _check_values(
     block_size: int,
     heads: dict[str, torch.Tensor],
     scales: dict[str, torch.Tensor] | None = None,
+    tree_mask: torch.Tensor | None = None,
 ) -> tuple[list[int], list[int]]:
     """The value rules, from one device-to-host transfer: the lengths, the offsets, per
     sequence whether a block id it uses is out of range (computed where the table lives),
@@ -294,8 +384,10 @@ def _check_values(
     bad = used & ((tables < 0) | (tables >= num_blocks))  # [B, M]
     finite = [torch.isfinite(x).all().long().reshape(1) for x in heads.values()]
     positive = [(torch.isfinite(x) & (x > 0)).all().long().reshape(1) for x in scales.values()]
-    values = torch.cat([seq_lens.long(), loc_t.long(), bad.any(dim=1).long(), *finite, *positive]).tolist()
+    mask = [] if tree_mask is None else [tree_mask.long()]
+    values = torch.cat([seq_lens.long(), loc_t.long(), bad.any(dim=1).long(), *finite, *positive, *mask]).tolist()
     lens, loc, bad_rows = values[:B], values[B : 2 * B + 1], values[2 * B + 1 : 3 * B + 1]
+    flags = 3 * B + 1 + len(heads) + len(scales)
     for name, ok in zip(heads, values[3 * B + 1 :]):
         if not ok:
             raise ProblemError(owner, name, "must be finite, got NaN or infinity")
@@ -341,6 +433,8 @@ def _check_values(
                 f"must hold block ids in [0, num_blocks={num_blocks}) where "
                 f"used, got [{b}, {i}] = {int(tables[b, i])} outside [0, num_blocks={num_blocks})",
             )
+    if tree_mask is not None:
+        _check_tree_mask_values(owner, values[flags:], [loc[b + 1] - loc[b] for b in range(B)])
     return lens, loc
 
 
@@ -407,10 +501,12 @@ def check_problem(
     sinks: object = None,
     k_scale: object = 1.0,
     v_scale: object = 1.0,
+    tree_mask: object = None,
     query_dtypes: Collection[torch.dtype] = FLOAT_DTYPES,
 ) -> tuple[list[int], list[int]]:
     """The whole problem: ``check_tensors`` then ``check_options`` (fields as in
-    ``PagedCase``). Returns ``(seq_lens, query_start_loc)`` as lists."""
+    ``PagedCase``), and the combinations no case takes. Returns ``(seq_lens,
+    query_start_loc)`` as lists."""
     read = check_tensors(
         owner,
         query,
@@ -423,6 +519,7 @@ def check_problem(
         sinks=sinks,
         k_scale=k_scale,
         v_scale=v_scale,
+        tree_mask=tree_mask,
         query_dtypes=query_dtypes,
     )
     assert read is not None  # sync=True reads the values
@@ -436,4 +533,27 @@ def check_problem(
         k_scale=k_scale,
         v_scale=v_scale,
     )
+    if tree_mask is not None:
+        # a tree's positions follow its depth, which a window or ALiBi would read: engines
+        # do not combine them with tree verification, so the case carries no positions
+        for name, x in (("sliding_window", sliding_window), ("alibi_slopes", alibi_slopes)):
+            if x is not None:
+                raise ProblemError(
+                    owner,
+                    name,
+                    "must be None with a tree_mask (positions follow tree depth, which the case does not carry)",
+                )
     return read
+
+
+def is_leading_view(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:
+    """Whether ``value_cache`` is ``key_cache[..., :head_dim_v]``: the same storage, the same
+    first element and strides (MLA's latent cache, whose values are its keys' leading
+    columns). A copy of those columns is not a view: the same values, another layout."""
+    return (
+        value_cache.shape[-1] <= key_cache.shape[-1]
+        and value_cache.shape[:-1] == key_cache.shape[:-1]
+        and value_cache.data_ptr() == key_cache.data_ptr()
+        and value_cache.stride() == key_cache.stride()
+        and value_cache.dtype == key_cache.dtype
+    )

@@ -71,19 +71,23 @@ def naive_attention(case: PagedCase, return_lse: bool = False):
     Variants, written from their definitions: keys dequantized (``* k_scale``, the kv
     head's own where the scales are per head), the
     score capped (``c * tanh(s / c)``), ALiBi added (``slope * (j - p)``), only keys in
-    ``(p - W, p]`` visited, the sink's ``exp`` added to the denominator. With
-    ``return_lse``, also ``[T, Hq]`` float64: ``log`` of the denominator.
+    ``(p - W, p]`` visited, the sink's ``exp`` added to the denominator; under a tree mask a new
+    key visited only where the sequence's block of the flat mask (after the earlier sequences'
+    ``q * q`` entries) says so; values as wide as ``value_cache``. With ``return_lse``, also
+    ``[T, Hq]`` float64: ``log`` of the denominator.
     """
     q_all = case.query.double()
-    out = torch.zeros(case.num_tokens, case.num_heads, case.head_dim, dtype=torch.float64)
+    out = torch.zeros(case.num_tokens, case.num_heads, case.value_cache.shape[3], dtype=torch.float64)
     lse = torch.zeros(case.num_tokens, case.num_heads, dtype=torch.float64)
     loc = case.query_start_loc.tolist()
     lens = case.seq_lens.tolist()
     bs = case.key_cache.shape[1]
     group = case.num_heads // case.key_cache.shape[2]
     window = case.sliding_window
+    mask_start = 0
     for b in range(len(lens)):
         n_new = loc[b + 1] - loc[b]
+        context = lens[b] - n_new
         for i in range(n_new):
             pos = lens[b] - n_new + i
             first = 0 if window is None else max(0, pos - window + 1)
@@ -91,6 +95,9 @@ def naive_attention(case: PagedCase, return_lse: bool = False):
                 kvh = h // group
                 scores, values = [], []
                 for j in range(first, pos + 1):
+                    if case.tree_mask is not None and j >= context:
+                        if not bool(case.tree_mask[mask_start + i * n_new + (j - context)]):
+                            continue
                     blk = int(case.block_tables[b, j // bs])
                     kj = case.key_cache[blk, j % bs, kvh].double() * _head_scale(case.k_scale, kvh)
                     values.append(case.value_cache[blk, j % bs, kvh].double() * _head_scale(case.v_scale, kvh))
@@ -104,11 +111,12 @@ def naive_attention(case: PagedCase, return_lse: bool = False):
                 m = max(scores + ([sink] if sink is not None else []))
                 w = [math.exp(s - m) for s in scores]
                 tot = math.fsum(w) + (math.exp(sink - m) if sink is not None else 0.0)
-                acc = torch.zeros(case.head_dim, dtype=torch.float64)
+                acc = torch.zeros(out.shape[2], dtype=torch.float64)
                 for wj, vj in zip(w, values):
                     acc += (wj / tot) * vj
                 out[loc[b] + i, h] = acc
                 lse[loc[b] + i, h] = m + math.log(tot)
+        mask_start += n_new * n_new
     return (out, lse) if return_lse else out
 
 

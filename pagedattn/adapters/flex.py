@@ -117,13 +117,14 @@ class FlexBackend:
     def _run(self, case: PagedCase, return_lse: bool):
         dev = case.device
         N, bs, Hkv, D = case.key_cache.shape
+        Dv = case.head_dim_v
         S = N * bs
         sink = S if case.sinks is not None else -1  # the sinks' own key position, past the pool
         k_pool = torch.zeros(1, Hkv, S + (sink >= 0), D, dtype=case.dtype, device=dev)
-        v_pool = torch.zeros_like(k_pool)
+        v_pool = torch.zeros(1, Hkv, S + (sink >= 0), Dv, dtype=case.dtype, device=dev)
         phys_to_logical = torch.full((case.num_seqs, S + (sink >= 0)), -1, dtype=torch.int64, device=dev)
         flat_k = case.key_cache.reshape(S, Hkv, D)
-        flat_v = case.value_cache.reshape(S, Hkv, D)
+        flat_v = case.value_cache.reshape(S, Hkv, Dv)
         for b in range(case.num_seqs):
             slots = case.slot_mapping(b)  # [L]
             k, v = index_rows(flat_k, slots), index_rows(flat_v, slots)
@@ -140,12 +141,23 @@ class FlexBackend:
         first = case.seq_lens.long() - q_lens  # absolute position of each sequence's first new token
         token_pos = first[token_seq] + torch.arange(case.num_tokens, device=dev) - loc[token_seq]  # [T]
         window = case.sliding_window
+        tree = case.tree_mask
+        if tree is not None:
+            # token t's row of its sequence's mask starts at row_start[t] of the packed mask: the
+            # new token j (logical position first + j) it sees is tree[row_start[t] + j]
+            offsets = torch.tensor(case.tree_mask_offsets()[:-1], dtype=torch.int64, device=dev)
+            row = torch.arange(case.num_tokens, device=dev) - loc[token_seq]  # [T]
+            row_start = offsets[token_seq] + row * q_lens[token_seq]  # [T]
 
         def mask_mod(b, h, q_idx, kv_idx):
             logical = phys_to_logical[token_seq[q_idx], kv_idx]
             visible = (logical >= 0) & (logical <= token_pos[q_idx])
             if window is not None:
                 visible = visible & (logical > token_pos[q_idx] - window)
+            if tree is not None:
+                new = logical - first[token_seq[q_idx]]  # the key's index among the new tokens
+                seen = tree[(row_start[q_idx] + new.clamp(min=0)).clamp(max=tree.shape[0] - 1)]
+                visible = visible & ((new < 0) | seen)
             return visible | (kv_idx == sink)
 
         cap, slopes, sinks = case.logits_soft_cap, case.alibi_slopes, case.sinks
@@ -179,7 +191,7 @@ class FlexBackend:
             return_lse=return_lse,
         )
         if not return_lse:
-            return result[0].transpose(0, 1).contiguous()  # [T, Hq, D]
+            return result[0].transpose(0, 1).contiguous()  # [T, Hq, Dv]
         out, lse = result
         return out[0].transpose(0, 1).contiguous(), lse[0].transpose(0, 1).float().contiguous()
 

@@ -8,7 +8,10 @@ import torch.nn.functional as F
 
 from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.oracle import (
+    HEAD_DIM_V,
+    MLA,
     PER_HEAD_SCALES,
+    TREE_MASK,
     PagedCase,
     gather_history,
     kv_row_scales,
@@ -26,13 +29,16 @@ class SDPABackend:
     Variants SDPA can express: the sliding window (in the mask), ALiBi (a float32 mask:
     the bias, ``-inf`` where masked; with fp16/bf16 the call runs in float32, because the
     bias in the query dtype loses the bits the policy counts on) and fp8 caches
-    (dequantized into the query dtype first, as vLLM's kernels do; per-head scales too). Not soft-cap or sinks:
-    SDPA has no hook for either."""
+    (dequantized into the query dtype first, as vLLM's kernels do; per-head scales too), a value
+    width of its own (MLA's latent values among them: SDPA takes ``Ev != E``) and tree masks (in
+    the mask). Not soft-cap or sinks: SDPA has no hook for either."""
 
     name = "sdpa"
     capabilities = Capabilities(
         operations=frozenset({"attention", "gather", "write_cache"}),
-        variants=frozenset({"sliding_window", "alibi_slopes", "fp8_e4m3", "fp8_e5m2", PER_HEAD_SCALES}),
+        variants=frozenset(
+            {"sliding_window", "alibi_slopes", "fp8_e4m3", "fp8_e5m2", PER_HEAD_SCALES, MLA, HEAD_DIM_V, TREE_MASK}
+        ),
         notes={"variants": "SDPA has no hook for a logits soft-cap or attention sinks"},
     )
 
@@ -41,7 +47,7 @@ class SDPABackend:
         return f"torch {torch.__version__}"
 
     def paged_attention(self, case: PagedCase) -> torch.Tensor:
-        out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=case.dtype, device=case.device)
+        out = torch.empty(case.num_tokens, case.num_heads, case.head_dim_v, dtype=case.dtype, device=case.device)
         loc = case.query_start_loc_list
         for b, L in enumerate(case.seq_lens_list):
             k, v = gather_history(case, b)  # [L, Hkv, D]
@@ -54,6 +60,9 @@ class SDPABackend:
             q = case.query[loc[b] : loc[b + 1]].transpose(0, 1)  # [Hq, n, D]
             n = q.shape[1]
             mask = causal_mask(n, L, q.device, case.sliding_window)
+            tree = case.tree_mask_of(b)
+            if tree is not None:  # the new tokens' columns: the tree's, not the causal triangle
+                mask[:, L - n :] = tree
             if case.alibi_slopes is not None:
                 rel = torch.arange(L, device=q.device)[None, :] - torch.arange(L - n, L, device=q.device)[:, None]
                 bias = case.alibi_slopes[:, None, None] * rel[None].float()  # [Hq, n, L]

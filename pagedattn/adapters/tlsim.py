@@ -7,7 +7,7 @@ import torch
 from pagedattn._version import __version__
 from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.kernels import tlsim_programs as programs
-from pagedattn.oracle import PER_HEAD_SCALES, VARIANTS, PagedCase
+from pagedattn.oracle import PER_HEAD_SCALES, SHAPE_VARIANTS, VARIANTS, PagedCase
 
 
 class TLSimBackend:
@@ -19,8 +19,11 @@ class TLSimBackend:
     version = __version__
     capabilities = Capabilities(
         operations=frozenset({"attention", "gather", "write_cache", "lse"}),
-        variants=frozenset(VARIANTS) - {PER_HEAD_SCALES},
-        notes={"variants": "no per-head fp8 scales: the kernel takes one k_scale and one v_scale"},
+        variants=frozenset(VARIANTS) - {PER_HEAD_SCALES, *SHAPE_VARIANTS},
+        notes={
+            "variants": "no per-head fp8 scales: the kernel takes one k_scale and one v_scale; "
+            "one head dim for keys and values (no MLA, no head_dim_v) and causal masks only (no tree_mask)"
+        },
     )
 
     def __init__(self, tile: int = 16):

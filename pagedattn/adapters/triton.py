@@ -14,7 +14,7 @@ import torch
 from pagedattn._version import __version__
 from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.adapters.interpreter import arrange_interpreter
-from pagedattn.oracle import PER_HEAD_SCALES, VARIANTS, PagedCase
+from pagedattn.oracle import PER_HEAD_SCALES, SHAPE_VARIANTS, VARIANTS, PagedCase
 
 #: The oldest Triton whose interpreter runs this kernel: 3.5's interpreter rejects a
 #: ``range`` over loaded scalars (seen with triton 3.5.1, the one torch 2.9 pins).
@@ -25,7 +25,8 @@ INSTALL_HINT = "pip install 'pagedattn-conformance[triton]'  (or: pip install tr
 
 #: why a claim is narrowed (``Capabilities.notes["variants"]``)
 VARIANTS_NOTE = (
-    "no per-head fp8 scales: the kernel folds one k_scale into the score scale and one v_scale into the output"
+    "no per-head fp8 scales: the kernel folds one k_scale into the score scale and one v_scale into the output; "
+    "one head dim for keys and values (no MLA, no head_dim_v) and causal masks only (no tree_mask)"
 )
 
 
@@ -47,7 +48,8 @@ class TritonBackend:
         version = tuple(int(x) for x in triton.__version__.split(".")[:2])
         # what the kernel implements; where it can run differs below
         claims: dict = dict(
-            operations=frozenset({"attention", "lse"}), variants=frozenset(VARIANTS) - {PER_HEAD_SCALES}
+            operations=frozenset({"attention", "lse"}),
+            variants=frozenset(VARIANTS) - {PER_HEAD_SCALES, *SHAPE_VARIANTS},
         )
         if self.interpreter and version < MIN_INTERPRETER_TRITON:
             self.capabilities = Capabilities(

@@ -42,6 +42,15 @@ def _prefill(profile: str) -> list[CaseSpec]:
         out.append(CaseSpec("prefill", ((33, 33), (16, 16)), dtype=dt))
         out.append(CaseSpec("prefill", ((20, 20),), head_dim=96, block_size=3, dtype=dt))
     out.append(CaseSpec("prefill", ((1, 1), (48, 48)), scale=0.05, dtype=F32))
+    # a value width of its own: MLA's prefill (uncompressed keys of 192 = 128 + 64 rotary,
+    # values of 128, as DeepSeek V2/V3 compute a prompt); a kernel that sizes the output or
+    # the value tile by the key's head dim fails it
+    for dt in (F32, BF16):
+        out.append(
+            CaseSpec(
+                "prefill", ((40, 40), (23, 23)), num_heads=8, num_kv_heads=8, head_dim=192, head_dim_v=128, dtype=dt
+            )
+        )
     if profile != "quick":
         for dt in DTYPES:
             out.append(CaseSpec("prefill", ((600, 600), (129, 129)), num_heads=8, head_dim=128, dtype=dt))
@@ -58,6 +67,11 @@ def _continuation(profile: str) -> list[CaseSpec]:
         out.append(CaseSpec("continuation", ((64, 16), (17, 2)), head_dim=48, block_size=16, dtype=dt))
     for dt in (F16, BF16):  # a long history at half precision: where an accumulator kept in it shows
         out.append(CaseSpec("continuation", ((1600, 32),), num_heads=4, num_kv_heads=2, dtype=dt))
+    out.append(  # chunked prefill with MLA's value width, over split-length histories
+        CaseSpec(
+            "continuation", ((700, 20), (90, 9)), num_heads=8, num_kv_heads=8, head_dim=192, head_dim_v=128, dtype=F16
+        )
+    )
     if profile != "quick":
         for dt in DTYPES:
             out.append(CaseSpec("continuation", ((1500, 300), (777, 77)), num_heads=8, head_dim=128, dtype=dt))

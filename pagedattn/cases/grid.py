@@ -18,7 +18,17 @@ from pagedattn.validation import ProblemError
 #: the core families, then one family per attention variant (capability-gated) and their
 #: combinations; ``lse`` checks the log-sum-exp output (an optional operation)
 CORE_FAMILIES = ("gather", "cache_write", "decode", "prefill", "continuation", "gqa", "layout", "mixed")
-VARIANT_FAMILIES = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks", "fp8", "lse", "combined")
+VARIANT_FAMILIES = (
+    "sliding_window",
+    "logits_soft_cap",
+    "alibi_slopes",
+    "sinks",
+    "fp8",
+    "lse",
+    "combined",
+    "mla",
+    "tree_mask",
+)
 FAMILIES = CORE_FAMILIES + VARIANT_FAMILIES
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 HEAD_DIMS = (48, 64, 80, 96, 112, 128, 256)

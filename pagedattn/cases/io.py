@@ -23,16 +23,23 @@ class CaseFileError(ValueError):
 def case_state(case: PagedCase) -> dict[str, Any]:
     """Everything that defines ``case``, on the CPU: ``{"tensors": {...}, "options": {...}}``
     (tensors bit for bit, the optional variant tensors only when set, per-head fp8 scales
-    among them; scale and the variants' parameters as plain numbers)."""
-    return {
-        "tensors": {f: t.detach().cpu().clone() for f, t in case.tensors().items()},
-        "options": case.options(),
-    }
+    among them; scale and the variants' parameters as plain numbers). A shared latent cache
+    (``shared_kv``) is saved once, with ``"value_view"``: the number of leading key columns
+    the values are."""
+    tensors = {f: t.detach().cpu().clone() for f, t in case.tensors().items()}
+    state: dict[str, Any] = {"tensors": tensors, "options": case.options()}
+    if case.shared_kv:
+        del tensors["value_cache"]
+        state["value_view"] = case.head_dim_v
+    return state
 
 
 def case_from_state(state: dict[str, Any], device: str | torch.device = "cpu") -> PagedCase:
     """The case ``case_state`` described, on ``device``."""
-    return PagedCase(**{f: t.to(device) for f, t in state["tensors"].items()}, **state["options"])
+    tensors = {f: t.to(device) for f, t in state["tensors"].items()}
+    if state.get("value_view") is not None:
+        tensors["value_cache"] = tensors["key_cache"][..., : state["value_view"]]
+    return PagedCase(**tensors, **state["options"])
 
 
 def save_case(case: PagedCase, path: str | os.PathLike, **meta: Any) -> None:
@@ -81,7 +88,10 @@ def _structure_problem(payload: dict) -> str:
     tensors, options, meta = payload.get("tensors"), payload.get("options"), payload.get("meta", {})
     if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
         return "'tensors' must be a dict of tensors"
-    missing = [f for f in TENSOR_FIELDS if f not in tensors]
+    view = payload.get("value_view")
+    if view is not None and (isinstance(view, bool) or not isinstance(view, int) or view < 1):
+        return f"'value_view' must be a number of key columns >= 1, got {view!r}"
+    missing = [f for f in TENSOR_FIELDS if f not in tensors and not (f == "value_cache" and view is not None)]
     unknown = sorted(set(tensors) - set(TENSOR_FIELDS) - set(OPTIONAL_TENSOR_FIELDS) - set(KV_SCALE_FIELDS))
     if missing:
         return f"'tensors' lacks {', '.join(missing)}"

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.oracle.case import PagedCase
-from pagedattn.validation import FP8_DTYPES, PER_HEAD_SCALES, ProblemError
+from pagedattn.validation import FP8_DTYPES, HEAD_DIM_V, MLA, PER_HEAD_SCALES, TREE_MASK, ProblemError
 
 LAYOUTS = ("sequential", "permuted", "interleaved", "shared")
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
@@ -59,6 +59,11 @@ class CaseSpec:
             is of the usual size.
         k_scale, v_scale: the fp8 scales (only with ``kv_dtype``): a float (per tensor) or a
             tuple of ``num_kv_heads`` floats (per kv head, ``fp8_per_head_scales``).
+        head_dim_v: the values' head dim (``None``: ``head_dim``).
+        mla: the values are a view of the keys' leading ``head_dim_v`` columns (MLA's latent
+            cache; ``head_dim_v < head_dim``).
+        tree_mask: every multi-token sequence's new tokens form a random tree (each token's
+            parent an earlier one, branching), drawn after everything else.
     """
 
     family: str
@@ -81,8 +86,15 @@ class CaseSpec:
     kv_dtype: torch.dtype | None = None
     k_scale: float | tuple[float, ...] = 1.0
     v_scale: float | tuple[float, ...] = 1.0
+    head_dim_v: int | None = None
+    mla: bool = False
+    tree_mask: bool = False
 
     def __post_init__(self) -> None:
+        if self.mla and not (self.head_dim_v is not None and self.head_dim_v < self.head_dim):
+            raise ProblemError(
+                "CaseSpec", "head_dim_v", f"must be < head_dim {self.head_dim} with mla, got {self.head_dim_v}"
+            )
         if self.kv_dtype is not None and self.kv_dtype not in FP8_DTYPES:
             raise ProblemError("CaseSpec", "kv_dtype", f"must be an fp8 dtype or None, got {self.kv_dtype}")
         if self.layout not in LAYOUTS:
@@ -115,7 +127,17 @@ class CaseSpec:
         fp8 = {FP8_DTYPES[self.kv_dtype]} if self.kv_dtype is not None else set()
         if self.per_head_scales:
             fp8.add(PER_HEAD_SCALES)
-        return frozenset({name for name, used in on.items() if used} | fp8)
+        shape = {
+            MLA: self.mla,
+            HEAD_DIM_V: not self.mla and self.value_width != self.head_dim,
+            TREE_MASK: self.tree_mask,
+        }
+        return frozenset({name for name, used in {**on, **shape}.items() if used} | fp8)
+
+    @property
+    def value_width(self) -> int:
+        """The values' head dim."""
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
 
     @property
     def per_head_scales(self) -> bool:
@@ -137,6 +159,7 @@ class CaseSpec:
             f"gqa{self.gqa_ratio}" if self.num_kv_heads > 1 else f"mqa{self.num_heads}",
             f"bs{self.block_size}",
             f"d{self.head_dim}",
+            *([f"dv{self.value_width}"] if self.value_width != self.head_dim else []),
             DTYPE_NAMES[self.dtype],
             f"L{self.max_seq_len}",
         ]
@@ -158,6 +181,10 @@ class CaseSpec:
             parts.append(FP8_DTYPES[self.kv_dtype])
         if self.per_head_scales:
             parts.append("perhead")
+        if self.mla:
+            parts.append("mla")
+        if self.tree_mask:
+            parts.append("tree")
         if self.tag:
             parts.append(self.tag)
         return "-".join(parts)
@@ -202,11 +229,13 @@ class CaseSpec:
             pad = poison_ids[b % len(poison_ids)] if poison_ids else 0
             block_tables[b] = torch.tensor(row + [pad] * (width - len(row)), dtype=torch.int32)
         k = torch.randn(N, bs, Hkv, D, generator=gen)
-        v = torch.randn(N, bs, Hkv, D, generator=gen)
+        v = torch.randn(N, bs, Hkv, self.value_width, generator=gen)
         # drawn after the data, so that adding a variant to a spec keeps its other tensors
         sinks = torch.rand(self.num_heads, generator=gen) * 7.0 - 1.0 if self.sinks else None
+        if self.mla:  # one latent cache: the values are its keys' leading columns
+            v = k[..., : self.value_width]
         if self.poison:
-            for cache in (k, v):
+            for cache in (k,) if self.mla else (k, v):
                 cache[poison_ids] = float("nan")
                 for b, (s, _) in enumerate(self.seqs):
                     tail = s % bs
@@ -220,6 +249,9 @@ class CaseSpec:
             k, v = (k / _rows(k_scale)).to(self.kv_dtype), (v / _rows(v_scale)).to(self.kv_dtype)
         else:
             k, v = k.to(self.dtype), v.to(self.dtype)
+        if self.mla:
+            v = k[..., : self.value_width]
+        tree = torch.cat([random_tree_mask(q, gen).reshape(-1) for q in qlens]) if self.tree_mask else None
         H = self.num_heads
         slopes = torch.tensor([2.0 ** (-8.0 * (h + 1) / H) for h in range(H)]) if self.alibi_slopes else None
         return PagedCase(
@@ -236,7 +268,20 @@ class CaseSpec:
             sinks=sinks,
             k_scale=k_scale,
             v_scale=v_scale,
+            tree_mask=tree,
         )
+
+
+def random_tree_mask(n: int, gen: torch.Generator) -> torch.Tensor:
+    """``[n, n]`` bool: a random tree over ``n`` tokens in topological order, as an ancestor
+    matrix (``[i, j]`` True when ``j`` is ``i`` or an ancestor of ``i``). Token ``i``'s parent
+    is drawn among the last few before it, so the tree both branches and runs deep, as
+    speculative decoding's draft trees do; a chain (causal) is one draw among many."""
+    mask = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        parent = i - 1 - int(torch.randint(0, min(i, 3), (1,), generator=gen))
+        mask[i] |= mask[parent]
+    return mask
 
 
 def _scale_field(x: float | tuple[float, ...]) -> float | torch.Tensor:

@@ -302,6 +302,91 @@ def _combined(profile: str) -> list[CaseSpec]:
     return out
 
 
+#: DeepSeek V2/V3's absorbed MLA: one latent kv head of 576 (512 compressed + 64 rotary), the
+#: value its first 512 columns, softmax scale 1/sqrt(192) with YaRN's mscale (not 576 ** -0.5)
+MLA_SHAPE: dict[str, Any] = dict(num_kv_heads=1, head_dim=576, head_dim_v=512, mla=True, scale=0.1352)
+
+
+def _mla(profile: str) -> list[CaseSpec]:
+    """The page sizes of the kernels that ship it (FlashMLA 64, vLLM 16 and more, SGLang's token
+    pool 1), histories over a decode split, multi-token verification (MTP), and 16 and 128 query
+    heads (DeepSeek V2-Lite and V3 per tensor-parallel rank). A kernel that reads the value from
+    the wrong columns, or drops the rotary part of the score, fails every case."""
+    out = []
+    for dt, bs in ((BF16, 64), (F16, 16), (F32, 1)):
+        out.append(CaseSpec("mla", ((300, 1), (77, 1), (1100, 1)), num_heads=16, block_size=bs, dtype=dt, **MLA_SHAPE))
+    out.append(CaseSpec("mla", ((200, 2), (100, 4)), num_heads=16, block_size=64, dtype=BF16, **MLA_SHAPE))
+    out.append(CaseSpec("mla", ((90, 30),), num_heads=16, block_size=16, layout="permuted", dtype=BF16, **MLA_SHAPE))
+    out.append(CaseSpec("mla", ((500, 1), (64, 1)), num_heads=128, block_size=64, dtype=BF16, **MLA_SHAPE))
+    # an fp8 latent cache, one scale for the shared rows
+    out.append(
+        CaseSpec(
+            "mla",
+            ((300, 1), (40, 1)),
+            num_heads=16,
+            block_size=64,
+            kv_dtype=E4M3,
+            k_scale=0.37,
+            v_scale=0.37,
+            dtype=BF16,
+            **MLA_SHAPE,
+        )
+    )
+    if profile != "quick":
+        for dt in (F16, BF16):
+            out.append(
+                CaseSpec(
+                    "mla",
+                    ((4000, 1), (2000, 1), (700, 1), (33, 1)),
+                    num_heads=128,
+                    block_size=64,
+                    layout="permuted",
+                    dtype=dt,
+                    **MLA_SHAPE,
+                )
+            )
+            out.append(CaseSpec("mla", ((3000, 4), (1000, 2)), num_heads=16, block_size=16, dtype=dt, **MLA_SHAPE))
+    if profile == "thorough":
+        out.append(CaseSpec("mla", ((32768, 1), (8192, 1)), num_heads=16, block_size=64, dtype=BF16, **MLA_SHAPE))
+    return out
+
+
+def _tree_mask(profile: str) -> list[CaseSpec]:
+    """Draft trees verified over a history: branching trees (a chain would equal causal), a
+    decode row beside them, trees across block edges and a decode split, and the variants that
+    engines run speculative decoding with (soft-cap, sinks, an fp8 cache). A kernel that reads
+    the mask as causal, transposes it, or applies it to the history fails."""
+    out = []
+    for dt in DTYPES:
+        out.append(CaseSpec("tree_mask", ((40, 8), (30, 5), (17, 1)), tree_mask=True, dtype=dt))
+    for dt in (F32, BF16):
+        out.append(CaseSpec("tree_mask", ((1100, 16), (600, 7)), num_heads=8, tree_mask=True, dtype=dt))
+    out.append(CaseSpec("tree_mask", ((70, 26), (45, 13)), block_size=13, layout="permuted", tree_mask=True, dtype=F16))
+    out.append(CaseSpec("tree_mask", ((64, 64),), num_heads=8, num_kv_heads=1, block_size=1, tree_mask=True, dtype=F32))
+    out.append(
+        CaseSpec("tree_mask", ((200, 10), (90, 6)), logits_soft_cap=5.0, query_gain=4.0, tree_mask=True, dtype=F16)
+    )
+    out.append(CaseSpec("tree_mask", ((200, 10), (90, 6)), num_heads=8, sinks=True, tree_mask=True, dtype=BF16))
+    out.append(
+        CaseSpec("tree_mask", ((200, 10), (90, 6)), kv_dtype=E4M3, k_scale=0.37, v_scale=1.9, tree_mask=True, dtype=F16)
+    )
+    if profile != "quick":
+        for dt in (F16, BF16):
+            out.append(
+                CaseSpec(
+                    "tree_mask",
+                    ((4000, 64), (1500, 32), (300, 1)),
+                    num_heads=32,
+                    num_kv_heads=8,
+                    head_dim=128,
+                    layout="permuted",
+                    tree_mask=True,
+                    dtype=dt,
+                )
+            )
+    return out
+
+
 BUILDERS: dict[str, Callable[[str], list[CaseSpec]]] = {
     "sliding_window": _sliding_window,
     "logits_soft_cap": _logits_soft_cap,
@@ -310,4 +395,6 @@ BUILDERS: dict[str, Callable[[str], list[CaseSpec]]] = {
     "fp8": _fp8,
     "lse": _lse,
     "combined": _combined,
+    "mla": _mla,
+    "tree_mask": _tree_mask,
 }

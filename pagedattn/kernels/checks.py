@@ -161,6 +161,13 @@ def check_paged_inputs(
         query_dtypes=QUERY_DTYPES,
     )
     assert lens_loc is not None  # sync=True reads the values
+    if value_cache.shape[-1] != key_cache.shape[-1]:
+        raise ProblemError(
+            OWNER,
+            "value_cache",
+            f"must have the key_cache's head_dim {key_cache.shape[-1]} (one head dim for keys and values), "
+            f"got head_dim_v {value_cache.shape[-1]}",
+        )
     named = dict(query=query, key_cache=key_cache, value_cache=value_cache)
     for name, t in named.items():
         if t.stride(-1) != 1:

@@ -14,7 +14,16 @@ from pagedattn.oracle.reference import (
     write_cache_by_indexing,
 )
 from pagedattn.oracle.verdict import AttentionCheck, check_attention, check_attention_lse
-from pagedattn.validation import FP8_DTYPES, PER_HEAD_SCALES, VARIANTS, ProblemError
+from pagedattn.validation import (
+    FP8_DTYPES,
+    HEAD_DIM_V,
+    MLA,
+    PER_HEAD_SCALES,
+    SHAPE_VARIANTS,
+    TREE_MASK,
+    VARIANTS,
+    ProblemError,
+)
 
 __all__ = [
     "DTYPE_TABLE",
@@ -25,7 +34,11 @@ __all__ = [
     "AttentionCheck",
     "BitCheck",
     "FP8_DTYPES",
+    "HEAD_DIM_V",
+    "MLA",
     "PER_HEAD_SCALES",
+    "SHAPE_VARIANTS",
+    "TREE_MASK",
     "PagedCase",
     "ProblemError",
     "VARIANTS",

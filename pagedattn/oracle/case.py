@@ -15,13 +15,19 @@ import torch
 
 from pagedattn.validation import (
     FP8_DTYPES,
+    HEAD_DIM_V,
     KV_SCALE_FIELDS,
+    MLA,
     OPTIONAL_TENSOR_FIELDS,
     PER_HEAD_SCALES,
     SCALAR_FIELDS,
     TENSOR_FIELDS,
+    TREE_MASK,
+    ProblemError,
     check_problem,
     default_scale,
+    is_leading_view,
+    tree_mask_offsets,
 )
 
 
@@ -35,7 +41,12 @@ class PagedCase:
             ``num_tokens = sum(query_lens)``.
         key_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, floating.
             The paged pool of keys.
-        value_cache: same shape and dtype as ``key_cache``.
+        value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim_v]``, the key cache's
+            dtype. ``head_dim_v`` is ``head_dim`` unless the variant ``head_dim_v`` (a value
+            width of its own, as MLA prefill's 192/128) or ``mla``: ``value_cache`` a view of
+            ``key_cache[..., :head_dim_v]``, MLA's latent cache whose values are its keys'
+            leading columns (``shared_kv``; DeepSeek's absorbed decode: one kv head of 576,
+            the value its first 512).
         block_tables: ``[num_seqs, max_blocks_per_seq]`` int32. Entry ``[b, i]`` is the
             physical block holding tokens ``i*block_size .. (i+1)*block_size - 1`` of
             sequence ``b``. Entries past ``ceil(seq_lens[b] / block_size)`` are padding
@@ -60,6 +71,12 @@ class PagedCase:
             kv head ``g``'s keys are ``float(key_cache[..., g, :]) * k_scale[g]``; the
             variant ``fp8_per_head_scales``). Only an fp8 cache
             (``float8_e4m3fn``/``float8_e5m2``) may carry a float other than 1.0, or a tensor.
+        tree_mask: ``[sum_b q_b * q_b]`` bool or ``None`` (the variant ``tree_mask``,
+            speculative decoding's tree verification): sequence ``b``'s ``[q_b, q_b]`` matrix,
+            row-major, from ``tree_mask_offsets()[b]``; entry ``[i, j]`` is True when new token
+            ``i`` sees new token ``j`` (an ancestor, or itself). The diagonal is True and
+            nothing above it is (a tree in topological order). Every new token sees the whole
+            history before the new tokens. Not with ``sliding_window`` or ``alibi_slopes``.
 
     The ``q_b`` new tokens of sequence ``b`` sit at absolute positions
     ``seq_lens[b] - q_b .. seq_lens[b] - 1``; their keys and values are already in the
@@ -68,14 +85,16 @@ class PagedCase:
     a sequence with nothing to compute does not belong in an attention batch, and
     allowing it would make every kernel special-case empty rows.
 
-    Query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``.
+    Query head ``h`` reads kv head ``h // (num_heads // num_kv_heads)``. The output is
+    ``[num_tokens, num_heads, head_dim_v]`` in the query dtype.
 
     The score of key ``j`` for the query at ``p`` (head ``h``), in this order::
 
         s = scale * (q . k_j * k_scale)              # k_j as stored, dequantized
         s = c * tanh(s / c)                          # logits_soft_cap
         s = s + alibi_slopes[h] * (j - p)            # ALiBi
-        s = -inf unless p - W < j <= p               # causal (and sliding window)
+        s = -inf unless p - W < j <= p               # causal (and sliding window); with a tree
+                                                     # mask: j < context_len or mask[i, j - context_len]
         o = sum_j exp(s_j - lse) * v_j * v_scale,  lse = log(exp(sinks[h]) + sum_j exp(s_j))
 
     ``lse`` is the natural log of the softmax denominator actually used (the sink
@@ -100,6 +119,7 @@ class PagedCase:
     sinks: torch.Tensor | None = None
     k_scale: float | torch.Tensor = 1.0
     v_scale: float | torch.Tensor = 1.0
+    tree_mask: torch.Tensor | None = None
     # host copies of query_start_loc and seq_lens, taken by validation
     _loc: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
     _seq_lens: tuple[int, ...] = dataclasses.field(init=False, repr=False, compare=False)
@@ -122,6 +142,7 @@ class PagedCase:
             sinks=self.sinks,
             k_scale=self.k_scale,
             v_scale=self.v_scale,
+            tree_mask=self.tree_mask,
         )
         object.__setattr__(self, "_loc", tuple(loc))
         object.__setattr__(self, "_seq_lens", tuple(seq_lens))
@@ -155,6 +176,17 @@ class PagedCase:
     @property
     def head_dim(self) -> int:
         return int(self.query.shape[2])
+
+    @property
+    def head_dim_v(self) -> int:
+        """The value's (and output's) head dim: ``head_dim`` unless the case says otherwise."""
+        return int(self.value_cache.shape[3])
+
+    @property
+    def shared_kv(self) -> bool:
+        """Whether ``value_cache`` is ``key_cache[..., :head_dim_v]`` (a view, narrower than the
+        keys): MLA's latent cache, whose values are its keys' leading columns."""
+        return self.head_dim_v < self.head_dim and is_leading_view(self.key_cache, self.value_cache)
 
     @property
     def block_size(self) -> int:
@@ -194,6 +226,12 @@ class PagedCase:
             out.add(FP8_DTYPES[self.kv_dtype])
         if self.per_head_scales:
             out.add(PER_HEAD_SCALES)
+        if self.shared_kv:
+            out.add(MLA)
+        elif self.head_dim_v != self.head_dim:
+            out.add(HEAD_DIM_V)
+        if self.tree_mask is not None:
+            out.add(TREE_MASK)
         return frozenset(out)
 
     @property
@@ -248,6 +286,20 @@ class PagedCase:
     def max_seq_len(self) -> int:
         return max(self.seq_lens_list)
 
+    def tree_mask_offsets(self) -> list[int]:
+        """``[num_seqs + 1]``: where each sequence's ``[q_b, q_b]`` mask starts in ``tree_mask``
+        (``sum_{b' < b} q_b'^2``), the total last; defined with or without a mask."""
+        return tree_mask_offsets(self.query_lens)
+
+    def tree_mask_of(self, seq: int) -> torch.Tensor | None:
+        """``[q_b, q_b]`` bool: which new tokens of ``seq`` each of its new tokens sees (``None``
+        without a tree mask: causal)."""
+        if self.tree_mask is None:
+            return None
+        off = self.tree_mask_offsets()
+        q = self.query_lens[seq]
+        return self.tree_mask[off[seq] : off[seq + 1]].view(q, q)
+
     def num_blocks_used(self, seq: int) -> int:
         return -(-self.seq_lens_list[seq] // self.block_size)
 
@@ -280,8 +332,26 @@ class PagedCase:
         return self._with_tensors({f: t.to(device) for f, t in self.tensors().items()})
 
     def replace(self, **changes) -> PagedCase:
-        """A new case with ``changes`` applied (validated: the changes may break a rule)."""
+        """A new case with ``changes`` applied (validated: the changes may break a rule). A
+        shared (MLA) case given a new ``key_cache`` alone keeps its values the key's leading
+        columns (``with_caches``)."""
+        if "key_cache" in changes and "value_cache" not in changes and self.shared_kv:
+            changes["value_cache"] = changes["key_cache"][..., : self.head_dim_v]
         return dataclasses.replace(self, **changes)
+
+    def with_caches(self, key_cache: torch.Tensor, value_cache: torch.Tensor | None = None) -> PagedCase:
+        """This case over other caches (validated). ``value_cache=None``: the values of a shared
+        (MLA) case are the new key cache's leading ``head_dim_v`` columns, a view as before;
+        of any other case, required."""
+        if value_cache is None:
+            if not self.shared_kv:
+                raise ProblemError(
+                    "PagedCase.with_caches",
+                    "value_cache",
+                    "must be given unless the case's values are a view of its keys",
+                )
+            value_cache = key_cache[..., : self.head_dim_v]
+        return dataclasses.replace(self, key_cache=key_cache, value_cache=value_cache)
 
     def clone(self) -> PagedCase:
         """A deep copy: every tensor cloned (a copy of a valid case: not validated again)."""
@@ -293,6 +363,8 @@ class PagedCase:
         new = object.__new__(PagedCase)
         for f in dataclasses.fields(self):
             object.__setattr__(new, f.name, tensors.get(f.name, getattr(self, f.name)))
+        if self.shared_kv:  # the values stay a view of the (new) keys, not a copy beside them
+            object.__setattr__(new, "value_cache", new.key_cache[..., : self.head_dim_v])
         return new
 
     def __repr__(self) -> str:
@@ -300,12 +372,17 @@ class PagedCase:
             f"PagedCase(num_seqs={self.num_seqs}, seq_lens={self.seq_lens_list}, "
             f"query_lens={self.query_lens}, num_heads={self.num_heads}, "
             f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"{'' if self.head_dim_v == self.head_dim else f'head_dim_v={self.head_dim_v}, '}"
             f"block_size={self.block_size}, num_blocks={self.num_blocks}, "
             f"dtype={self.dtype}, scale={self.scale:.6g}{self._variant_repr()}, device={self.device})"
         )
 
     def _variant_repr(self) -> str:
         parts = []
+        if self.shared_kv:
+            parts.append("shared_kv=True")
+        if self.tree_mask is not None:
+            parts.append(f"tree_mask=[{int(self.tree_mask.sum())} of {self.tree_mask.numel()} True]")
         if self.sliding_window is not None:
             parts.append(f"sliding_window={self.sliding_window}")
         if self.logits_soft_cap is not None:

@@ -149,6 +149,9 @@ class _Terms(NamedTuple):
     sink_const: torch.Tensor | None  # [Hkv, G, 1] float64: C_EXP + |sink|
     device_path: bool  # no host read per block (a device, or DEVICE_PATH_ON_CPU)
     subnormal_free: bool  # (device path) no weight of the case can fall below the weights' min normal (False: unread)
+    # 2 where one dequantization rounding of a shared latent cache enters both the score and the
+    # value (their contributions correlate: var(a + b) <= 2 var(a) + 2 var(b)); else 1
+    kv_corr: float = 1.0
 
 
 def _terms(
@@ -177,6 +180,7 @@ def _terms(
     # input dtype, a declared input-dtype product or folded scale): sum_i q_i k_ji delta_i over the
     # head dim, independent roundings, so C_DOT sqrt(sum_i (q_i k_ji)^2) <= C_DOT max|q_i| |k_j|
     u_prod = u_kv + (u_in if qk_precision != "fp32" else 0.0)
+    kv_corr = 2.0 if case.shared_kv and u_kv else 1.0
     a = (C_DOT * U_FP32 * math.sqrt(case.head_dim) + 2.0 * u_op) * case.scale
     row_const = U_FP32 * (C_EXP + (C_EXP * case.logits_soft_cap if case.logits_soft_cap is not None else 0.0))
     if tanh_precision == "approx" and case.logits_soft_cap is not None:
@@ -198,13 +202,14 @@ def _terms(
         row_const,
         u_w,
         C_W * u_w + u_kv + u_v + u_part,
-        UNIFORM_VAR * (u_w**2 + u_kv**2 + u_v**2),
+        UNIFORM_VAR * (u_w**2 + kv_corr * u_kv**2 + u_v**2),
         # TF32 truncates: its mean error, u_op / 2 of each of two operands, adds coherently
         (u_op**2 if tf32 else 0.0) + UNIFORM_VAR * u_part**2,
         sinks,
         C_EXP + sinks.abs() if sinks is not None else None,
         device_path,
         subnormal_free,
+        kv_corr,
     )
 
 
@@ -228,7 +233,7 @@ def chunk_bounds(
     operation is a launch, and a check of the output alone has no use for them).
     ``pagedattn.verdict_kernel.host`` forms the same numbers in one kernel a block, on a GPU."""
     terms = _terms(case, precision, qk_precision, tanh_precision, partials_precision=partials_precision)
-    D = case.head_dim
+    D = case.head_dim_v  # the values' width, the output's
     seq_lens, query_lens = case.seq_lens_list, case.query_lens
     seq, first, centre, vv = -1, 0, torch.empty(0), torch.empty(0)
     # blocks of rows are yielded together up to this many output elements: an eighth of the
@@ -404,7 +409,7 @@ def _key_score_var(c: Chunk, terms: _Terms, bias: torch.Tensor | None, p: torch.
     D = c.q.shape[-1]
     q2 = c.q.square().to(p.dtype).view(Hkv, G * n, D)
     w = torch.bmm(q2, c.k.square().to(p.dtype).transpose(1, 2)).view(Hkv, G, n, Lc)
-    w.mul_(UNIFORM_VAR * (terms.a_inf / C_DOT) ** 2)
+    w.mul_(UNIFORM_VAR * terms.kv_corr * (terms.a_inf / C_DOT) ** 2)
     if terms.u_score:
         s = torch.log(p).add_(c.lse.to(p.dtype)[..., None]).abs_()
         if bias is not None:
@@ -474,7 +479,7 @@ def attention_lse_error_bounds(
     """Output and log-sum-exp references and bounds in one pass over the oracle:
     ``(ref [T, Hq, D], bound [T, Hq, D], ref_lse [T, Hq], bound_lse [T, Hq])``, float64
     on the case's device (natural log; see ``PagedCase`` for the definition)."""
-    T, H, D = case.num_tokens, case.num_heads, case.head_dim
+    T, H, D = case.num_tokens, case.num_heads, case.head_dim_v
     kw: dict[str, Any] = dict(dtype=torch.float64, device=case.device)
     ref, bound, ref_lse, bound_lse = (
         torch.empty(T, H, D, **kw),

@@ -77,8 +77,10 @@ def write_cache_by_indexing(pool: torch.Tensor, slot_mapping: torch.Tensor, new:
 
 
 def gather_history(case: PagedCase, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values of sequence ``seq``: two ``[seq_len, num_kv_heads, head_dim]``
-    tensors in the cache dtype, read through the used block-table entries only."""
+    """Keys and values of sequence ``seq``: ``[seq_len, num_kv_heads, head_dim]`` and
+    ``[seq_len, num_kv_heads, head_dim_v]`` in the cache dtype, read through the used
+    block-table entries only (a shared latent cache's values are its keys' leading columns,
+    gathered as such)."""
     slots = case.slot_mapping(seq)
     return paged_gather(case.key_cache, slots), paged_gather(case.value_cache, slots)
 
@@ -129,7 +131,7 @@ class Chunk(NamedTuple):
     keys: slice  # positions of the chunk's keys in the sequence's history
     q: torch.Tensor  # [Hkv, G, n, D]
     k: torch.Tensor  # [Hkv, Lc, D], dequantized
-    v: torch.Tensor  # [Hkv, Lc, D], dequantized
+    v: torch.Tensor  # [Hkv, Lc, Dv], dequantized
     scores: torch.Tensor  # [Hkv, G, n, Lc], final logits (scaled, capped, biased), -inf where masked
     probs: torch.Tensor  # [Hkv, G, n, Lc], 0 where masked
     row_max: torch.Tensor  # [Hkv, G, n], max of the row's logits, the sink's included
@@ -139,7 +141,7 @@ class Chunk(NamedTuple):
     alibi: tuple[torch.Tensor, torch.Tensor] | None  # slopes [Hkv, G, 1, 1], j - p [n, Lc]
     score_floor: torch.Tensor | None  # [Hkv, G, n]: the row's smallest logit over the keys it sees
     k_all: torch.Tensor  # [Hkv, L, D]: the sequence's whole history of keys (k is k_all[:, keys])
-    v_all: torch.Tensor  # [Hkv, L, D]: the sequence's whole history (v is v_all[:, keys])
+    v_all: torch.Tensor  # [Hkv, L, Dv]: the sequence's whole history (v is v_all[:, keys])
     last: bool  # the sequence's last block of rows (the next block, if any, is another sequence's)
 
     def output(self, v: torch.Tensor | None = None, probs: torch.Tensor | None = None) -> torch.Tensor:
@@ -171,7 +173,13 @@ def _rows_per_chunk(case: PagedCase, q_len: int, seq_len: int, budget: int, live
 
 
 def _visible_floor(
-    scores: torch.Tensor, hidden: torch.Tensor, p0: int, p1: int, first_key: int, window: int | None
+    scores: torch.Tensor,
+    hidden: torch.Tensor,
+    p0: int,
+    p1: int,
+    first_key: int,
+    window: int | None,
+    context_len: int | None = None,
 ) -> torch.Tensor:
     """Each row's smallest logit over the keys it sees: ``[Hkv, G, n]`` from a block's unmasked
     ``scores`` ``[Hkv, G, n, Lc]`` (rows at positions ``p0 .. p1``, keys from ``first_key``) and its
@@ -179,12 +187,14 @@ def _visible_floor(
     set to ``+inf`` in place first (the caller masks them with ``-inf`` next). On a device all at
     once (one launch); on the CPU, where a pass over the scores costs a share of the oracle's
     time, only in the columns some row does not see: the keys after ``p0`` (causal) and those up
-    to ``p1 - W`` (window), ``n - 1`` columns each; every row sees the keys between."""
+    to ``p1 - W`` (window), ``n - 1`` columns each; every row sees the keys between. Under a tree
+    mask (``context_len`` given) a row may not see any new token: every row sees the history
+    before ``context_len`` only."""
     n = scores.shape[2]
     if n == 1:
         return scores.amin(dim=-1)
     lo = 0 if window is None else max(0, p1 - window + 1) - first_key  # columns every row sees: lo .. hi - 1
-    hi = p0 + 1 - first_key
+    hi = (p0 + 1 if context_len is None else context_len) - first_key
     if scores.device.type != "cpu" or hi - lo < 1:
         return scores.masked_fill_(hidden, float("inf")).amin(dim=-1)
     for cols in (slice(0, lo), slice(hi, scores.shape[3])):
@@ -208,6 +218,10 @@ def iter_chunks(
     Hkv, G, D = case.num_kv_heads, case.gqa_ratio, case.head_dim
     slopes = case.alibi_slopes.to(torch.float64).view(Hkv, G, 1, 1) if case.alibi_slopes is not None else None
     sinks = case.sinks.to(torch.float64).view(Hkv, G, 1) if case.sinks is not None else None
+    tree = None
+    if case.tree_mask is not None:
+        off = case.tree_mask_offsets()
+        tree = [case.tree_mask[off[b] : off[b + 1]].view(q, q) for b, q in enumerate(case.query_lens)]
     for b, L in enumerate(case.seq_lens_list):
         k_all, v_all = gather_history(case, b)
         k_all = dequantized(k_all.transpose(0, 1), case.k_scale)  # [Hkv, L, D]
@@ -238,7 +252,11 @@ def iter_chunks(
             hidden = j > pos[:, None]  # [n, Lc]
             if W is not None:
                 hidden |= j <= pos[:, None] - W
-            floor = _visible_floor(scores, hidden, p0, p1, keys.start, W) if score_floor else None
+            ctx = None
+            if tree is not None:  # the new tokens' columns: hidden where the row's tree mask says so
+                ctx = L - q_len
+                hidden[:, ctx - keys.start :] = ~tree[b][i0:i1, : p1 + 1 - ctx]
+            floor = _visible_floor(scores, hidden, p0, p1, keys.start, W, ctx) if score_floor else None
             scores.masked_fill_(hidden, float("-inf"))
             row_max = scores.amax(dim=-1)  # [Hkv, G, n]; every row sees itself, so finite
             if sinks is not None:
@@ -282,7 +300,7 @@ def paged_attention_reference(case: PagedCase) -> torch.Tensor:
         case: a valid ``PagedCase`` on any device.
 
     Returns:
-        ``[num_tokens, num_heads, head_dim]`` float64 on the case's device.
+        ``[num_tokens, num_heads, head_dim_v]`` float64 on the case's device.
     """
     return paged_attention_reference_lse(case)[0]
 
@@ -291,11 +309,11 @@ def paged_attention_reference_lse(case: PagedCase) -> tuple[torch.Tensor, torch.
     """The output and its log-sum-exp, in float64.
 
     Returns:
-        ``(out, lse)``: ``[num_tokens, num_heads, head_dim]`` and ``[num_tokens, num_heads]``
+        ``(out, lse)``: ``[num_tokens, num_heads, head_dim_v]`` and ``[num_tokens, num_heads]``
         float64 on the case's device. ``lse[t, h]`` is the natural log of the softmax
         denominator (``exp(sinks[h])`` included).
     """
-    out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=torch.float64, device=case.device)
+    out = torch.empty(case.num_tokens, case.num_heads, case.head_dim_v, dtype=torch.float64, device=case.device)
     lse = torch.empty(case.num_tokens, case.num_heads, dtype=torch.float64, device=case.device)
     for c in iter_chunks(case):
         out[c.tokens] = c.output()

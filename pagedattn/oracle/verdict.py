@@ -193,7 +193,7 @@ def check_attention(
     rows by block of rows, in the oracle's own pass.
 
     Args:
-        output: ``[num_tokens, num_heads, head_dim]`` in the query dtype, on the case's
+        output: ``[num_tokens, num_heads, head_dim_v]`` in the query dtype, on the case's
             device: what the backend returned.
         case: the problem it was asked.
         precision: ``"ieee"`` or ``"tf32"`` (the backend's declared fp32 dot precision).
@@ -217,7 +217,7 @@ def check_attention(
         (row,) = gpu_check.verdict_rows(
             output, None, case, precision, qk_precision, tanh_precision, tolerance_factor, partials_precision
         )
-        return _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim)).check(case, common)
+        return _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim_v)).check(case, common)
     verdict = _Verdict()
     for blk in chunk_bounds(
         case, precision, qk_precision, tanh_precision, with_lse=False, partials_precision=partials_precision
@@ -241,7 +241,7 @@ def check_attention_lse(
     """Judge an output and its log-sum-exp (one pass over the oracle).
 
     Args:
-        output: ``[num_tokens, num_heads, head_dim]`` in the query dtype.
+        output: ``[num_tokens, num_heads, head_dim_v]`` in the query dtype.
         lse: ``[num_tokens, num_heads]`` float32, natural log of each row's softmax
             denominator (sink included).
         case, precision, qk_precision, tanh_precision, tolerance_factor, partials_precision: as for
@@ -273,7 +273,7 @@ def check_attention_lse(
     if gpu_check.usable(case, tolerance_factor):  # on a GPU: one kernel a block for the bounds and the verdicts
         policy_args = (precision, qk_precision, tanh_precision, tolerance_factor, partials_precision)
         row, lrow = gpu_check.verdict_rows(output, lse, case, *policy_args)
-        v_out = _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim))
+        v_out = _Verdict.of(row, (case.num_tokens, case.num_heads, case.head_dim_v))
         v_lse = _Verdict.of(lrow, (case.num_tokens, case.num_heads))
         return v_out.check(case, common), v_lse.check(case, dict(common, what="log-sum-exp"))
     v_out, v_lse = _Verdict(), _Verdict()
@@ -315,9 +315,9 @@ def _output_problem(output: Any, case: PagedCase) -> str:
     return _structural(
         output,
         case,
-        (case.num_tokens, case.num_heads, case.head_dim),
+        (case.num_tokens, case.num_heads, case.head_dim_v),
         case.dtype,
-        "[num_tokens, num_heads, head_dim]",
+        "[num_tokens, num_heads, head_dim_v]",
         "the query dtype",
     )
 
@@ -457,7 +457,7 @@ class _Verdict:
         self._settle()
         t, h = self.worst[0], self.worst[1]
         seq, pos = _token_coords(case, t)
-        rms, n_eff = self.rms(case.head_dim if len(self.worst) > 2 else 1)
+        rms, n_eff = self.rms(case.head_dim_v if len(self.worst) > 2 else 1)
         check = AttentionCheck(
             passed=bool(self.budget <= WARN_FACTOR) and self.num_nonfinite == 0,
             warning=bool(1.0 < self.budget <= WARN_FACTOR),

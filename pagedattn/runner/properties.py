@@ -166,7 +166,7 @@ def out_argument(suite: Suite, node: pytest.Item, spec: Any) -> None:
     if not accepts_out(suite.backend):
         note(node, reason="paged_attention takes no out= argument")
         pytest.skip("unsupported: paged_attention takes no out= argument")
-    out = sentinel_filled((case.num_tokens, case.num_heads, case.head_dim), case.dtype, case.device)
+    out = sentinel_filled((case.num_tokens, case.num_heads, case.head_dim_v), case.dtype, case.device)
     got = suite.call("paged_attention", case.clone(), out=out)
     if got is not None and (not isinstance(got, torch.Tensor) or got.data_ptr() != out.data_ptr()):
         return _verdict(suite, node, spec, case, "out=: the result was not written into `out`")
@@ -208,13 +208,17 @@ def is_sentinel(t: torch.Tensor) -> torch.Tensor:
 def single_sequence(case: PagedCase, b: int) -> PagedCase:
     """Sequence ``b`` of ``case`` as a batch of one, over the same cache."""
     loc = case.query_start_loc_list
+    mask = case.tree_mask_of(b)
+    caches = {"key_cache": case.key_cache.clone()}
+    if not case.shared_kv:  # a shared latent cache's values follow its keys (``replace``)
+        caches["value_cache"] = case.value_cache.clone()
     return case.replace(
         query=case.query[loc[b] : loc[b + 1]].clone(),
-        key_cache=case.key_cache.clone(),
-        value_cache=case.value_cache.clone(),
+        **caches,
         block_tables=case.block_tables[b : b + 1].clone(),
         seq_lens=case.seq_lens[b : b + 1].clone(),
         query_start_loc=torch.tensor([0, loc[b + 1] - loc[b]], dtype=torch.int32, device=case.device),
+        tree_mask=None if mask is None else mask.reshape(-1).clone(),
     )
 
 
@@ -223,8 +227,7 @@ def permute_blocks(case: PagedCase, seed: int = 0) -> PagedCase:
     gen = torch.Generator().manual_seed(seed)
     perm = torch.randperm(case.num_blocks, generator=gen).to(case.device)  # new[i] = old[perm[i]]
     inv = torch.argsort(perm)
-    return case.replace(
-        key_cache=index_rows(case.key_cache, perm).clone(),
-        value_cache=index_rows(case.value_cache, perm).clone(),
-        block_tables=inv[case.block_tables.long()].to(torch.int32),
-    )
+    caches = {"key_cache": index_rows(case.key_cache, perm).clone()}
+    if not case.shared_kv:  # a shared latent cache's values follow its keys (``replace``)
+        caches["value_cache"] = index_rows(case.value_cache, perm).clone()
+    return case.replace(**caches, block_tables=inv[case.block_tables.long()].to(torch.int32))

@@ -77,6 +77,9 @@ def usable(case: PagedCase, tolerance_factor: float = 1.0) -> bool:
     interpreter does not reproduce, so a loosened or tightened policy takes the torch path."""
     if tolerance_factor != 1.0:
         return False
+    # the kernel forms causal and windowed masks itself, over one head dim for keys and values
+    if case.tree_mask is not None or case.head_dim_v != case.head_dim:
+        return False
     if case.dtype == torch.float64 or os.environ.get(ENV, "1") == "0" or triton_problem():
         return False
     if case.device.type == "cpu":

@@ -57,7 +57,7 @@ import torch
 from pagedattn.adapters.conventions import lse_from_log2, window_to_flashinfer
 from pagedattn.adapters.layouts import to_flashinfer
 from pagedattn.adapters.protocol import INVARIANCES, Capabilities, Exclusion
-from pagedattn.oracle import PER_HEAD_SCALES, VARIANTS, PagedCase
+from pagedattn.oracle import PER_HEAD_SCALES, SHAPE_VARIANTS, VARIANTS, PagedCase
 
 #: float workspace per device (FlashInfer's recommended 128 MB); zeroed before its first use
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -88,7 +88,7 @@ def capabilities() -> Capabilities:
         head_dims=frozenset({64, 128, 256}),
         devices=frozenset({"cuda"}),
         operations=frozenset({"attention", "lse"}),
-        variants=frozenset(VARIANTS) - {PER_HEAD_SCALES},
+        variants=frozenset(VARIANTS) - {PER_HEAD_SCALES, *SHAPE_VARIANTS},
         invariances=INVARIANCES - {"batch_invariance"},
         exclusions=EXCLUSIONS,
         tanh_precision="approx",
@@ -97,7 +97,8 @@ def capabilities() -> Capabilities:
             "head_dims": "the head dims FlashInfer's fa2/fa3 kernels are built and tested for",
             "devices": "CUDA kernels",
             "variants": "no per-head fp8 scales: run(k_scale=, v_scale=) are read as floats (k_scale "
-            "folds into sm_scale, v_scale multiplies the output); a per-head tensor is not claimed",
+            "folds into sm_scale, v_scale multiplies the output); a per-head tensor is not claimed; "
+            "one head dim for keys and values (no MLA, no head_dim_v) and causal masks only (no tree_mask)",
             "batch_invariance": "pure-decode batches run the decode wrapper, mixed batches the prefill "
             "wrapper (as engines route them), and plan() sizes the KV split from the whole batch",
             "tanh_precision": "LogitsSoftCap takes math::tanh (PTX tanh.approx.f32, relative error up to 2**-11) "

@@ -38,7 +38,7 @@ import torch
 from pagedattn.adapters.contrib._triton import arrange_interpreter, runtime_claims
 from pagedattn.adapters.conventions import window_to_flash_attn
 from pagedattn.adapters.protocol import Capabilities, Exclusion
-from pagedattn.oracle import PER_HEAD_SCALES, VARIANTS, PagedCase
+from pagedattn.oracle import PER_HEAD_SCALES, SHAPE_VARIANTS, VARIANTS, PagedCase
 
 #: Where vLLM keeps ``unified_attention``, newest first.
 MODULES = ("vllm.v1.attention.ops.triton_unified_attention", "vllm.attention.ops.triton_unified_attention")
@@ -109,10 +109,11 @@ class VllmUnifiedBackend:
             "batch_invariance": BATCH_NOTE,
             "fp32_precision": "tl.dot on fp32 tiles uses TF32 on NVIDIA GPUs (Triton's default)",
             "variants": "no per-head fp8 scales: unified_attention's k_descale/v_descale are read as "
-            "one scale per layer (the adapter passes [1] tensors)",
+            "one scale per layer (the adapter passes [1] tensors); "
+            "one head dim for keys and values (no MLA, no head_dim_v) and causal masks only (no tree_mask)",
         }
         self.capabilities = Capabilities(
-            variants=frozenset(VARIANTS) - {PER_HEAD_SCALES},
+            variants=frozenset(VARIANTS) - {PER_HEAD_SCALES, *SHAPE_VARIANTS},
             fp32_precision="tf32",
             invariances=frozenset({"determinism", "placement_invariance"}),
             exclusions=(ALIBI_SINKS,) if claims == "honest" else (),
