@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import torch
 
 from pagedattn.validation import (
-    FP8_DTYPES,
     ProblemError,
     check_options,
     check_per_head,
     check_tensors,
     default_scale,
+    is_leading_view,
     positive_float_problem,
 )
 
@@ -60,60 +60,40 @@ def fp32_scale_problem(x: float) -> str:
 
 def shared_latent(key_cache: torch.Tensor, value_cache: torch.Tensor) -> int | None:
     """The value width ``head_dim_v`` where ``value_cache`` is a view of ``key_cache``'s first
-    ``head_dim_v < head_dim`` columns (MLA's latent cache: the same storage, the same first
-    element and the same strides); ``None`` for separate caches."""
-    if value_cache.shape[:3] != key_cache.shape[:3] or value_cache.shape[3] >= key_cache.shape[3]:
-        return None
-    same = (
-        value_cache.untyped_storage().data_ptr() == key_cache.untyped_storage().data_ptr()
-        and value_cache.data_ptr() == key_cache.data_ptr()
-        and value_cache.stride() == key_cache.stride()
-    )
-    return int(value_cache.shape[3]) if same else None
+    ``head_dim_v < head_dim`` columns (MLA's latent cache, ``PagedCase.shared_kv``); ``None``
+    for separate caches."""
+    if value_cache.shape[3] < key_cache.shape[3] and is_leading_view(key_cache, value_cache):
+        return int(value_cache.shape[3])
+    return None
 
 
 #: the variants the MLA kernel has none of (``check_mla_variants``)
 MLA_ABSENT = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
 
 
-def check_mla_variants(key_cache: torch.Tensor, variants: Variants) -> None:
+def check_mla_variants(variants: Variants) -> None:
     """``ProblemError`` naming the first variant the MLA decode kernel (a shared latent cache)
-    does not compute: a window, soft-cap, ALiBi, sinks, an fp8 cache."""
+    does not compute: a window, soft-cap, ALiBi, sinks."""
     for name in MLA_ABSENT:
         if getattr(variants, name) is not None:
             raise ProblemError(OWNER, name, "must be None over a shared latent cache (the MLA kernel has none)")
-    if key_cache.dtype in FP8_DTYPES:
-        raise ProblemError(
-            OWNER, "key_cache", f"must be the query dtype over a shared latent cache (MLA), got {key_cache.dtype}"
-        )
 
 
-def check_tree_mask(tree_mask: object, query_lens: list[int], device: torch.device) -> list[int]:
-    """The kernel's rules of a tree mask (``None`` passes): a 1-D contiguous bool tensor of
-    ``sum(q_b ** 2)`` entries on the query's device, each sequence's ``[q_b, q_b]`` mask
-    row-major after the ones before it, without an ALiBi or window (which the problem forbids
-    beside it). Returns the masks' offsets (``num_seqs + 1`` ints; ``[]`` without a mask)."""
+def check_tree_mask(tree_mask: torch.Tensor | None, variants: Variants) -> None:
+    """The kernel's rules of a tree mask beyond the problem's (``check_paged_inputs`` checks
+    those): contiguous, and, as the problem says, without a window or ALiBi."""
     if tree_mask is None:
-        return []
-    if not isinstance(tree_mask, torch.Tensor):
-        raise ProblemError(OWNER, "tree_mask", f"must be a torch.Tensor or None, got {type(tree_mask).__name__}")
-    offsets = [0]
-    for q in query_lens:
-        offsets.append(offsets[-1] + q * q)
-    if tree_mask.dtype != torch.bool or tree_mask.dim() != 1 or tree_mask.shape[0] != offsets[-1]:
-        raise ProblemError(
-            OWNER,
-            "tree_mask",
-            f"must be bool of shape [sum of q_b * q_b] = ({offsets[-1]},), got {tree_mask.dtype} "
-            f"{tuple(tree_mask.shape)}",
-        )
-    if tree_mask.device != device:
-        raise ProblemError(
-            OWNER, "tree_mask", f"must be on the query's device {device} (one device for all), got {tree_mask.device}"
-        )
+        return
     if tree_mask.stride(0) != 1:
         raise ProblemError(OWNER, "tree_mask", f"must be contiguous, got stride {tree_mask.stride(0)}")
-    return offsets
+    for name in ("sliding_window", "alibi_slopes"):
+        if getattr(variants, name) is not None:
+            # the problem's rule (``pagedattn.validation.check_problem``), in its words
+            raise ProblemError(
+                OWNER,
+                name,
+                "must be None with a tree_mask (positions follow tree depth, which the case does not carry)",
+            )
 
 
 def check_paged_inputs(
@@ -128,6 +108,7 @@ def check_paged_inputs(
     *,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    tree_mask: torch.Tensor | None = None,
 ) -> tuple[list[int], list[int]]:
     """Every check of the tensors the kernel needs before a launch: the problem's rules
     (``pagedattn.validation.check_tensors``, as ``PagedCase`` applies them) and the kernel's
@@ -138,8 +119,9 @@ def check_paged_inputs(
 
     Args:
         query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
-        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the
-            query dtype or float8_e4m3fn/float8_e5m2.
+        key_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the query dtype or
+            float8_e4m3fn/float8_e5m2; value_cache: ``[..., head_dim_v]``, its dtype (a view of
+            its leading columns for MLA's latent cache).
         block_tables: ``[num_seqs, max_blocks]`` int32; seq_lens: ``[num_seqs]`` int32;
             query_start_loc: ``[num_seqs + 1]`` int32.
         scale: a real number > 0 inside fp32's normal range, or ``None`` (the default).
@@ -147,6 +129,8 @@ def check_paged_inputs(
         alibi_slopes, sinks: optional ``[num_heads]`` float32, finite: checked here
             because their finiteness rides on the same transfer (a separate check would
             cost the launch a second device synchronization).
+        tree_mask: optional ``[sum_b q_b * q_b]`` bool, each sequence's mask with a True
+            diagonal and nothing above it: its entries ride on the same transfer.
     """
     lens_loc = check_tensors(
         OWNER,
@@ -158,16 +142,10 @@ def check_paged_inputs(
         query_start_loc,
         alibi_slopes=alibi_slopes,
         sinks=sinks,
+        tree_mask=tree_mask,
         query_dtypes=QUERY_DTYPES,
     )
     assert lens_loc is not None  # sync=True reads the values
-    if value_cache.shape[-1] != key_cache.shape[-1]:
-        raise ProblemError(
-            OWNER,
-            "value_cache",
-            f"must have the key_cache's head_dim {key_cache.shape[-1]} (one head dim for keys and values), "
-            f"got head_dim_v {value_cache.shape[-1]}",
-        )
     named = dict(query=query, key_cache=key_cache, value_cache=value_cache)
     for name, t in named.items():
         if t.stride(-1) != 1:

@@ -49,13 +49,15 @@ def _mla_tile(
     ROPE_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
+    KV_FP8: tl.constexpr,
     OFF_I32: tl.constexpr,
 ):
     """One key tile of the online softmax: the keys ``j`` [BLOCK_N] (``kmask``: those below the
     split's end) in cache blocks ``blk`` [BLOCK_N] join the heads' running max ``m`` [BLOCK_H]
     (base 2), denominator ``l_sum`` [BLOCK_H] and weighted-value sum ``acc`` [BLOCK_H, HEAD_DIM_V]
     fp32. ``q_lat`` [BLOCK_H, HEAD_DIM_V] and ``q_rope`` [BLOCK_H, ROPE_PAD] are the query's two
-    parts; ``s_scale`` the softmax scale times log2(e), folded into the exponent."""
+    parts; ``s_scale`` the softmax scale (times an fp8 cache's ``k_scale``) times log2(e), folded
+    into the exponent. An fp8 cache's tile is widened to the query dtype after its load."""
     slot = _slot_of(j, BLOCK_SIZE)
     if OFF_I32:
         off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
@@ -69,7 +71,10 @@ def _mla_tile(
     k_rope = tl.load(
         cache_ptr + off[:, None] + HEAD_DIM_V + dr[None, :], mask=kmask[:, None] & (dr < ROPE)[None, :], other=0.0
     )  # [BLOCK_N, ROPE_PAD]
-    if UPCAST:
+    if KV_FP8:  # fp8 -> the query dtype is exact (fewer exponent and significand bits)
+        k_lat = k_lat.to(q_lat.dtype)
+        k_rope = k_rope.to(q_rope.dtype)
+    elif UPCAST:
         k_lat = k_lat.to(tl.float32)
         k_rope = k_rope.to(tl.float32)
     s = tl.dot(q_lat, tl.trans(k_lat), input_precision="ieee")  # [BLOCK_H, BLOCK_N]
@@ -102,6 +107,7 @@ def _mla_decode_kernel(
     lse_ptr,
     # sizes
     scale,
+    v_scale,
     head_blocks,
     # strides (elements); partials are [n_decode, max_splits, num_heads, HEAD_DIM_V] and [..., 2]
     stride_qt,
@@ -131,6 +137,7 @@ def _mla_decode_kernel(
     SPLIT_SHORT: tl.constexpr,
     SHORT_UNDER: tl.constexpr,
     UPCAST: tl.constexpr,
+    KV_FP8: tl.constexpr,
     OFF_I32: tl.constexpr,
     WRITE_LSE: tl.constexpr,
 ):
@@ -203,6 +210,7 @@ def _mla_decode_kernel(
                 ROPE_PAD,
                 BLOCK_SIZE,
                 UPCAST,
+                KV_FP8,
                 OFF_I32,
             )
         o_ptrs = out_ptr + t * stride_ot + head[:, None] * stride_oh + dv[None, :]
@@ -214,7 +222,7 @@ def _mla_decode_kernel(
                 lse_ptr,
                 head,
                 row_mask,
-                1.0,
+                v_scale,
                 o_ptrs,
                 row_mask[:, None],
                 lse_ptr + t * stride_lt + head,
@@ -244,7 +252,7 @@ def _mla_decode_kernel(
                     lse_ptr,
                     head,
                     row_mask,
-                    1.0,
+                    v_scale,
                     o_ptrs,
                     row_mask[:, None],
                     lse_ptr + t * stride_lt + head,

@@ -31,7 +31,6 @@ from typing import Any
 import torch
 
 from pagedattn.kernels.checks import (
-    OWNER,
     Variants,
     check_mla_variants,
     check_paged_inputs,
@@ -45,7 +44,7 @@ from pagedattn.kernels.triton_decode import _decode_kernel
 from pagedattn.kernels.triton_mla_decode import _mla_decode_kernel
 from pagedattn.kernels.triton_prefill import _prefill_kernel
 from pagedattn.kernels.tuning import TUNING, KernelTuning
-from pagedattn.validation import ProblemError, default_scale
+from pagedattn.validation import default_scale, tree_mask_offsets
 
 __all__ = [
     "MIN_DOT",
@@ -122,7 +121,8 @@ def prepare(
     """Check every input (``ValueError`` naming the field), plan the launches and
     allocate their scratch. Arguments as for ``paged_attention``; ``tuning``: the tile and
     split sizes the plan takes (``pagedattn.kernels.tuning``)."""
-    # the slopes' and sinks' finiteness rides on the one device-to-host transfer of the core checks
+    # the slopes' and sinks' finiteness and the tree mask's entries ride on the one
+    # device-to-host transfer of the core checks
     lens, loc = check_paged_inputs(
         query,
         key_cache,
@@ -134,17 +134,14 @@ def prepare(
         out,
         alibi_slopes=variants.get("alibi_slopes"),
         sinks=variants.get("sinks"),
+        tree_mask=tree_mask,
     )
     var = check_variants(query, key_cache, scale=scale, **variants)
+    check_tree_mask(tree_mask, var)
     query_lens = [loc[i + 1] - loc[i] for i in range(len(lens))]
-    tree_offsets = check_tree_mask(tree_mask, query_lens, query.device)
-    if tree_mask is not None:
-        for name in ("sliding_window", "alibi_slopes"):
-            if getattr(var, name) is not None:
-                raise ProblemError(OWNER, name, "must be None with a tree_mask (positions are tree depths)")
     latent = shared_latent(key_cache, value_cache)  # MLA: the value is the key row's first columns
     if latent is not None:
-        check_mla_variants(key_cache, var)
+        check_mla_variants(var)
     interp = interpreter_active()
     if query.device.type != "cuda" and not interp:
         raise RuntimeError(
@@ -196,7 +193,11 @@ def prepare(
         variants=var,
         # only multi-token sequences read their masks (a decode's is [True])
         tree_mask=tree_mask.view(torch.uint8) if tree_mask is not None and plan.other_seqs else None,
-        tree_offsets=torch.tensor(tree_offsets, dtype=torch.int64, device=dev) if tree_offsets else None,
+        tree_offsets=(
+            torch.tensor(tree_mask_offsets(query_lens), dtype=torch.int64, device=dev)
+            if tree_mask is not None and plan.other_seqs
+            else None
+        ),
         fp8_native=_fp8_native(dev, interp),
     )
 
@@ -438,6 +439,7 @@ def _run_mla(
         target,
         lse_buf,
         prep.scale,
+        prep.variants.v_scale,
         cfg.HEAD_BLOCKS,
         query.stride(0),
         query.stride(1),
@@ -465,6 +467,7 @@ def _run_mla(
         SPLIT_SHORT=cfg.SPLIT_SHORT,
         SHORT_UNDER=cfg.SHORT_UNDER,
         UPCAST=cfg.UPCAST,
+        KV_FP8=prep.kv_dtype != prep.dtype,  # widened by the compiler after the load
         OFF_I32=fits_int32(key_cache),
         WRITE_LSE=prep.variants.return_lse,
         **cfg.launch_options,
@@ -509,7 +512,7 @@ def paged_attention(
             the query dtype or float8_e4m3fn/float8_e5m2; any strides with a contiguous
             last dimension. Or MLA's latent cache: ``value_cache`` a view of ``key_cache``'s
             first ``head_dim_v`` columns (``key_cache[..., :head_dim_v]``, a power of two),
-            read from the key cache (decode only; no window, soft-cap, ALiBi, sinks or fp8).
+            read from the key cache (decode only; no window, soft-cap, ALiBi or sinks).
         block_tables: ``[num_seqs, max_blocks]`` int32 (entries past a sequence's last
             block are never read).
         seq_lens: ``[num_seqs]`` int32, new tokens included.
