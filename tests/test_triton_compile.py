@@ -239,34 +239,38 @@ from pagedattn.kernels.triton_mla_decode import _PLAIN_INTS_MLA, _mla_decode_ker
 
 results = []
 for dtype, heads, bs, lse in json.loads(sys.argv[1]):
-    plan = launch_plan.plan_launch([700, 90], [1, 1], heads, 1, 576, bs, getattr(torch, dtype), False,
+    # a decode and a multi-token sequence (tree-masked): both launches
+    plan = launch_plan.plan_launch([700, 90], [1, 4], heads, 1, 576, bs, getattr(torch, dtype), False,
                                    head_dim_v=512, shared_kv=True)
-    cfg, splits = plan.decode, plan.max_splits
-    t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
-    consts = {"GROUP": cfg.GROUP, "BLOCK_H": cfg.GROUP_PAD, "BLOCK_N": cfg.BLOCK_N, "HEAD_DIM": cfg.HEAD_DIM,
-              "HEAD_DIM_V": cfg.HEAD_DIM_V, "ROPE_PAD": cfg.ROPE_PAD, "BLOCK_SIZE": cfg.BLOCK_SIZE,
-              "SPLIT_SIZE": cfg.SPLIT_SIZE, "SPLIT_LONG": cfg.SPLIT_LONG, "LONG_FROM": cfg.LONG_FROM,
-              "SPLIT_SHORT": cfg.SPLIT_SHORT, "SHORT_UNDER": cfg.SHORT_UNDER, "UPCAST": False, "OFF_I32": True,
-              "WRITE_LSE": lse}
-    ints = {"stride_qt": heads * 576, "stride_qh": 576, "stride_kb": bs * 576, "stride_ks": 576, "stride_kh": 576,
-            "stride_pa_seq": splits * heads * 512, "stride_pa_split": heads * 512,
-            "stride_pml_seq": splits * heads * 2, "stride_pml_split": heads * 2, "stride_ot": heads * 512,
-            "stride_oh": 512}
-    names = kernel.arg_names
-    types = {"q_ptr": "*" + t, "cache_ptr": "*" + t, "out_ptr": "*" + t, "part_acc_ptr": "*fp32",
-             "part_ml_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32"}
-    sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32") for n in names}
-    aligned = [i for i, n in enumerate(names) if n not in consts and (n.endswith("_ptr") or (
-        n in ints and ints[n] % 16 == 0 and n not in _PLAIN_INTS_MLA))]
-    src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()},
-                    attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
-    c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=cfg.launch_options)
-    ptx = c.asm["ptx"]
-    merge = ptx.split("atom.global.gpu.acq_rel.exch")
-    results.append({"cfg": [dtype, heads, bs, lse], "cubin": len(c.asm["cubin"]), "shared": c.metadata.shared,
-                    "mma": "mma" in ptx, "merge_found": len(merge) == 2, "merge_cp_async": "cp.async" in merge[-1],
-                    "cg_loads": merge[-1].count("ld.global.cg"),
-                    "count_acq_rel": "atom.global.gpu.acq_rel.add" in merge[0]})
+    for name, cfg, splits in (("decode", plan.decode, plan.max_splits), ("multi", plan.other, plan.other_splits)):
+        t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
+        consts = {"GROUP": cfg.GROUP, "BLOCK_H": cfg.GROUP_PAD, "BLOCK_Q": cfg.BLOCK_Q, "BLOCK_N": cfg.BLOCK_N,
+                  "HEAD_DIM": cfg.HEAD_DIM, "HEAD_DIM_V": cfg.HEAD_DIM_V, "ROPE_PAD": cfg.ROPE_PAD,
+                  "BLOCK_SIZE": cfg.BLOCK_SIZE, "SPLIT_SIZE": cfg.SPLIT_SIZE, "SPLIT_LONG": cfg.SPLIT_LONG,
+                  "LONG_FROM": cfg.LONG_FROM, "SPLIT_SHORT": cfg.SPLIT_SHORT, "SHORT_UNDER": cfg.SHORT_UNDER,
+                  "UPCAST": False, "KV_FP8": False, "OFF_I32": True, "WRITE_LSE": lse, "MULTI": name == "multi",
+                  "USE_TREE": name == "multi"}
+        ints = {"stride_qt": heads * 576, "stride_qh": 576, "stride_kb": bs * 576, "stride_ks": 576,
+                "stride_kh": 576, "stride_pa_row": splits * heads * 512, "stride_pa_split": heads * 512,
+                "stride_pml_row": splits * heads * 2, "stride_pml_split": heads * 2, "stride_ot": heads * 512,
+                "stride_oh": 512}
+        names = kernel.arg_names
+        types = {"q_ptr": "*" + t, "cache_ptr": "*" + t, "out_ptr": "*" + t, "part_acc_ptr": "*fp32",
+                 "part_ml_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32",
+                 "tree_mask_ptr": "*u8", "tree_offsets_ptr": "*i64"}
+        sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
+               for n in names}
+        aligned = [i for i, n in enumerate(names) if n not in consts and (n.endswith("_ptr") or (
+            n in ints and ints[n] % 16 == 0 and n not in _PLAIN_INTS_MLA))]
+        src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()},
+                        attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+        c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=cfg.launch_options)
+        ptx = c.asm["ptx"]
+        merge = ptx.split("atom.global.gpu.acq_rel.exch")
+        results.append({"cfg": [dtype, heads, bs, lse, name], "cubin": len(c.asm["cubin"]),
+                        "shared": c.metadata.shared, "mma": "mma" in ptx, "merge_found": len(merge) == 2,
+                        "merge_cp_async": "cp.async" in merge[-1], "cg_loads": merge[-1].count("ld.global.cg"),
+                        "count_acq_rel": "atom.global.gpu.acq_rel.add" in merge[0]})
 print(json.dumps(results))
 """
 
@@ -276,9 +280,10 @@ MLA_HOPPER_CONFIGS = [["bfloat16", 128, 64, True], ["float16", 16, 16, False]]
 
 @pytest.mark.skipif(bool(_aot_problem()), reason=_aot_problem() or "compiles here")
 def test_mla_kernel_compiles_for_hopper_without_a_gpu():
-    """The MLA decode kernel for sm_90: its 512- and 64-wide dots on the tensor cores, its tiles
-    within a launch's shared memory, and the decode merge's discipline (the split count an
-    acq_rel add, the partials read through L2 with .cg loads and no cp.async)."""
+    """The MLA kernel for sm_90, its decode and its multi-token (tree-masked) launch: the 512- and
+    64-wide dots on the tensor cores, the tiles within a launch's shared memory, and the decode
+    merge's discipline (the split count an acq_rel add, the partials read through L2 with .cg
+    loads and no cp.async)."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_DEFAULT_FP_FUSION"] = "1"
     proc = subprocess.run(
@@ -290,7 +295,7 @@ def test_mla_kernel_compiles_for_hopper_without_a_gpu():
     )
     assert proc.returncode == 0, f"compiling the MLA kernel for sm_90 failed:\n{proc.stderr[-4000:]}"
     results = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert len(results) == len(MLA_HOPPER_CONFIGS)
+    assert len(results) == 2 * len(MLA_HOPPER_CONFIGS)
     for r in results:
         assert r["cubin"] > 0, f"{r['cfg']}: no cubin: {r}"
         assert r["shared"] <= HOPPER_SHARED_MEMORY, f"{r['cfg']}: {r['shared']} B of shared memory cannot launch"

@@ -164,6 +164,37 @@ def test_mla_splits_merge_within_policy_and_batch_invariant():
     assert_equal(lse_alone[0], lse[0], f"{spec.id}: the first sequence's lse alone against in the batch")
 
 
+#: MLA's multi-token sequences (multi-token prediction, tree verification) beside decodes
+MLA_MULTI_CASES = [
+    CaseSpec("t", ((200, 2), (100, 4), (70, 1)), num_heads=16, block_size=16, dtype=torch.bfloat16, **MLA_SHAPE),
+    CaseSpec(
+        "t",
+        ((150, 9), (40, 5), (33, 1)),
+        num_heads=16,
+        block_size=16,
+        layout="permuted",
+        tree_mask=True,
+        dtype=torch.float16,
+        **MLA_SHAPE,
+    ),
+]
+
+
+@runs_kernel
+@pytest.mark.parametrize("spec", MLA_MULTI_CASES, ids=lambda s: s.id)
+def test_mla_multi_token_within_policy(spec):
+    """Several token tiles a sequence (tiles of 2 tokens) over splits of 32 keys, so tiles end
+    inside splits, and a tile's later splits hold keys only some of its rows see."""
+    t = dataclasses.replace(TUNING, split_short=32, mla_block_n=16, mla_multi_rows=32)
+    case = spec.build().to(DEVICE)
+    prep, _ = _run(case, t)
+    assert prep.plan.mla and prep.plan.other is not None and prep.plan.other.grid[0] >= 2
+    out, _ = _assert_within_policy(case, f"{spec.id} in splits of 32", t)
+    if case.tree_mask is not None:
+        _, (causal, _) = _run(case.replace(tree_mask=None), t)
+        assert_differs(out, causal, f"{spec.id}: the tree-masked output against causal")
+
+
 @runs_kernel
 def test_mla_reads_the_rotary_columns_and_the_latent_values():
     """Changing a history's rotary columns changes the scores (the output moves), and the
@@ -258,9 +289,10 @@ def test_tree_mask_checks_name_the_field():
 
 
 def test_mla_plan_arithmetic():
-    """The MLA launch from sizes alone: head blocks of ``mla_block_h`` heads (the dot minimum at
+    """The MLA launches from sizes alone: head blocks of ``mla_block_h`` heads (the dot minimum at
     least), a split grid of the longest history's splits, the scratch at the value's width, the
-    rotary part padded to a power of two; multi-token batches and odd value widths refused."""
+    rotary part padded to a power of two; multi-token sequences in a launch of their own, in
+    tiles of tokens; odd value widths refused."""
     t = TUNING
     lens = [300, 5000, 40000]
     plan = launch_plan.plan_launch(
@@ -278,8 +310,15 @@ def test_mla_plan_arithmetic():
     assert (few.decode.GROUP_PAD, few.decode.HEAD_BLOCKS) == (16, 1)
     two_kv = launch_plan.plan_launch([300], [1], 40, 2, 576, 64, torch.float16, False, head_dim_v=512, shared_kv=True)
     assert two_kv.decode.grid[0] == 2 * -(-20 // two_kv.decode.GROUP_PAD), "head blocks of each kv head's group"
-    with pytest.raises(ValueError, match=r"query_start_loc: must give every sequence one new token"):
-        launch_plan.plan_launch([300, 9], [1, 3], 16, 1, 576, 64, torch.float16, False, head_dim_v=512, shared_kv=True)
+    # multi-token sequences take a second launch: tiles of mla_multi_rows // GROUP_PAD tokens
+    mixed = launch_plan.plan_launch(
+        [300, 5000, 90], [1, 3, 9], 16, 1, 576, 64, torch.float16, False, head_dim_v=512, shared_kv=True
+    )
+    other = mixed.other
+    block_q = t.mla_multi_rows // 16
+    assert mixed.decode_seqs == [0] and mixed.other_seqs == [1, 2] and other.BLOCK_Q == block_q
+    assert mixed.other_splits == -(-5000 // decode_split(5000, t)) and mixed.max_splits == 2
+    assert other.grid == (-(-9 // block_q), mixed.other_splits, 2) and other.num_warps == t.mla_multi_warps
     with pytest.raises(ValueError, match=r"value_cache: must have a power-of-two head_dim_v"):
         launch_plan.plan_launch([300], [1], 16, 1, 576, 64, torch.float16, False, head_dim_v=500, shared_kv=True)
     with pytest.raises(ValueError, match=r"seq_lens.*2\*\*31"):

@@ -29,18 +29,10 @@ VARIANTS_NOTE = (
     "no per-head fp8 scales: the kernel folds one k_scale into the score scale and one v_scale into the output"
 )
 
-#: what the MLA decode kernel (``triton_mla_decode``, a shared latent cache) does not compute
-MLA_EXCLUSIONS = (
-    Exclusion(
-        "MLA runs the MLA decode kernel only: multi-token sequences over a shared latent cache "
-        "(MTP verification) have no kernel here",
-        variants=frozenset({MLA}),
-        multi_token=True,
-    ),
-    *(
-        Exclusion(f"the MLA decode kernel has no {name}", variants=frozenset({MLA, name}))
-        for name in ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
-    ),
+#: what the MLA kernel (``triton_mla_decode``, a shared latent cache) does not compute
+MLA_EXCLUSIONS = tuple(
+    Exclusion(f"the MLA kernel has no {name}", variants=frozenset({MLA, name}))
+    for name in ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
 )
 
 
@@ -48,9 +40,7 @@ def mla_value_width(case: PagedCase, operation: str) -> str | None:
     """MLA's value width a power of two >= 16 (the latent part of a cache row is one tile)."""
     dv = case.head_dim_v
     if case.shared_kv and (dv < 16 or dv & (dv - 1)):
-        return (
-            f"the MLA decode kernel loads the latent columns as one tile: head_dim_v {dv} is not a power of two >= 16"
-        )
+        return f"the MLA kernel loads the latent columns as one tile: head_dim_v {dv} is not a power of two >= 16"
     return None
 
 

@@ -72,7 +72,7 @@ MLA_ABSENT = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
 
 
 def check_mla_variants(variants: Variants) -> None:
-    """``ProblemError`` naming the first variant the MLA decode kernel (a shared latent cache)
+    """``ProblemError`` naming the first variant the MLA kernel (a shared latent cache)
     does not compute: a window, soft-cap, ALiBi, sinks."""
     for name in MLA_ABSENT:
         if getattr(variants, name) is not None:

@@ -86,7 +86,8 @@ class LaunchPlan:
     decode: LaunchConfig | None
     other: LaunchConfig | None
     max_splits: int  # splits of the longest decode history
-    mla: bool = False  # the decode launch is the MLA kernel's (a shared latent cache)
+    mla: bool = False  # both launches are the MLA kernel's (a shared latent cache)
+    other_splits: int = 0  # MLA: splits of the longest history of the multi-token launch
 
     @property
     def scratch_splits(self) -> int:
@@ -307,17 +308,11 @@ def plan_mla(
     interpreter: bool,
     tuning: KernelTuning = TUNING,
 ) -> LaunchPlan:
-    """The launch of a decode batch over a shared latent cache (MLA, ``triton_mla_decode``):
-    rows of ``head_dim`` columns whose first ``head_dim_v`` (a power of two, >= 16) are the value.
-    Every sequence must be a decode (one new token): the MLA kernel has no prefill."""
-    if any(q != 1 for q in query_lens):
-        b = next(b for b, q in enumerate(query_lens) if q != 1)
-        raise ProblemError(
-            OWNER,
-            "query_start_loc",
-            f"must give every sequence one new token over a shared latent cache (MLA: decode only), "
-            f"got {query_lens[b]} for sequence {b}",
-        )
+    """The launches of a batch over a shared latent cache (MLA, ``triton_mla_decode``): rows of
+    ``head_dim`` columns whose first ``head_dim_v`` (a power of two, >= 16) are the value. Decode
+    sequences take one launch (one token a program), the others a second one (``BLOCK_Q``
+    tokens a program, causal or tree-masked), each sequence's tiles and splits from its own
+    sizes alone."""
     if head_dim_v < MIN_DOT or head_dim_v & (head_dim_v - 1) or head_dim_v >= head_dim:
         raise ProblemError(
             OWNER,
@@ -328,30 +323,11 @@ def plan_mla(
     group = num_heads // num_kv_heads
     block_h = min(tuning.mla_block_h, max(MIN_DOT, next_power_of_2(group)))
     head_blocks = -(-group // block_h)
-    max_splits = max(decode_work(n, None, tuning)[0] for n in set(seq_lens))
-    n = len(seq_lens)
-    if max(max_splits, n) > GRID_YZ_MAX:
-        raise ProblemError(
-            OWNER,
-            "seq_lens",
-            f"{n} MLA decode sequences of up to {max_splits} splits; a launch holds at most {GRID_YZ_MAX} of each",
-        )
-    scratch = n * max_splits * num_heads * head_dim_v
-    if scratch > INT32_MAX:
-        raise ProblemError(
-            OWNER,
-            "seq_lens",
-            f"{n} MLA decode sequences of up to {max_splits} splits need a scratch of "
-            f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
-        )
-    wide = dtype == torch.float32
-    block_n = decode_block_n(dtype, interpreter, tuning) if wide else tuning.mla_block_n
-    decode = LaunchConfig(
-        grid=(num_kv_heads * head_blocks, max_splits, n),
+    decode_seqs = [b for b, q in enumerate(query_lens) if q == 1]
+    other_seqs = [b for b, q in enumerate(query_lens) if q > 1]
+    common: dict[str, Any] = dict(
         GROUP=group,
         GROUP_PAD=block_h,
-        BLOCK_Q=1,
-        BLOCK_N=block_n,
         HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_v + max(MIN_DOT, next_power_of_2(head_dim - head_dim_v)),  # a row's loaded columns
         HEAD_DIM_V=head_dim_v,
@@ -365,10 +341,47 @@ def plan_mla(
         LONG_FROM=tuning.long_from,
         SPLIT_SHORT=tuning.split_short,
         SHORT_UNDER=tuning.short_under,
-        num_warps=tuning.mla_warps,
         num_stages=tuning.mla_stages,
     )
-    return LaunchPlan(list(range(n)), [], decode, None, max_splits, mla=True)
+    wide = dtype == torch.float32
+    block_n = decode_block_n(dtype, interpreter, tuning) if wide else tuning.mla_block_n
+    decode = other = None
+    max_splits = other_splits = 0
+    if decode_seqs:
+        max_splits = _mla_splits(
+            [seq_lens[b] for b in decode_seqs], [1] * len(decode_seqs), num_heads, head_dim_v, tuning
+        )
+        grid = (num_kv_heads * head_blocks, max_splits, len(decode_seqs))
+        decode = LaunchConfig(grid=grid, BLOCK_Q=1, BLOCK_N=block_n, num_warps=tuning.mla_warps, **common)
+    if other_seqs:
+        qs = [query_lens[b] for b in other_seqs]
+        other_splits = _mla_splits([seq_lens[b] for b in other_seqs], qs, num_heads, head_dim_v, tuning)
+        block_q = max(1, tuning.mla_multi_rows // block_h)
+        grid = (-(-max(qs) // block_q) * num_kv_heads * head_blocks, other_splits, len(other_seqs))
+        other = LaunchConfig(grid=grid, BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=tuning.mla_multi_warps, **common)
+    return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits, mla=True, other_splits=other_splits)
+
+
+def _mla_splits(lens: list[int], query_lens: list[int], num_heads: int, head_dim_v: int, tuning: KernelTuning) -> int:
+    """The most splits of one of the histories ``lens`` (``decode_split``'s rule), checked against
+    the grid's axes and the scratch's int32 offsets (``[sum(query_lens), splits, num_heads,
+    head_dim_v]`` fp32)."""
+    max_splits = max(decode_work(n, None, tuning)[0] for n in set(lens))
+    if max(max_splits, len(lens)) > GRID_YZ_MAX:
+        raise ProblemError(
+            OWNER,
+            "seq_lens",
+            f"{len(lens)} MLA sequences of up to {max_splits} splits; a launch holds at most {GRID_YZ_MAX} of each",
+        )
+    scratch = sum(query_lens) * max_splits * num_heads * head_dim_v
+    if scratch > INT32_MAX:
+        raise ProblemError(
+            OWNER,
+            "seq_lens",
+            f"{len(lens)} MLA sequences of up to {max_splits} splits need a scratch of "
+            f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
+        )
+    return max_splits
 
 
 def decode_grid(n_decode: int, n_groups: int, num_kv_heads: int) -> tuple[bool, tuple[int, int, int]]:

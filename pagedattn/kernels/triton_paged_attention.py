@@ -98,6 +98,13 @@ class PreparedBatch:
     part_ml: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, 2] fp32
     done: torch.Tensor | None  # [n_decode, decode programs a split] int32, zero between launches
     upcast_out: torch.Tensor | None  # [num_tokens, num_heads, head_dim_v] fp32 (interpreter, bf16 only)
+    # MLA's launch of multi-token sequences: its scratch (a row per new token), counters, and
+    # each launch's first scratch row a sequence (``[n + 1]`` int32; the decode launch's: 0 .. n)
+    other_acc: torch.Tensor | None = None  # [new tokens, plan.other_splits, num_heads, head_dim_v] fp32
+    other_ml: torch.Tensor | None = None  # [new tokens, plan.other_splits, num_heads, 2] fp32
+    other_done: torch.Tensor | None = None  # [n_other, other launch's axis-0 programs] int32
+    decode_rows: torch.Tensor | None = None
+    other_rows: torch.Tensor | None = None
     variants: Variants = Variants()
     tree_mask: torch.Tensor | None = None  # [sum q_b * q_b] uint8 (the bool mask's bytes)
     tree_offsets: torch.Tensor | None = None  # [num_seqs + 1] int64: where each sequence's mask starts
@@ -170,6 +177,23 @@ def prepare(
     d_pad = plan.decode.HEAD_DIM_V_PAD if plan.decode is not None else 0
     # the decode programs a split of a sequence: one a kv head, or MLA's head blocks of each
     counters = Hkv * plan.decode.HEAD_BLOCKS if plan.mla and plan.decode is not None else Hkv
+    mla_other: dict[str, Any] = {}
+    if plan.mla:
+        if n_dec:
+            mla_other["decode_rows"] = torch.arange(n_dec + 1, dtype=torch.int32, device=dev)
+        if plan.other is not None:
+            qs = [query_lens[b] for b in plan.other_seqs]
+            rows = [0]
+            for q in qs:
+                rows.append(rows[-1] + q)
+            mla_other.update(
+                other_acc=torch.empty(
+                    rows[-1], plan.other_splits, Hq, plan.other.HEAD_DIM_V, dtype=torch.float32, device=dev
+                ),
+                other_ml=torch.empty(rows[-1], plan.other_splits, Hq, 2, dtype=torch.float32, device=dev),
+                other_done=torch.zeros(len(qs), plan.other.grid[0], dtype=torch.int32, device=dev),
+                other_rows=torch.tensor(rows, dtype=torch.int32, device=dev),
+            )
     upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
     Dv = value_cache.shape[3]
     return PreparedBatch(
@@ -199,6 +223,7 @@ def prepare(
             else None
         ),
         fp8_native=_fp8_native(dev, interp),
+        **mla_other,
     )
 
 
@@ -366,7 +391,7 @@ def run(
             **flags,
             **cfg.launch_options,
         )
-    if plan.other is not None:
+    if plan.other is not None and not plan.mla:
         cfg = plan.other
         _launcher(_prefill_kernel, cfg.grid, compile_only)(
             query,
@@ -420,58 +445,74 @@ def _run_mla(
     lse_buf: torch.Tensor,
     compile_only: bool,
 ) -> None:
-    """The MLA decode launch of a prepared batch over the latent cache ``key_cache`` (the value
-    is its first ``head_dim_v`` columns, read from there): ``target`` [num_tokens, num_heads,
-    head_dim_v] and, with ``return_lse``, ``lse_buf`` [num_tokens, num_heads] fp32 are written."""
-    cfg, part_acc, part_ml = prep.plan.decode, prep.part_acc, prep.part_ml
-    assert cfg is not None and part_acc is not None and part_ml is not None  # prepared with the MLA launch
-    tables = prep.block_tables
-    _launcher(_mla_decode_kernel, cfg.grid, compile_only)(
-        query,
-        key_cache,
-        tables,
-        prep.seq_lens,
-        prep.query_start_loc,
-        prep.decode_ids,
-        part_acc,
-        part_ml,
-        prep.done,
-        target,
-        lse_buf,
-        prep.scale,
-        prep.variants.v_scale,
-        cfg.HEAD_BLOCKS,
-        query.stride(0),
-        query.stride(1),
-        key_cache.stride(0),
-        key_cache.stride(1),
-        key_cache.stride(2),
-        tables.stride(0),
-        part_acc.stride(0),
-        part_acc.stride(1),
-        part_ml.stride(0),
-        part_ml.stride(1),
-        target.stride(0),
-        target.stride(1),
-        lse_buf.stride(0),
-        GROUP=cfg.GROUP,
-        BLOCK_H=cfg.GROUP_PAD,
-        BLOCK_N=cfg.BLOCK_N,
-        HEAD_DIM=cfg.HEAD_DIM,
-        HEAD_DIM_V=cfg.HEAD_DIM_V,
-        ROPE_PAD=cfg.ROPE_PAD,
-        BLOCK_SIZE=cfg.BLOCK_SIZE,
-        SPLIT_SIZE=cfg.SPLIT_SIZE,
-        SPLIT_LONG=cfg.SPLIT_LONG,
-        LONG_FROM=cfg.LONG_FROM,
-        SPLIT_SHORT=cfg.SPLIT_SHORT,
-        SHORT_UNDER=cfg.SHORT_UNDER,
-        UPCAST=cfg.UPCAST,
-        KV_FP8=prep.kv_dtype != prep.dtype,  # widened by the compiler after the load
-        OFF_I32=fits_int32(key_cache),
-        WRITE_LSE=prep.variants.return_lse,
-        **cfg.launch_options,
+    """The MLA launches of a prepared batch over the latent cache ``key_cache`` (the value is
+    its first ``head_dim_v`` columns, read from there): decode sequences, then the multi-token
+    ones. ``target`` [num_tokens, num_heads, head_dim_v] and, with ``return_lse``, ``lse_buf``
+    [num_tokens, num_heads] fp32 are written."""
+    plan = prep.plan
+    launches = (
+        (plan.decode, prep.decode_ids, prep.decode_rows, prep.part_acc, prep.part_ml, prep.done, False),
+        (plan.other, prep.other_ids, prep.other_rows, prep.other_acc, prep.other_ml, prep.other_done, True),
     )
+    tables = prep.block_tables
+    use_tree = prep.tree_mask is not None
+    for cfg, ids, rows, part_acc, part_ml, done, multi in launches:
+        if cfg is None:
+            continue
+        assert part_acc is not None and part_ml is not None  # prepared with the launch
+        _launcher(_mla_decode_kernel, cfg.grid, compile_only)(
+            query,
+            key_cache,
+            tables,
+            prep.seq_lens,
+            prep.query_start_loc,
+            ids,
+            rows,
+            prep.tree_mask if use_tree else target,
+            prep.tree_offsets if use_tree else target,
+            part_acc,
+            part_ml,
+            done,
+            target,
+            lse_buf,
+            prep.scale,
+            prep.variants.v_scale,
+            cfg.HEAD_BLOCKS,
+            prep.cache_shape[2] * cfg.HEAD_BLOCKS,  # the head programs of a token tile
+            query.stride(0),
+            query.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
+            tables.stride(0),
+            part_acc.stride(0),
+            part_acc.stride(1),
+            part_ml.stride(0),
+            part_ml.stride(1),
+            target.stride(0),
+            target.stride(1),
+            lse_buf.stride(0),
+            GROUP=cfg.GROUP,
+            BLOCK_H=cfg.GROUP_PAD,
+            BLOCK_Q=cfg.BLOCK_Q,
+            BLOCK_N=cfg.BLOCK_N,
+            HEAD_DIM=cfg.HEAD_DIM,
+            HEAD_DIM_V=cfg.HEAD_DIM_V,
+            ROPE_PAD=cfg.ROPE_PAD,
+            BLOCK_SIZE=cfg.BLOCK_SIZE,
+            SPLIT_SIZE=cfg.SPLIT_SIZE,
+            SPLIT_LONG=cfg.SPLIT_LONG,
+            LONG_FROM=cfg.LONG_FROM,
+            SPLIT_SHORT=cfg.SPLIT_SHORT,
+            SHORT_UNDER=cfg.SHORT_UNDER,
+            UPCAST=cfg.UPCAST,
+            KV_FP8=prep.kv_dtype != prep.dtype,  # widened by the compiler after the load
+            OFF_I32=fits_int32(key_cache),
+            WRITE_LSE=prep.variants.return_lse,
+            MULTI=multi,
+            USE_TREE=multi and use_tree,
+            **cfg.launch_options,
+        )
 
 
 def _launcher(kernel: Any, grid: tuple[int, int, int], compile_only: bool) -> Any:
@@ -512,7 +553,7 @@ def paged_attention(
             the query dtype or float8_e4m3fn/float8_e5m2; any strides with a contiguous
             last dimension. Or MLA's latent cache: ``value_cache`` a view of ``key_cache``'s
             first ``head_dim_v`` columns (``key_cache[..., :head_dim_v]``, a power of two),
-            read from the key cache (decode only; no window, soft-cap, ALiBi or sinks).
+            read from the key cache (no window, soft-cap, ALiBi or sinks).
         block_tables: ``[num_seqs, max_blocks]`` int32 (entries past a sequence's last
             block are never read).
         seq_lens: ``[num_seqs]`` int32, new tokens included.

@@ -52,6 +52,8 @@ class KernelTuning:
     mla_block_n: int = 32  # keys a step: a 576-wide 16-bit tile is 36 KB, two stages of it beside the query fit
     mla_warps: int = 4  # warps a program: the [16, 512] fp32 accumulator is 64 registers a thread at four
     mla_stages: int = 2  # one key tile in flight beside the one in use (the tiles are wide)
+    mla_multi_rows: int = 32  # rows (new tokens x heads) a program of several new tokens: MTP's 2 tokens of 16 heads
+    mla_multi_warps: int = 8  # its [32, 512] fp32 accumulator at 64 registers a thread
 
 
 #: the kernel's tuning; tests and benchmarks pass ``dataclasses.replace(TUNING, ...)`` to
