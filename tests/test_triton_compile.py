@@ -249,7 +249,7 @@ for dtype, heads, bs, lse in json.loads(sys.argv[1]):
                   "BLOCK_SIZE": cfg.BLOCK_SIZE, "SPLIT_SIZE": cfg.SPLIT_SIZE, "SPLIT_LONG": cfg.SPLIT_LONG,
                   "LONG_FROM": cfg.LONG_FROM, "SPLIT_SHORT": cfg.SPLIT_SHORT, "SHORT_UNDER": cfg.SHORT_UNDER,
                   "UPCAST": False, "KV_FP8": False, "OFF_I32": True, "WRITE_LSE": lse, "MULTI": name == "multi",
-                  "USE_TREE": name == "multi"}
+                  "USE_TREE": name == "multi", "TREE_WORDS": name == "multi"}
         ints = {"stride_qt": heads * 576, "stride_qh": 576, "stride_kb": bs * 576, "stride_ks": 576,
                 "stride_kh": 576, "stride_pa_row": splits * heads * 512, "stride_pa_split": heads * 512,
                 "stride_pml_row": splits * heads * 2, "stride_pml_split": heads * 2, "stride_ot": heads * 512,

@@ -196,6 +196,35 @@ def test_mla_multi_token_within_policy(spec):
 
 
 @runs_kernel
+def test_mla_tree_words_and_bytes_give_the_same_bits(monkeypatch):
+    """Trees of at most 64 tokens reach the MLA kernel as a word a token (a bit a new token, no
+    load in the loop); longer ones as the mask's bytes. Both mask alike: the same bits."""
+    from pagedattn.kernels import triton_paged_attention as tpa
+
+    t = dataclasses.replace(TUNING, split_short=32, mla_block_n=16)
+    case = MLA_MULTI_CASES[1].build().to(DEVICE)
+    prep, (out_words, lse_words) = _run(case, t)
+    assert prep.tree_words is not None and prep.tree_words.dtype == torch.int64
+    monkeypatch.setattr(tpa, "TREE_WORD_BITS", 4)  # the 9-token tree no longer fits a word
+    prep, (out_bytes, lse_bytes) = _run(case, t)
+    assert prep.tree_words is None
+    assert_equal(out_bytes, out_words, "the tree as bytes against as words")
+    assert_equal(lse_bytes, lse_words, "the tree's lse as bytes against as words")
+
+
+def test_tree_words_hold_each_tokens_row():
+    from pagedattn.kernels.triton_paged_attention import tree_words
+
+    rows = [torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool), torch.ones(1, 1, dtype=torch.bool)]
+    mask = torch.cat([m.reshape(-1) for m in rows])
+    words = tree_words(mask, [3, 1], [0, 3, 4], torch.device("cpu"))
+    assert words.tolist() == [0b1, 0b11, 0b101, 0b1], f"tree words {words.tolist()}"
+    full = torch.ones(64, 64, dtype=torch.bool).tril().reshape(-1)
+    last = tree_words(full, [64], [0, 64], torch.device("cpu"))[-1]
+    assert int(last) == -1, f"a 64-token row of ones is every bit of the word, got {int(last):#x}"
+
+
+@runs_kernel
 def test_mla_reads_the_rotary_columns_and_the_latent_values():
     """Changing a history's rotary columns changes the scores (the output moves), and the
     latent values are the key's first columns: a zero latent cache with a zero query's rotary

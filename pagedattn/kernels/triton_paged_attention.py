@@ -105,6 +105,7 @@ class PreparedBatch:
     other_done: torch.Tensor | None = None  # [n_other, other launch's axis-0 programs] int32
     decode_rows: torch.Tensor | None = None
     other_rows: torch.Tensor | None = None
+    tree_words: torch.Tensor | None = None  # MLA: [num_tokens] int64, each token's tree row as bits
     variants: Variants = Variants()
     tree_mask: torch.Tensor | None = None  # [sum q_b * q_b] uint8 (the bool mask's bytes)
     tree_offsets: torch.Tensor | None = None  # [num_seqs + 1] int64: where each sequence's mask starts
@@ -194,6 +195,8 @@ def prepare(
                 other_done=torch.zeros(len(qs), plan.other.grid[0], dtype=torch.int32, device=dev),
                 other_rows=torch.tensor(rows, dtype=torch.int32, device=dev),
             )
+            if tree_mask is not None and max(qs) <= TREE_WORD_BITS:
+                mla_other["tree_words"] = tree_words(tree_mask, query_lens, loc, dev)
     upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
     Dv = value_cache.shape[3]
     return PreparedBatch(
@@ -225,6 +228,27 @@ def prepare(
         fp8_native=_fp8_native(dev, interp),
         **mla_other,
     )
+
+
+#: the longest tree a token's word holds (``tree_words``)
+TREE_WORD_BITS = 64
+
+
+def tree_words(tree_mask: torch.Tensor, query_lens: list[int], loc: list[int], device: torch.device) -> torch.Tensor:
+    """``[num_tokens]`` int64: bit ``c`` of token ``t``'s word set where ``t`` (new token ``i`` of
+    sequence ``b``) sees new token ``c`` of ``b`` (``tree_mask``'s ``[i, c]``; sequences of at most
+    ``TREE_WORD_BITS`` new tokens). Read from the mask once, here: the MLA kernel tests a bit a
+    score instead of loading the mask in its loop."""
+    rows: list[int] = []
+    cols: list[int] = []
+    for b, q in enumerate(query_lens):
+        rows.extend(loc[b] + i for i in range(q) for _ in range(q))
+        cols.extend(c for _ in range(q) for c in range(q))
+    row_t = torch.tensor(rows, dtype=torch.int64, device=device)
+    bits = tree_mask.to(torch.int64) << torch.tensor(cols, dtype=torch.int64, device=device)
+    return torch.zeros(loc[-1], dtype=torch.int64, device=device).index_add_(
+        0, row_t, bits
+    )  # distinct bits: a sum is an or
 
 
 def _fp8_native(device: torch.device, interpreter: bool) -> bool:
@@ -456,6 +480,8 @@ def _run_mla(
     )
     tables = prep.block_tables
     use_tree = prep.tree_mask is not None
+    words = prep.tree_words is not None
+    tree = prep.tree_words if words else prep.tree_mask
     for cfg, ids, rows, part_acc, part_ml, done, multi in launches:
         if cfg is None:
             continue
@@ -468,7 +494,7 @@ def _run_mla(
             prep.query_start_loc,
             ids,
             rows,
-            prep.tree_mask if use_tree else target,
+            tree if use_tree else target,
             prep.tree_offsets if use_tree else target,
             part_acc,
             part_ml,
@@ -511,6 +537,7 @@ def _run_mla(
             WRITE_LSE=prep.variants.return_lse,
             MULTI=multi,
             USE_TREE=multi and use_tree,
+            TREE_WORDS=words,
             **cfg.launch_options,
         )
 
