@@ -61,13 +61,13 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
     tk = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", None: t}[kv_dtype]
     types = {"q_ptr": "*" + t, "k_cache_ptr": "*" + tk, "v_cache_ptr": "*" + tk, "out_ptr": "*" + t,
              "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "done_ptr": "*i32", "alibi_ptr": "*fp32",
-             "sinks_ptr": "*fp32", "tree_mask_ptr": "*u8", "tree_offsets_ptr": "*i64",
-             "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
+             "sinks_ptr": "*fp32", "tree_mask_ptr": "*i64" if on else "*u8",
+             "tree_offsets_ptr": "*i64", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
     f16_dots = kv_dtype is not None and dtype == "bfloat16"  # run's rule: bf16 queries over an fp8 cache
     flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
              "KV_FP8": launch_plan.fp8_widening(getattr(torch, kv_dtype or dtype), dtype == "float16" or f16_dots,
                                                 native=True, even=d % 2 == 0),
-             "F16_DOTS": f16_dots, "OFF_I32": True, "USE_TREE": on}
+             "F16_DOTS": f16_dots, "OFF_I32": True, "USE_TREE": on, "TREE_WORDS": on}
     assert set(over) <= {"OFF_I32", "KV_FP8"}, over
     flags.update(over)
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "HEAD_DIM_V", "HEAD_DIM_V_PAD",
@@ -257,7 +257,7 @@ for dtype, heads, bs, lse in json.loads(sys.argv[1]):
         names = kernel.arg_names
         types = {"q_ptr": "*" + t, "cache_ptr": "*" + t, "out_ptr": "*" + t, "part_acc_ptr": "*fp32",
                  "part_ml_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32",
-                 "tree_mask_ptr": "*u8", "tree_offsets_ptr": "*i64"}
+                 "tree_mask_ptr": "*i64", "tree_offsets_ptr": "*i64"}
         sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
                for n in names}
         aligned = [i for i, n in enumerate(names) if n not in consts and (n.endswith("_ptr") or (

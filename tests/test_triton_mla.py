@@ -196,20 +196,21 @@ def test_mla_multi_token_within_policy(spec):
 
 
 @runs_kernel
-def test_mla_tree_words_and_bytes_give_the_same_bits(monkeypatch):
-    """Trees of at most 64 tokens reach the MLA kernel as a word a token (a bit a new token, no
+@pytest.mark.parametrize("kernel", ["prefill", "mla"])
+def test_tree_words_and_bytes_give_the_same_bits(kernel, monkeypatch):
+    """Trees of at most 64 tokens reach the kernels as a word a token (a bit a new token, no
     load in the loop); longer ones as the mask's bytes. Both mask alike: the same bits."""
     from pagedattn.kernels import triton_paged_attention as tpa
 
-    t = dataclasses.replace(TUNING, split_short=32, mla_block_n=16)
-    case = MLA_MULTI_CASES[1].build().to(DEVICE)
+    t = dataclasses.replace(TUNING, split_short=32, mla_block_n=16, prefill_block_n=16, prefill_rows=16)
+    case = (MLA_MULTI_CASES[1] if kernel == "mla" else TREE_CASES[1]).build().to(DEVICE)
     prep, (out_words, lse_words) = _run(case, t)
     assert prep.tree_words is not None and prep.tree_words.dtype == torch.int64
-    monkeypatch.setattr(tpa, "TREE_WORD_BITS", 4)  # the 9-token tree no longer fits a word
+    monkeypatch.setattr(tpa, "TREE_WORD_BITS", 4)  # the trees no longer fit a word
     prep, (out_bytes, lse_bytes) = _run(case, t)
     assert prep.tree_words is None
-    assert_equal(out_bytes, out_words, "the tree as bytes against as words")
-    assert_equal(lse_bytes, lse_words, "the tree's lse as bytes against as words")
+    assert_equal(out_bytes, out_words, f"{kernel}: the tree as bytes against as words")
+    assert_equal(lse_bytes, lse_words, f"{kernel}: the tree's lse as bytes against as words")
 
 
 def test_tree_words_hold_each_tokens_row():

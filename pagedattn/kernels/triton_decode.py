@@ -273,6 +273,7 @@ def _decode_kernel(
                 seq_ids_ptr,  # no tree mask: decodes see every key
                 0,
                 0,
+                0,
                 stride_kb,
                 stride_ks,
                 stride_kh,
@@ -292,6 +293,7 @@ def _decode_kernel(
                 KV_FP8,
                 OFF_I32,
                 True,
+                False,
                 False,
                 False,
             )
@@ -357,6 +359,7 @@ def _decode_kernel(
                     seq_ids_ptr,  # no tree mask: decodes see every key
                     0,
                     0,
+                    0,
                     stride_kb,
                     stride_ks,
                     stride_kh,
@@ -375,6 +378,7 @@ def _decode_kernel(
                     KV_FP8,
                     OFF_I32,
                     True,
+                    False,
                     False,
                     False,
                 )

@@ -233,7 +233,7 @@ def _mla_decode_kernel(
         tree_row = tl.zeros([ROWS], tl.int64)
         if USE_TREE:
             if TREE_WORDS:  # each row's word, once a program
-                tree_row = tl.load(tree_mask_ptr + t0 + tok, mask=row_mask, other=0)
+                tree_row = tl.load(tree_mask_ptr + t0 + tok, mask=row_mask, other=0).to(tl.int64)
             else:
                 tree_ptr = tree_mask_ptr + tl.load(tree_offsets_ptr + seq)
         lo = split * split_size

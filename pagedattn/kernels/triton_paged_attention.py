@@ -105,7 +105,7 @@ class PreparedBatch:
     other_done: torch.Tensor | None = None  # [n_other, other launch's axis-0 programs] int32
     decode_rows: torch.Tensor | None = None
     other_rows: torch.Tensor | None = None
-    tree_words: torch.Tensor | None = None  # MLA: [num_tokens] int64, each token's tree row as bits
+    tree_words: torch.Tensor | None = None  # [num_tokens] int64, each token's tree row as bits (trees <= 64)
     variants: Variants = Variants()
     tree_mask: torch.Tensor | None = None  # [sum q_b * q_b] uint8 (the bool mask's bytes)
     tree_offsets: torch.Tensor | None = None  # [num_seqs + 1] int64: where each sequence's mask starts
@@ -195,8 +195,6 @@ def prepare(
                 other_done=torch.zeros(len(qs), plan.other.grid[0], dtype=torch.int32, device=dev),
                 other_rows=torch.tensor(rows, dtype=torch.int32, device=dev),
             )
-            if tree_mask is not None and max(qs) <= TREE_WORD_BITS:
-                mla_other["tree_words"] = tree_words(tree_mask, query_lens, loc, dev)
     upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
     Dv = value_cache.shape[3]
     return PreparedBatch(
@@ -225,6 +223,12 @@ def prepare(
             if tree_mask is not None and plan.other_seqs
             else None
         ),
+        # trees of at most 64 tokens as a word a token: the kernels test bits, load no mask in their loops
+        tree_words=(
+            tree_words(tree_mask, query_lens, loc, dev)
+            if tree_mask is not None and plan.other_seqs and max(query_lens) <= TREE_WORD_BITS
+            else None
+        ),
         fp8_native=_fp8_native(dev, interp),
         **mla_other,
     )
@@ -237,8 +241,9 @@ TREE_WORD_BITS = 64
 def tree_words(tree_mask: torch.Tensor, query_lens: list[int], loc: list[int], device: torch.device) -> torch.Tensor:
     """``[num_tokens]`` int64: bit ``c`` of token ``t``'s word set where ``t`` (new token ``i`` of
     sequence ``b``) sees new token ``c`` of ``b`` (``tree_mask``'s ``[i, c]``; sequences of at most
-    ``TREE_WORD_BITS`` new tokens). Read from the mask once, here: the MLA kernel tests a bit a
-    score instead of loading the mask in its loop."""
+    ``TREE_WORD_BITS`` new tokens), for the kernels, which test a bit a score instead of loading
+    the mask in their loops. The mask's values are read here, at ``prepare``: a prepared batch
+    keeps the tree it was prepared with."""
     rows: list[int] = []
     cols: list[int] = []
     for b, q in enumerate(query_lens):
@@ -427,7 +432,9 @@ def run(
             prep.other_ids,
             alibi,
             sinks,
-            prep.tree_mask if prep.tree_mask is not None else target,
+            prep.tree_words
+            if prep.tree_words is not None
+            else (prep.tree_mask if prep.tree_mask is not None else target),
             prep.tree_offsets if prep.tree_offsets is not None else target,
             target,
             lse_buf,
@@ -453,6 +460,7 @@ def run(
             BLOCK_SIZE=cfg.BLOCK_SIZE,
             UPCAST=cfg.UPCAST,
             USE_TREE=prep.tree_mask is not None,
+            TREE_WORDS=prep.tree_words is not None,
             **flags,
             **cfg.launch_options,
         )

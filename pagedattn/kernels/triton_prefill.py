@@ -39,6 +39,7 @@ def _attend(
     window,
     soft_cap,
     tree_ptr,
+    tree_row,
     tree_q,
     context,
     stride_kb,
@@ -60,6 +61,7 @@ def _attend(
     KV_FP8: tl.constexpr,
     OFF_I32: tl.constexpr,
     USE_TREE: tl.constexpr,
+    TREE_WORDS: tl.constexpr,
 ):
     """Causal online softmax of the rows ``q`` [ROWS, D] over keys ``lo .. hi-1`` of one
     sequence (its block-table row at ``table_ptr``); row ``r`` sees keys ``<= pos[r]`` and
@@ -93,6 +95,7 @@ def _attend(
         window,
         soft_cap,
         tree_ptr,
+        tree_row,
         tree_q,
         context,
         stride_kb,
@@ -116,6 +119,7 @@ def _attend(
         False,
         True,
         USE_TREE,
+        TREE_WORDS,
     )
     m, l_sum, acc, blk_next = _attend_tiles(
         q,
@@ -137,6 +141,7 @@ def _attend(
         window,
         soft_cap,
         tree_ptr,
+        tree_row,
         tree_q,
         context,
         stride_kb,
@@ -160,6 +165,7 @@ def _attend(
         True,
         True,
         USE_TREE,
+        TREE_WORDS,
     )
     return m, l_sum, acc
 
@@ -223,6 +229,7 @@ def _prefill_kernel(
     OFF_I32: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     USE_TREE: tl.constexpr,
+    TREE_WORDS: tl.constexpr,
 ):
     """One tile of ``BLOCK_Q`` query tokens of one sequence times one kv head's query
     group. The grid's (q_tile, kv_head) programs are taken in the order of decreasing
@@ -231,7 +238,9 @@ def _prefill_kernel(
 
     With ``USE_TREE`` the new tokens see each other as their sequence's tree mask says
     (``tree_mask_ptr``: the batch's masks, uint8, packed; ``tree_offsets_ptr`` [num_seqs + 1]
-    int64: where each sequence's ``[q_b, q_b]`` mask starts). The mask is lower-triangular, so
+    int64: where each sequence's ``[q_b, q_b]`` mask starts; with ``TREE_WORDS``,
+    ``tree_mask_ptr`` is [num_tokens] int64 instead, bit ``c`` of token ``t``'s word set where it
+    sees its sequence's new token ``c``). The mask is lower-triangular, so
     the causal tile bounds hold; the history's whole tiles skip the mask, every tile past the
     history's last whole one reads it."""
     seq = tl.load(seq_ids_ptr + tl.program_id(0))
@@ -271,8 +280,12 @@ def _prefill_kernel(
         # whole tiles of them skip the mask; the rest (the diagonal) is masked
         full_hi = lo
         tree_ptr = tree_mask_ptr
+        tree_row = tl.zeros([ROWS], tl.int64)
         if USE_TREE:  # a new token need not see the new tokens before it: the history only
-            tree_ptr = tree_mask_ptr + tl.load(tree_offsets_ptr + seq)
+            if TREE_WORDS:  # each row's word, once a program
+                tree_row = tl.load(tree_mask_ptr + q_start + tok, mask=row_mask, other=0).to(tl.int64)
+            else:
+                tree_ptr = tree_mask_ptr + tl.load(tree_offsets_ptr + seq)
             full_hi = lo + (context - lo) // BLOCK_N * BLOCK_N
         elif not USE_WINDOW:
             full_hi = lo + (context + q_tile * BLOCK_Q + 1 - lo) // BLOCK_N * BLOCK_N
@@ -294,6 +307,7 @@ def _prefill_kernel(
             window,
             soft_cap,
             tree_ptr,
+            tree_row,
             q_len,
             context,
             stride_kb,
@@ -315,6 +329,7 @@ def _prefill_kernel(
             KV_FP8,
             OFF_I32,
             USE_TREE,
+            TREE_WORDS,
         )
         if USE_SINKS:
             # the sink joins once, after the keys (weight exp(sink - m), no value), as in the decode

@@ -146,6 +146,7 @@ def _step(
     window,
     soft_cap,
     tree_ptr,
+    tree_row,
     tree_q,
     context,
     stride_kb,
@@ -168,6 +169,7 @@ def _step(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     USE_TREE: tl.constexpr,
+    TREE_WORDS: tl.constexpr,
 ):
     """One key tile of the online softmax: the keys ``j`` [BLOCK_N] (int32; ``kmask``: those
     that exist, below the history's or the split's end) in the cache blocks ``blk`` [BLOCK_N]
@@ -176,9 +178,10 @@ def _step(
     columns, values of ``HEAD_DIM_V``). The softmax runs in base 2:
     ``m`` is in natural-log units times log2(e). Without ``MASKED`` every key is visible to
     every row: no mask is computed. With ``USE_TREE`` (and ``CAUSAL``) a new token sees the
-    new tokens its sequence's tree mask allows: ``tree_ptr`` points at the sequence's
-    ``[tree_q, tree_q]`` mask (uint8, row-major), whose new tokens follow ``context`` history
-    keys. Shared by ``_attend_tiles`` and the decode kernel's split loop, so both compute a
+    new tokens its sequence's tree mask allows (they follow ``context`` history keys): with
+    ``TREE_WORDS`` bit ``c`` of its row's word ``tree_row`` [ROWS] int64 (trees of at most 64
+    tokens), else the byte of the sequence's ``[tree_q, tree_q]`` mask (uint8 at ``tree_ptr``,
+    row-major). Shared by ``_attend_tiles`` and the decode kernel's split loop, so both compute a
     tile alike."""
     d = tl.arange(0, HEAD_DIM_PAD)
     dmask = d < HEAD_DIM
@@ -233,10 +236,15 @@ def _step(
             visible = visible & (j[None, :] <= pos[:, None])
             if USE_TREE:  # new keys on or below the diagonal: the mask's bit (every history key is seen)
                 jn = j - context  # [BLOCK_N] the key's index among the new tokens (< 0: history)
-                ti = pos - context  # [ROWS] the row's; padding rows (ti >= tree_q) read no bit
-                new = (jn[None, :] >= 0) & (jn[None, :] <= ti[:, None]) & (ti[:, None] < tree_q)
-                bits = tl.load(tree_ptr + ti[:, None] * tree_q + jn[None, :], mask=new, other=1)
-                visible = visible & (bits != 0)
+                if TREE_WORDS:  # a shift and an and a score: no load in the loop
+                    shift = tl.minimum(tl.maximum(jn, 0), 63).to(tl.int64)
+                    bits = (tree_row[:, None] >> shift[None, :]) & 1
+                    visible = visible & ((jn[None, :] < 0) | (bits != 0))
+                else:
+                    ti = pos - context  # [ROWS] the row's; padding rows (ti >= tree_q) read no bit
+                    new = (jn[None, :] >= 0) & (jn[None, :] <= ti[:, None]) & (ti[:, None] < tree_q)
+                    bits = tl.load(tree_ptr + ti[:, None] * tree_q + jn[None, :], mask=new, other=1)
+                    visible = visible & (bits != 0)
         if USE_WINDOW:
             visible = visible & (j[None, :] > pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
@@ -281,6 +289,7 @@ def _attend_tiles(
     window,
     soft_cap,
     tree_ptr,
+    tree_row,
     tree_q,
     context,
     stride_kb,
@@ -304,6 +313,7 @@ def _attend_tiles(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     USE_TREE: tl.constexpr,
+    TREE_WORDS: tl.constexpr,
 ):
     """The key tiles ``start, start + BLOCK_N, .. < end`` of one sequence's history (its
     block-table row at ``table_ptr``; ``hi``: the history's end, which bounds every load) into
@@ -340,6 +350,7 @@ def _attend_tiles(
             window,
             soft_cap,
             tree_ptr,
+            tree_row,
             tree_q,
             context,
             stride_kb,
@@ -362,5 +373,6 @@ def _attend_tiles(
             MASKED,
             CAUSAL,
             USE_TREE,
+            TREE_WORDS,
         )
     return m, l_sum, acc, blk_next
