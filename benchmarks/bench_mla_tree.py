@@ -7,8 +7,9 @@ triton.testing.do_bench over ``run`` (the launches; ``prepare`` happens once per
 
 MLA decode: DeepSeek's absorbed form (one latent kv head of 576 columns, the value its first
 512, scale 0.1352), bf16, pages of 64, randomly permuted; 16 and 128 query heads (V2-Lite and
-V3 per tensor-parallel rank) over batches and histories. Bandwidth counts the latent rows read
-once (576 columns a key) plus Q and O. FlashInfer reads the same bytes: its ``ckv_cache`` and
+V3 per tensor-parallel rank) over batches and histories, at each of a few launch shapes
+(``MLA_TUNINGS``; the fastest is ``triton_ms``). Bandwidth counts the latent rows read once
+(576 columns a key) plus Q and O. FlashInfer reads the same bytes: its ``ckv_cache`` and
 ``kpe_cache`` are views of the one latent cache (``key_cache[:, :, 0, :512]`` and
 ``[..., 512:]``); where FlashInfer is absent its columns are ``null``.
 
@@ -20,6 +21,7 @@ shapes without a mask. ``tree_over_causal`` is causal's time over the tree's (1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -32,6 +34,14 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_paged_attention import bench, machine  # noqa: E402
 
+#: the MLA tunings each point is timed at (``TUNING`` fields over the default): the launch shapes
+#: that compile without spilling on sm_90 (two and three stages of 16 heads on four warps, 32
+#: heads on eight)
+MLA_TUNINGS = {
+    "h16w4s2": {},
+    "h16w4s3": {"mla_stages": 3},
+    "h32w8s2": {"mla_block_h": 32, "mla_warps": 8},
+}
 GPU = {
     "mla": [(B, L, H) for H in (16, 128) for B in (1, 16, 64, 128) for L in (1024, 4096, 16384)],
     "mla_page": 64,
@@ -109,21 +119,30 @@ def flashinfer_mla(batch: dict, device: str):
 
 
 def mla_point(B: int, L: int, H: int, page: int, dtype: torch.dtype, device: str) -> dict:
+    """One MLA decode point: the kernel at each of ``MLA_TUNINGS`` (``triton_ms``: the fastest,
+    ``tunings_ms``: each) and FlashInfer."""
     from pagedattn.kernels.triton_paged_attention import prepare, run
+    from pagedattn.kernels.tuning import TUNING
 
     batch = mla_batch(B, L, H, page, dtype, device)
-    prep = prepare(*batch.values(), scale=MLA_SCALE)
     q, kc, vc = batch["query"], batch["key_cache"], batch["value_cache"]
-    t_triton = bench(lambda: run(prep, q, kc, vc), device)
+    times = {}
+    for name, fields in MLA_TUNINGS.items():
+        prep = prepare(*batch.values(), scale=MLA_SCALE, tuning=dataclasses.replace(TUNING, **fields))
+        times[name] = bench(lambda: run(prep, q, kc, vc), device)  # noqa: B023
+    best = min(times, key=times.__getitem__)
+    t_triton = times[best]
     elt = kc.element_size()
     nbytes = B * L * (D_LATENT + D_ROPE) * elt + B * H * (2 * D_LATENT + D_ROPE) * elt
-    row: dict = {"B": B, "L": L, "heads": H, "bytes": nbytes, "triton_ms": t_triton}
+    row: dict = {"B": B, "L": L, "heads": H, "bytes": nbytes, "triton_ms": t_triton, "best_tuning": best}
+    row["tunings_ms"] = times
     row["triton_TBps"] = nbytes / t_triton / 1e9
     fi = flashinfer_mla(batch, device)
     row["flashinfer_ms"] = row["flashinfer_TBps"] = row["triton_over_flashinfer"] = row["max_abs_diff"] = None
     if fi is not None:
         t_fi = bench(fi, device)
         row.update(flashinfer_ms=t_fi, flashinfer_TBps=nbytes / t_fi / 1e9, triton_over_flashinfer=t_fi / t_triton)
+        prep = prepare(*batch.values(), scale=MLA_SCALE)
         row["max_abs_diff"] = float((run(prep, q, kc, vc).float() - fi().float()).abs().max())
     return row
 
@@ -155,6 +174,7 @@ def tree_point(B: int, context: int, n: int, heads: tuple[int, int, int], page: 
         "tree_ms": t_tree,
         "causal_ms": t_causal,
         "tree_over_causal": t_causal / t_tree,
+        "tree_as_words": prep_tree.tree_words is not None,  # trees of at most 64 tokens
         "tree_TFLOPs": flops / t_tree / 1e9,
     }
 
@@ -174,7 +194,7 @@ def main(argv: list[str] | None = None) -> None:
         fi = "n/a" if row["flashinfer_ms"] is None else f"{row['flashinfer_ms'] * 1e3:8.1f} us"
         print(
             f"mla B={B:4d} L={L:6d} H={H:4d}  triton {row['triton_ms'] * 1e3:8.1f} us "
-            f"{row['triton_TBps']:5.2f} TB/s  flashinfer {fi}",
+            f"{row['triton_TBps']:5.2f} TB/s ({row['best_tuning']})  flashinfer {fi}",
             flush=True,
         )
     for B, context, n in cfg["tree"]:

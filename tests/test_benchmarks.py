@@ -115,5 +115,6 @@ def test_mla_tree_bench_cpu_mode(tmp_path):
     assert result["mla"] and result["tree"], f"no points: {result}"
     for row in result["mla"]:
         assert row["triton_ms"] > 0 and row["flashinfer_ms"] is None, f"an MLA point on the CPU: {row}"
+        assert len(row["tunings_ms"]) >= 2 and row["triton_ms"] == min(row["tunings_ms"].values()), row
     for row in result["tree"]:
         assert row["tree_ms"] > 0 and row["causal_ms"] > 0, f"a tree point: {row}"
