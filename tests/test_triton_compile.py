@@ -47,14 +47,16 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
     over = dict(switches[0]) if switches else {}
     tuning = dataclasses.replace(TUNING, **{k: over.pop(k) for k in list(over) if k in fields})
     shape = over.pop("decode_shape", None)
+    dv = over.pop("head_dim_v", d)  # a value width of its own
     launch_plan.decode_launch_shape = (lambda *a, s=tuple(shape or ()), **kw: s) if shape else chosen_shape
     plan = launch_plan.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False,
-                                   getattr(torch, kv_dtype or dtype), tuning=tuning)
+                                   getattr(torch, kv_dtype or dtype), tuning=tuning, head_dim_v=dv)
     plan = dataclasses.replace(plan, decode=dataclasses.replace(plan.decode, FLAT_GRID=over.pop("FLAT_GRID", False)))
     # the strides of contiguous tensors of this shape (the block table's width is left unmarked)
-    pad, splits = plan.decode.HEAD_DIM_PAD, plan.scratch_splits
+    pad, splits = plan.decode.HEAD_DIM_V_PAD, plan.scratch_splits
     ints = {"stride_qt": heads * d, "stride_qh": d, "stride_kb": bs * kv * d, "stride_ks": kv * d, "stride_kh": d,
-            "stride_vb": bs * kv * d, "stride_vs": kv * d, "stride_vh": d, "stride_ot": heads * d, "stride_oh": d,
+            "stride_vb": bs * kv * dv, "stride_vs": kv * dv, "stride_vh": dv, "stride_ot": heads * dv,
+            "stride_oh": dv,
             "stride_lt": heads, "stride_pa_seq": splits * heads * pad, "stride_pa_split": heads * pad,
             "stride_pml_seq": splits * heads * 2, "stride_pml_split": heads * 2}
     t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
@@ -125,7 +127,8 @@ WHOLE_CAPPED = {"decode_wave": 5, "decode_wave_capped": 8}
 
 # (query dtype, heads, kv heads, head_dim, block size, fp8 cache dtype, every variant on[, paths]):
 # paths the plan does not take for the script's small batch: tuning fields, a decode launch
-# shape (decode_shape), the one-axis grid (FLAT_GRID), kernel flags (OFF_I32, KV_FP8).
+# shape (decode_shape), the one-axis grid (FLAT_GRID), kernel flags (OFF_I32, KV_FP8), a value
+# width of its own (head_dim_v).
 # The default run compiles a representative third (the widest shared-memory tile, every
 # variant with an fp8 cache, an odd head dim and block size, MQA at block size 1); the
 # rest compile under -m slow, which CI runs as its second step.
@@ -138,6 +141,8 @@ HOPPER_CONFIGS = {
         # keys in 11 splits of 64) at its register cap, every variant on
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True, FP8_LOOP],
         ["bfloat16", 32, 8, 128, 16, None, False, WHOLE_PARTS],
+        # MLA prefill's value width of its own (keys of 192, values of 128)
+        ["bfloat16", 16, 16, 192, 16, None, False, {"head_dim_v": 128}],
         # the int64 cache offsets; decode programs of one split (no split loop)
         ["float16", 6, 2, 48, 13, None, False, {"OFF_I32": False, "decode_shape": [False, 1, False]}],
         ["bfloat16", 8, 1, 80, 1, None, False],
