@@ -2,14 +2,15 @@
 launches (``prepare``, ``run``, ``paged_attention``).
 
 Decode, causal prefill, partial continuation, GQA/MQA and scattered or shared blocks,
-for a ragged batch. Sequences with one new token go to the decode kernel
-(``triton_decode``), the others to the prefill kernel (``triton_prefill``, which also takes
-speculative decoding's tree masks); both walk the history through the block table with the
-online softmax of ``triton_tiles``. A decode batch over MLA's shared latent cache goes to
-its own kernel (``triton_mla_decode``). Every
-integer that becomes a pointer offset or a grid size is computed on the host by plain
-functions (``checks``, ``launch_plan``, ``decode_splits``), which never import triton and
-are tested anywhere; the tuning they read is ``tuning.TUNING``.
+for a ragged batch, with a value width of its own where asked. Sequences with one new
+token go to the decode kernel (``triton_decode``), the others to the prefill kernel
+(``triton_prefill``, which also takes speculative decoding's tree masks); both walk the
+history through the block table with the online softmax of ``triton_tiles``. A batch over
+MLA's shared latent cache goes to its own kernel (``triton_mla_decode``), in two launches:
+its decodes, and its sequences of several new tokens (causal or tree-masked). Every integer
+that becomes a pointer offset or a grid size is computed on the host by plain functions
+(``checks``, ``launch_plan``, ``decode_splits``), which never import triton and are tested
+anywhere; the tuning they read is ``tuning.TUNING``.
 
 Without a GPU, Triton runs the kernels under its interpreter, which must be switched on
 with ``TRITON_INTERPRET=1`` *before* this module (and triton) is imported: the
