@@ -36,11 +36,13 @@ from bench_paged_attention import bench, machine  # noqa: E402
 
 #: the MLA tunings each point is timed at (``TUNING`` fields over the default): the launch shapes
 #: that compile without spilling on sm_90 (two and three stages of 16 heads on four warps, 32
-#: heads on eight)
+#: heads on eight), and splits of half the decode kernel's (one latent kv head gives a history
+#: a program a split and head block: few programs where the batch is small)
 MLA_TUNINGS = {
     "h16w4s2": {},
     "h16w4s3": {"mla_stages": 3},
     "h32w8s2": {"mla_block_h": 32, "mla_warps": 8},
+    "h16w4s2-half-splits": {"split_short": 128, "split_size": 256, "split_long": 1024},
 }
 GPU = {
     "mla": [(B, L, H) for H in (16, 128) for B in (1, 16, 64, 128) for L in (1024, 4096, 16384)],
