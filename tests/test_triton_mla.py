@@ -366,3 +366,45 @@ def test_value_width_plan_arithmetic():
     assert not plan.mla
     same = launch_plan.plan_launch([700], [1], 16, 4, 80, 16, torch.bfloat16, False)
     assert (same.decode.HEAD_DIM_V, same.decode.HEAD_DIM_V_PAD) == (80, 128)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU; test_triton_host checks run allocates nothing")
+def test_mla_cuda_graph_replay_computes_what_run_computes():
+    """MLA's two launches (decodes over several splits, a tree-masked multi-token sequence)
+    captured once and replayed give the eager bits, after the query is refilled; the split
+    counters are back at zero after each replay."""
+    from pagedattn.kernels import triton_paged_attention as tpa
+
+    spec = CaseSpec(
+        "t",
+        ((3000, 1), (700, 1), (900, 4)),
+        num_heads=128,
+        block_size=64,
+        tree_mask=True,
+        dtype=torch.bfloat16,
+        **MLA_SHAPE,
+    )
+    case = spec.build().to(DEVICE)
+    prep = tpa.prepare(*case_args(case), scale=case.scale, tree_mask=case.tree_mask, return_lse=True)
+    q, k, v = case.query, case.key_cache, case.value_cache
+    out = torch.empty(case.num_tokens, case.num_heads, case.head_dim_v, dtype=case.dtype, device=DEVICE)
+    lse = torch.empty(case.num_tokens, case.num_heads, device=DEVICE)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # compile outside the capture
+        tpa.run(prep, q, k, v, out=out, lse=lse)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tpa.run(prep, q, k, v, out=out, lse=lse)
+    for step in range(3):
+        q.copy_(torch.randn_like(q) * (step + 1))
+        want_out, want_lse = tpa.run(prep, q, k, v)
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert_equal(out, want_out, f"{spec.id}, step {step}: out of the graph's replay against run")
+        assert_equal(lse, want_lse, f"{spec.id}, step {step}: lse of the graph's replay against run")
+        for name in ("done", "other_done"):
+            counters = getattr(prep, name)
+            assert int(counters.abs().sum()) == 0, f"step {step}: {name} left at {counters.tolist()}"
