@@ -245,14 +245,15 @@ def tree_words(tree_mask: torch.Tensor, query_lens: list[int], loc: list[int], d
     ``TREE_WORD_BITS`` new tokens), for the kernels, which test a bit a score instead of loading
     the mask in their loops. The mask's values are read here, at ``prepare``: a prepared batch
     keeps the tree it was prepared with."""
-    q = torch.tensor(query_lens, dtype=torch.int64)
+    # on the mask's device: one small transfer (the lengths), the rest computed where the mask is
+    q = torch.tensor(query_lens, dtype=torch.int64, device=device)
     entries = q * q  # [B] the mask's entries a sequence
-    seq = torch.repeat_interleave(torch.arange(len(query_lens)), entries)  # [sum q_b^2] each entry's sequence
-    local = torch.arange(int(entries.sum())) - (torch.cumsum(entries, 0) - entries)[seq]  # index in its [q_b, q_b]
-    row = torch.tensor(loc[:-1], dtype=torch.int64)[seq] + local // q[seq]  # the token whose row it is
-    bits = tree_mask.to(torch.int64) << (local % q[seq]).to(device)  # bit c of row i: new token c
+    seq = torch.repeat_interleave(torch.arange(len(query_lens), device=device), entries)  # [sum q_b^2]
+    local = torch.arange(tree_mask.shape[0], device=device) - (torch.cumsum(entries, 0) - entries)[seq]
+    row = torch.tensor(loc[:-1], dtype=torch.int64, device=device)[seq] + local // q[seq]  # the entry's token
+    bits = tree_mask.to(torch.int64) << (local % q[seq])  # bit c of row i: new token c
     # distinct bits a row: their sum is their or
-    return torch.zeros(loc[-1], dtype=torch.int64, device=device).index_add_(0, row.to(device), bits)
+    return torch.zeros(loc[-1], dtype=torch.int64, device=device).index_add_(0, row, bits)
 
 
 def _fp8_native(device: torch.device, interpreter: bool) -> bool:
