@@ -6,7 +6,7 @@ from hypothesis import given, settings
 
 from pagedattn.cases import DTYPES, FAMILIES, PROFILES, CaseSpec, grid, load_case, save_case
 from pagedattn.cases.strategies import case_specs
-from pagedattn.oracle import FP8_DTYPES, bits_equal, check_attention, paged_attention_reference
+from pagedattn.oracle import FP8_DTYPES, SHAPE_VARIANTS, bits_equal, check_attention, paged_attention_reference
 
 QUICK = grid("quick")
 
@@ -93,14 +93,19 @@ _KINDS = {
     **{name: "fp8" for name in FP8_DTYPES.values()},
     "fp8_per_head_scales": "fp8",
 }
+#: the shape variants' pairs that engines run (docs/variants.md says which are not combined)
+_SHAPE_PAIRS = {("mla", "fp8"), ("tree_mask", "logits_soft_cap"), ("tree_mask", "sinks"), ("tree_mask", "fp8")}
 
 
 def test_quick_covers_every_pair_of_variants_alone():
     """A backend that claims exactly two variants runs at least one case of that pair
-    (vLLM's prefix_prefill drops the window under ALiBi, which no single-variant case shows)."""
+    (vLLM's prefix_prefill drops the window under ALiBi, which no single-variant case shows);
+    the shape variants, with each variant engines combine them with."""
     kinds = sorted(set(_KINDS.values()))
     pairs = {frozenset({a, b}) for i, a in enumerate(kinds) for b in kinds[i + 1 :]}
-    seen = {frozenset(_KINDS[v] for v in s.build().variants) for s in QUICK}
+    pairs |= {frozenset(p) for p in _SHAPE_PAIRS}
+    kind = {**_KINDS, **{v: v for v in SHAPE_VARIANTS}}
+    seen = {frozenset(kind[v] for v in s.build().variants) for s in QUICK}
     missing = sorted(sorted(p) for p in pairs - seen)
     assert not missing, f"no quick case uses exactly these variant pairs: {missing}"
 

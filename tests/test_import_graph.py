@@ -19,6 +19,7 @@ ADAPTERS = (
     "contrib.vllm",
     "contrib.sglang",
     "contrib.flashinfer",
+    "contrib.flashinfer_mla",
     "contrib.flash_attn",
 )
 

@@ -1,5 +1,7 @@
 """Layout converters: convert, read back, bit-equal."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -178,3 +180,136 @@ def test_decode_rows_give_the_same_attention(spec, variant):
     short = rows.replace(seq_lens=rows.seq_lens - 1) if min(rows.seq_lens_list) > 1 else None
     if short is not None:
         assert float((paged_attention_reference(short) - b).abs().max() / b.abs().max()) > 1e-3
+
+
+# ------------------------------------------------------------------ tree masks (FlashInfer custom_mask)
+def _tree_masks(query_lens, seed=0):
+    """A valid tree mask (diagonal True, nothing above it) per sequence, flattened and concatenated."""
+    g = torch.Generator().manual_seed(seed)
+    parts = []
+    for q in query_lens:
+        m = torch.tril(torch.rand(q, q, generator=g) < 0.5)
+        m.fill_diagonal_(True)
+        parts.append(m.reshape(-1))
+    return torch.cat(parts)
+
+
+TREE_BATCHES = [([1], [7]), ([4], [4]), ([1, 3, 5], [9, 3, 21]), ([6, 2], [6, 40])]
+
+
+@pytest.mark.parametrize(("query_lens", "seq_lens"), TREE_BATCHES, ids=lambda x: "-".join(map(str, x)))
+def test_tree_mask_flashinfer_round_trip(query_lens, seq_lens):
+    tree = _tree_masks(query_lens)
+    custom = layouts.tree_mask_to_flashinfer(tree, query_lens, seq_lens)
+    indptr = layouts.flashinfer_mask_indptr(query_lens, seq_lens).tolist()
+    total = sum(q * n for q, n in zip(query_lens, seq_lens))
+    assert custom.dtype == torch.bool and custom.numel() == indptr[-1] == total, (custom.numel(), indptr[-1], total)
+    at = 0
+    for b, (q, n) in enumerate(zip(query_lens, seq_lens)):
+        rows = custom[indptr[b] : indptr[b + 1]].view(q, n)
+        assert bool(rows[:, : n - q].all()), f"request {b}: a cached column is hidden"
+        assert_equal(rows[:, n - q :], tree[at : at + q * q].view(q, q), f"request {b}'s new-token columns")
+        at += q * q
+    assert_equal(layouts.tree_mask_from_flashinfer(custom, query_lens, seq_lens), tree, "the tree mask read back")
+    packed, packed_indptr = layouts.pack_mask_bits(custom, query_lens, seq_lens)
+    assert packed.dtype == torch.uint8
+    sizes = (packed_indptr[1:] - packed_indptr[:-1]).tolist()
+    assert sizes == [-(-q * n // 8) for q, n in zip(query_lens, seq_lens)], f"packed segment sizes {sizes}"
+    assert_equal(layouts.unpack_mask_bits(packed, packed_indptr, query_lens, seq_lens), custom, "the bits unpacked")
+
+
+def test_mask_bits_are_packed_in_little_bit_order_per_request():
+    # numpy.packbits(..., bitorder="little") of 1,0,1,1,0,0,1,1 is 0b11001101: element k is bit k
+    bits = torch.tensor([1, 0, 1, 1, 0, 0, 1, 1], dtype=torch.bool)
+    packed, indptr = layouts.pack_mask_bits(bits, [1], [8])
+    assert packed.tolist() == [0b11001101], f"packed {[bin(x) for x in packed.tolist()]}, expected ['0b11001101']"
+    # each request starts a byte of its own: 1x3 then 1x2 bits take two bytes, not one
+    packed, indptr = layouts.pack_mask_bits(torch.tensor([1, 0, 1, 1, 1], dtype=torch.bool), [1, 1], [3, 2])
+    assert packed.tolist() == [0b101, 0b11] and indptr.tolist() == [0, 1, 2], (packed.tolist(), indptr.tolist())
+
+
+def test_tree_mask_converters_refuse_what_a_tree_mask_cannot_say():
+    with pytest.raises(ValueError, match="tree_mask_to_flashinfer.tree_mask: must hold"):
+        layouts.tree_mask_to_flashinfer(torch.ones(5, dtype=torch.bool), [2], [4])
+    custom = layouts.tree_mask_to_flashinfer(_tree_masks([2]), [2], [4])
+    custom[0] = False  # row 0 no longer sees cached key 0
+    with pytest.raises(ValueError, match="request 0 hides a cached column"):
+        layouts.tree_mask_from_flashinfer(custom, [2], [4])
+
+
+# ------------------------------------------------------------------ MLA's latent cache
+MLA_SPECS = [
+    CaseSpec(
+        "t",
+        lens,
+        num_heads=16,
+        num_kv_heads=1,
+        head_dim=576,
+        head_dim_v=512,
+        mla=True,
+        scale=0.1352,
+        block_size=bs,
+        layout="permuted",
+        dtype=dt,
+    )
+    for lens, bs, dt in (
+        (((37, 1), (20, 4), (70, 2)), 16, torch.bfloat16),
+        (((37, 2), (130, 2)), 64, torch.float16),
+        (((9, 1), (12, 3)), 1, torch.float32),
+    )
+]
+
+
+@pytest.mark.parametrize("spec", MLA_SPECS, ids=lambda s: s.id)
+def test_flashinfer_mla_round_trip(spec):
+    case = spec.build()
+    assert case.shared_kv
+    args = layouts.to_flashinfer_mla(case)
+    ckv, kpe = args["ckv_cache"], args["kpe_cache"]
+    assert ckv.shape == (case.num_blocks, case.block_size, 512) and kpe.shape == (case.num_blocks, case.block_size, 64)
+    assert args["q_nope"].shape == (case.num_tokens, 16, 512) and args["q_pe"].shape == (case.num_tokens, 16, 64)
+    # views of the latent cache, not copies
+    size = case.key_cache.element_size()
+    assert ckv.data_ptr() == case.key_cache.data_ptr() and kpe.data_ptr() == case.key_cache.data_ptr() + 512 * size
+    t = case.block_size - 1  # one element of each by hand: the last token of block 2
+    assert bits_equal(ckv[2, t, 9], case.key_cache[2, t, 0, 9])
+    assert bits_equal(kpe[2, t, 3], case.key_cache[2, t, 0, 515])
+    assert args["kv_len_arr"].tolist() == case.seq_lens_list and args["sm_scale"] == 0.1352
+    back = layouts.from_flashinfer_mla(args)
+    assert back.shared_kv and bits_equal(back.key_cache, case.key_cache)
+    _same_problem(back, case)
+
+
+def test_flashmla_takes_the_latent_cache_itself_at_block_size_64():
+    case = MLA_SPECS[1].build()
+    args = layouts.to_flashmla(case)
+    assert args["k_cache"] is case.key_cache and args["k_cache"].shape[1:] == (64, 1, 576)
+    assert args["q"].shape == (case.num_seqs, 2, 16, 576) and args["head_dim_v"] == 512
+    back = layouts.from_flashmla(args)
+    assert back.shared_kv and back.key_cache is case.key_cache
+    _same_problem(back, case)
+
+
+def test_mla_converters_refuse_what_their_kernels_cannot_take():
+    with pytest.raises(ValueError, match="to_flashmla.block_size: must be 64"):
+        layouts.to_flashmla(MLA_SPECS[0].build())
+    ragged = dataclasses.replace(MLA_SPECS[1], seqs=((70, 1), (130, 2))).build()
+    with pytest.raises(ValueError, match="to_flashmla.query_lens: must be equal"):
+        layouts.to_flashmla(ragged)
+    with pytest.raises(ValueError, match="to_flashinfer_mla.case: must be an MLA case"):
+        layouts.to_flashinfer_mla(SPECS[0].build())
+    with pytest.raises(ValueError, match="split_latent.latent: must be"):
+        layouts.split_latent(torch.zeros(2, 4, 2, 576), 512)
+
+
+def test_split_latent_copies_only_what_a_kernel_cannot_read_and_never_writes():
+    latent = torch.randn(3, 4, 1, 576).to(torch.bfloat16)
+    strided = latent.transpose(0, 1)  # [4, 3, 1, 576]: page stride below token stride, still unit last stride
+    ckv, kpe = layouts.split_latent(strided, 512)
+    assert ckv.data_ptr() == strided.data_ptr(), "a unit-stride view was copied"
+    columns = torch.randn(3, 4, 1, 1152).to(torch.bfloat16)[..., ::2]  # last stride 2: a kernel cannot read it
+    before = columns.clone()
+    ckv, kpe = layouts.split_latent(columns, 512)
+    assert ckv.is_contiguous() and kpe.is_contiguous() and bits_equal(ckv, columns[:, :, 0, :512])
+    assert bits_equal(kpe, columns[:, :, 0, 512:]) and bits_equal(columns, before)
+    assert bits_equal(layouts.join_latent(ckv, kpe), columns.contiguous())

@@ -41,7 +41,10 @@ def test_python_m_pagedattn_lists_what_runs_here():
     assert "runs here" in out
     # what each backend claims of the variants, on its own line
     assert "variants alibi_slopes, fp8_e4m3, fp8_e5m2, logits_soft_cap, sinks, sliding_window" in out
-    assert "variants alibi_slopes, fp8_e4m3, fp8_e5m2, fp8_per_head_scales, sliding_window" in out  # sdpa
+    assert (
+        "variants alibi_slopes, fp8_e4m3, fp8_e5m2, fp8_per_head_scales, head_dim_v, mla, sliding_window, tree_mask"
+        in out
+    )  # sdpa
     assert "variants: no per-head fp8 scales" in out  # tlsim and triton say why they do not claim it
 
 

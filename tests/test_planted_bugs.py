@@ -54,6 +54,9 @@ KILLER = {
     "lsum_input": ("test_continuation", None),
     "p_fp8": ("test_fp8", None),
     "qk_reduced_input": ("test_decode", None),
+    "mla_value_columns": ("test_mla", None),
+    "mla_rope_dropped": ("test_mla", None),
+    "tree_as_causal": ("test_tree_mask", None),
 }
 
 
@@ -107,6 +110,8 @@ REPRESENTATIVE = (
     "sink_dropped_in_split",
     "lse_log2",
     "acc_input",
+    "mla_rope_dropped",
+    "tree_as_causal",
 )
 
 

@@ -58,7 +58,7 @@ def test_header_names_backend_and_versions(pytester):
     result = _run_here(pytester, DECODE, "--backend=sdpa")
     claims = (
         "*claims: operations attention, gather, write_cache; "
-        "variants alibi_slopes, fp8_e4m3, fp8_e5m2, fp8_per_head_scales, sliding_window"
+        "variants alibi_slopes, fp8_e4m3, fp8_e5m2, fp8_per_head_scales, head_dim_v, mla, sliding_window, tree_mask"
     )
     result.stdout.fnmatch_lines(
         [

@@ -186,7 +186,7 @@ def _tf32(x: torch.Tensor, mode: str = "rne") -> torch.Tensor:
 
 
 def tf32_flash(case, mode: str) -> torch.Tensor:
-    """A float64 emulation of a TF32 flash kernel on an fp32 case, ``[T, Hq, D]`` float32:
+    """A float64 emulation of a TF32 flash kernel on an fp32 case, ``[T, Hq, Dv]`` float32:
     q and k rounded to TF32 before q.k; the weights ``exp(s - m)`` (fp32) and v rounded to
     TF32 before P.V; the denominator summed from the unrounded weights. Every variant: the
     oracle's own blocks provide the masked, capped, biased scores of the rounded inputs."""
@@ -194,7 +194,7 @@ def tf32_flash(case, mode: str) -> torch.Tensor:
         query=_tf32(case.query, mode),
         key_cache=_tf32(case.key_cache, mode) if case.kv_dtype == torch.float32 else case.key_cache,
     )
-    out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=torch.float32)
+    out = torch.empty(case.num_tokens, case.num_heads, case.head_dim_v, dtype=torch.float32)
     for c in iter_chunks(rounded):
         l_rel = torch.exp(c.lse - c.row_max)[..., None]  # the denominator in units of the max, sink included
         p = _tf32((c.probs * l_rel).float(), mode).double()

@@ -13,6 +13,14 @@ into a ``PagedCase`` (bit-identical data), so converters are tested by round tri
 | SGLang token pool | ``[num_slots, Hkv, D]`` | ``kv_indptr``, ``kv_indices`` (token slots), ``req_to_token`` |
 | FlexAttention paged | ``[1, Hkv, N * bs, D]`` | ``page_table`` ``[B, M]`` (logical -> physical page) |
 | head-major pages (``to_hnd_cache``) | ``[N, Hkv, bs, D]`` | same as canonical |
+| FlashInfer MLA | ``ckv_cache`` ``[N, bs, 512]``, ``kpe_cache`` ``[N, bs, 64]`` | ``kv_indptr``, ``kv_indices``, |
+|   |   | ``kv_len_arr``, ``qo_indptr`` |
+| FlashMLA | ``[N, 64, 1, 576]``: the latent key cache | ``block_table``, ``cache_seqlens`` |
+
+MLA's latent cache is the case's key cache ``[N, bs, 1, 576]`` (512 compressed ``ckv``
+columns, then 64 rotary ``kpe`` columns); the value cache is a view of its first 512.
+Tree masks (``tree_mask_to_flashinfer`` and the packed form) convert the case's per-sequence
+``[q_b, q_b]`` masks to FlashInfer's ``custom_mask`` over the whole history.
 
 Building blocks for kernels that split a step into its cached prefix and its new tokens
 (SGLang's extend, decode-only kernels): ``new_tokens_kv`` (the new tokens' K/V as
@@ -153,13 +161,13 @@ def to_flashinfer(case: PagedCase, layout: str = "NHD") -> dict:
     kv = torch.stack([case.key_cache, case.value_cache], dim=1)  # [N, 2, bs, Hkv, D]
     if layout == "HND":
         kv = kv.transpose(2, 3).contiguous()
-    pages = [case.block_tables[b, : case.num_blocks_used(b)] for b in range(case.num_seqs)]
+    kv_indptr, kv_indices = _page_lists(case)
     return {
         "q": case.query,
         "kv_cache": kv,
         "kv_layout": layout,
-        "kv_indptr": _loc([len(p) for p in pages], case.device),
-        "kv_indices": torch.cat(pages).to(torch.int32),
+        "kv_indptr": kv_indptr,
+        "kv_indices": kv_indices,
         "kv_last_page_len": ((case.seq_lens - 1) % case.block_size + 1).to(torch.int32),
         "qo_indptr": case.query_start_loc.clone(),
         "page_size": case.block_size,
@@ -172,12 +180,7 @@ def from_flashinfer(args: dict) -> PagedCase:
     kv = args["kv_cache"]
     if args["kv_layout"] == "HND":
         kv = kv.transpose(2, 3)
-    indptr = args["kv_indptr"].tolist()
-    pages = [args["kv_indices"][indptr[b] : indptr[b + 1]] for b in range(len(indptr) - 1)]
-    width = max(len(p) for p in pages)
-    tables = torch.zeros(len(pages), width, dtype=torch.int32, device=kv.device)
-    for b, p in enumerate(pages):
-        tables[b, : len(p)] = p
+    tables, pages = _tables_from_csr(args["kv_indptr"], args["kv_indices"])
     bs = args["page_size"]
     lens = [(len(p) - 1) * bs + int(last) for p, last in zip(pages, args["kv_last_page_len"].tolist())]
     return PagedCase(
@@ -189,6 +192,23 @@ def from_flashinfer(args: dict) -> PagedCase:
         query_start_loc=args["qo_indptr"],
         scale=args["sm_scale"],
     )
+
+
+def _page_lists(case: PagedCase) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each sequence's pages as CSR: ``kv_indptr`` ``[B + 1]`` and ``kv_indices`` (int32)."""
+    pages = [case.block_tables[b, : case.num_blocks_used(b)] for b in range(case.num_seqs)]
+    return _loc([len(p) for p in pages], case.device), torch.cat(pages).to(torch.int32)
+
+
+def _tables_from_csr(indptr: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """``block_tables`` ``[B, max pages]`` int32 (zero past each row's pages) from CSR page lists,
+    and the per-request page lists."""
+    bounds = indptr.tolist()
+    pages = [indices[bounds[b] : bounds[b + 1]] for b in range(len(bounds) - 1)]
+    tables = torch.zeros(len(pages), max(len(p) for p in pages), dtype=torch.int32, device=indices.device)
+    for b, p in enumerate(pages):
+        tables[b, : len(p)] = p
+    return tables, pages
 
 
 # -------------------------------------------------------------- FlashAttention
@@ -297,3 +317,249 @@ def from_flex(args: dict) -> PagedCase:
         query_start_loc=args["qo_indptr"],
         scale=args["scale"],
     )
+
+
+# ------------------------------------------------------------------------- MLA
+#: FlashMLA's one page size: its kernels tile the latent cache in 64-token blocks
+FLASHMLA_BLOCK_SIZE = 64
+
+
+def _kernel_view(t: torch.Tensor) -> torch.Tensor:
+    """``t`` itself where a CUDA kernel with per-dimension strides can read it (unit last
+    stride, every other stride and the start on 16 bytes: 128-bit loads); else a contiguous
+    copy. Never a write into ``t``."""
+    size = t.element_size()
+    aligned = t.data_ptr() % 16 == 0 and all(s * size % 16 == 0 for s in t.stride()[:-1])
+    return t if t.stride(-1) == 1 and aligned else t.contiguous()
+
+
+def split_latent(latent: torch.Tensor, head_dim_v: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlashInfer's two MLA caches from the latent cache.
+
+    Args:
+        latent: ``[N, bs, 1, D]``: one latent head, ``head_dim_v`` compressed columns then
+            ``D - head_dim_v`` rotary ones (DeepSeek V2/V3: 512 + 64 = 576).
+
+    Returns:
+        ``(ckv [N, bs, head_dim_v], kpe [N, bs, D - head_dim_v])`` in the cache dtype: views
+        of ``latent`` where its strides allow (``_kernel_view``), else copies.
+    """
+    if latent.dim() != 4 or latent.shape[2] != 1:
+        raise ProblemError(
+            "split_latent",
+            "latent",
+            f"must be [num_blocks, block_size, 1, D] (one latent head), got {tuple(latent.shape)}",
+        )
+    if not 0 < head_dim_v < latent.shape[-1]:
+        raise ProblemError(
+            "split_latent",
+            "head_dim_v",
+            f"must lie in 1..{latent.shape[-1] - 1} (D = {latent.shape[-1]}), got {head_dim_v}",
+        )
+    rows = latent[:, :, 0]  # [N, bs, D]
+    return _kernel_view(rows[..., :head_dim_v]), _kernel_view(rows[..., head_dim_v:])
+
+
+def join_latent(ckv: torch.Tensor, kpe: torch.Tensor) -> torch.Tensor:
+    """The latent cache ``[N, bs, 1, Dc + Dr]`` (contiguous) from ``ckv [N, bs, Dc]`` and ``kpe [N, bs, Dr]``."""
+    return torch.cat([ckv, kpe], dim=-1)[:, :, None].contiguous()
+
+
+def _mla_case_problem(owner: str, case: PagedCase) -> None:
+    if not case.shared_kv:
+        raise ProblemError(
+            owner,
+            "case",
+            "must be an MLA case (value_cache a view of the key cache's first head_dim_v columns, one kv head)",
+        )
+
+
+def to_flashinfer_mla(case: PagedCase) -> dict:
+    """Arguments of FlashInfer's ``BatchMLAPagedAttentionWrapper`` (``plan`` then ``run``).
+
+    Returns a dict: ``q_nope`` ``[T, Hq, Dc]`` and ``q_pe`` ``[T, Hq, Dr]`` (the query's first
+    ``Dc = head_dim_v`` columns and the rest), ``ckv_cache`` ``[N, bs, Dc]`` and ``kpe_cache``
+    ``[N, bs, Dr]`` (``split_latent``: views where strides allow, never written), ``qo_indptr``
+    ``[B+1]``, ``kv_indptr`` ``[B+1]``, ``kv_indices`` (pages, in order) and ``kv_len_arr``
+    ``[B]`` (each history's length; FlashInfer's docstring calls it the query length), all
+    int32; ``num_heads``, ``head_dim_ckv``, ``head_dim_kpe``, ``page_size``, ``sm_scale``
+    (``case.scale``: MLA's scale is the model's, not ``576 ** -0.5``) and ``causal=True``.
+    """
+    _mla_case_problem("to_flashinfer_mla", case)
+    dv = case.head_dim_v
+    ckv, kpe = split_latent(case.key_cache, dv)
+    kv_indptr, kv_indices = _page_lists(case)
+    return {
+        "q_nope": _kernel_view(case.query[..., :dv]),
+        "q_pe": _kernel_view(case.query[..., dv:]),
+        "ckv_cache": ckv,
+        "kpe_cache": kpe,
+        "qo_indptr": case.query_start_loc.to(torch.int32).clone(),
+        "kv_indptr": kv_indptr,
+        "kv_indices": kv_indices,
+        "kv_len_arr": case.seq_lens.to(torch.int32).clone(),
+        "num_heads": case.num_heads,
+        "head_dim_ckv": dv,
+        "head_dim_kpe": case.head_dim - dv,
+        "page_size": case.block_size,
+        "sm_scale": case.scale,
+        "causal": True,
+    }
+
+
+def from_flashinfer_mla(args: dict) -> PagedCase:
+    """The MLA case (latent key cache ``[N, bs, 1, Dc + Dr]``, the value cache its view) from
+    ``to_flashinfer_mla``'s dict."""
+    latent = join_latent(args["ckv_cache"], args["kpe_cache"])
+    tables, _ = _tables_from_csr(args["kv_indptr"], args["kv_indices"])
+    return PagedCase(
+        query=torch.cat([args["q_nope"], args["q_pe"]], dim=-1),
+        key_cache=latent,
+        value_cache=latent[..., : args["head_dim_ckv"]],
+        block_tables=tables,
+        seq_lens=args["kv_len_arr"],
+        query_start_loc=args["qo_indptr"],
+        scale=args["sm_scale"],
+    )
+
+
+def to_flashmla(case: PagedCase) -> dict:
+    """Arguments of FlashMLA's ``flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens,
+    head_dim_v, tile_scheduler_metadata, num_splits, softmax_scale=, causal=True)``.
+
+    FlashMLA's cache ``[N, 64, 1, 576]`` is the case's latent key cache itself, at block size
+    64 only (``FLASHMLA_BLOCK_SIZE``); the value is its first ``head_dim_v`` columns, as here.
+    Its query is ``[B, s_q, Hq, D]``: every sequence has the same number ``s_q`` of new
+    tokens (decode, or MTP's fixed draft length); its causal mask is bottom-right aligned.
+
+    Returns a dict: ``q`` (a view of the query), ``k_cache`` (the key cache itself),
+    ``block_table`` ``[B, M]``, ``cache_seqlens`` ``[B]`` (int32), ``head_dim_v``,
+    ``softmax_scale``, ``causal=True``.
+    """
+    _mla_case_problem("to_flashmla", case)
+    if case.block_size != FLASHMLA_BLOCK_SIZE:
+        raise ProblemError(
+            "to_flashmla", "block_size", f"must be {FLASHMLA_BLOCK_SIZE} (FlashMLA's page size), got {case.block_size}"
+        )
+    q_lens = set(case.query_lens)
+    if len(q_lens) != 1:
+        raise ProblemError(
+            "to_flashmla",
+            "query_lens",
+            f"must be equal (FlashMLA's query is [batch, s_q, heads, D]), got {sorted(q_lens)}",
+        )
+    s_q = q_lens.pop()
+    return {
+        "q": case.query.view(case.num_seqs, s_q, case.num_heads, case.head_dim),
+        "k_cache": case.key_cache,
+        "block_table": case.block_tables.to(torch.int32),
+        "cache_seqlens": case.seq_lens.to(torch.int32),
+        "head_dim_v": case.head_dim_v,
+        "softmax_scale": case.scale,
+        "causal": True,
+    }
+
+
+def from_flashmla(args: dict) -> PagedCase:
+    """The MLA case from ``to_flashmla``'s dict (the cache is shared, not copied)."""
+    q, k = args["q"], args["k_cache"]
+    B, s_q, Hq, D = q.shape
+    return PagedCase(
+        query=q.reshape(B * s_q, Hq, D),
+        key_cache=k,
+        value_cache=k[..., : args["head_dim_v"]],
+        block_tables=args["block_table"],
+        seq_lens=args["cache_seqlens"],
+        query_start_loc=torch.arange(B + 1, dtype=torch.int32, device=q.device) * s_q,
+        scale=args["softmax_scale"],
+    )
+
+
+# ------------------------------------------------------------------ tree masks
+def flashinfer_mask_indptr(query_lens: list[int], seq_lens: list[int], device=None) -> torch.Tensor:
+    """``[B+1]`` int32: where request ``b``'s ``[q_b, L_b]`` block starts in a flattened
+    ``custom_mask`` (FlashInfer's ``_compute_page_mask_indptr``: ``cumsum(q_b * L_b)``)."""
+    return _loc([q * n for q, n in zip(query_lens, seq_lens)], device)
+
+
+def tree_mask_to_flashinfer(tree_mask: torch.Tensor, query_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
+    """FlashInfer's flattened ``custom_mask`` from the case's tree mask.
+
+    Args:
+        tree_mask: bool ``[sum_b q_b * q_b]`` (``PagedCase.tree_mask``): sequence ``b``'s
+            ``[q_b, q_b]`` block, row-major, entry ``[i, j]``: new token ``i`` sees new token ``j``.
+        query_lens, seq_lens: ``q_b`` and the history length ``L_b`` (new tokens included).
+
+    Returns:
+        bool ``[sum_b q_b * L_b]``: request ``b``'s ``[q_b, L_b]`` block row-major at
+        ``flashinfer_mask_indptr[b]``; row ``i`` is True over the ``L_b - q_b`` cached
+        columns and holds the tree mask's row ``i`` over the last ``q_b``.
+    """
+    parts, at = [], 0
+    for q, n in zip(query_lens, seq_lens):
+        rows = torch.ones(q, n, dtype=torch.bool, device=tree_mask.device)
+        rows[:, n - q :] = tree_mask[at : at + q * q].view(q, q)
+        parts.append(rows.reshape(-1))
+        at += q * q
+    if at != tree_mask.numel():
+        raise ProblemError(
+            "tree_mask_to_flashinfer", "tree_mask", f"must hold sum(q_b * q_b) = {at} entries, got {tree_mask.numel()}"
+        )
+    return torch.cat(parts)
+
+
+def tree_mask_from_flashinfer(custom_mask: torch.Tensor, query_lens: list[int], seq_lens: list[int]) -> torch.Tensor:
+    """The tree mask ``[sum_b q_b * q_b]`` bool from a flattened ``custom_mask``; a mask that
+    hides a cached column is refused (a tree mask sees the whole history)."""
+    parts = []
+    starts = flashinfer_mask_indptr(query_lens, seq_lens).tolist()
+    for b, (q, n) in enumerate(zip(query_lens, seq_lens)):
+        rows = custom_mask[starts[b] : starts[b + 1]].view(q, n)
+        if not bool(rows[:, : n - q].all()):
+            raise ProblemError(
+                "tree_mask_from_flashinfer",
+                "custom_mask",
+                f"request {b} hides a cached column; a tree mask sees the whole history",
+            )
+        parts.append(rows[:, n - q :].reshape(-1))
+    return torch.cat(parts)
+
+
+def _pack_little(bits: torch.Tensor) -> torch.Tensor:
+    """uint8 ``[ceil(n / 8)]``: element ``k`` is bit ``k % 8`` of byte ``k // 8`` (numpy's little bit order)."""
+    pad = torch.zeros(-bits.numel() % 8, dtype=torch.bool, device=bits.device)
+    octets = torch.cat([bits.bool(), pad]).view(-1, 8).to(torch.int32)
+    weights = 1 << torch.arange(8, dtype=torch.int32, device=bits.device)
+    return (octets * weights).sum(1).to(torch.uint8)
+
+
+def pack_mask_bits(
+    custom_mask: torch.Tensor, query_lens: list[int], seq_lens: list[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The packed form FlashInfer's kernels read, from a flattened ``custom_mask``.
+
+    What ``flashinfer.quantization.segment_packbits(custom_mask, mask_indptr, bitorder="little")``
+    gives: each request's bits packed from a byte of its own, element ``k`` of the request's
+    block in bit ``k % 8`` of its byte ``k // 8`` (the kernels read
+    ``(mask[offset / 8] >> (offset % 8)) & 1`` at ``offset = qo_idx * kv_len + kv_idx``).
+
+    Returns:
+        ``(packed uint8 [packed_indptr[-1]], packed_indptr int32 [B+1])``: byte offsets,
+        ``packed_indptr[b+1] - packed_indptr[b] = ceil(q_b * L_b / 8)``.
+    """
+    starts = flashinfer_mask_indptr(query_lens, seq_lens).tolist()
+    segments = [_pack_little(custom_mask[starts[b] : starts[b + 1]]) for b in range(len(query_lens))]
+    return torch.cat(segments), _loc([len(s) for s in segments], custom_mask.device)
+
+
+def unpack_mask_bits(
+    packed: torch.Tensor, packed_indptr: torch.Tensor, query_lens: list[int], seq_lens: list[int]
+) -> torch.Tensor:
+    """The flattened bool ``custom_mask`` ``[sum_b q_b * L_b]`` from ``pack_mask_bits``' form."""
+    shifts = torch.arange(8, dtype=torch.int32, device=packed.device)
+    bounds = packed_indptr.tolist()
+    parts = []
+    for b, (q, n) in enumerate(zip(query_lens, seq_lens)):
+        octets = packed[bounds[b] : bounds[b + 1]].to(torch.int32)
+        parts.append(((octets[:, None] >> shifts) & 1).bool().reshape(-1)[: q * n])
+    return torch.cat(parts)

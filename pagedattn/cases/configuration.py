@@ -16,13 +16,14 @@ import torch
 from pagedattn.cases.grid import DTYPES
 from pagedattn.cases.spec import DTYPE_NAMES, CaseSpec
 from pagedattn.oracle.case import PagedCase
-from pagedattn.validation import FP8_DTYPES, PER_HEAD_SCALES
+from pagedattn.validation import FP8_DTYPES, PER_HEAD_SCALES, SHAPE_VARIANTS
 
 #: the variants a configuration switches on by name (an fp8 cache is its ``kv_dtype``)
 SWITCHED = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
-#: the variants a configuration names: the switched ones, and per-head fp8 scales (a kernel
-#: reads a tensor of scales where it read a number)
-CONFIGURED = frozenset(SWITCHED) | {PER_HEAD_SCALES}
+#: the variants a configuration names: the switched ones, per-head fp8 scales (a kernel reads
+#: a tensor of scales where it read a number), and the shape variants (MLA's shared rows, a
+#: value width of its own, a tree mask: another path of a kernel, or another kernel)
+CONFIGURED = frozenset(SWITCHED) | {PER_HEAD_SCALES, *SHAPE_VARIANTS}
 
 
 def dtype_name(dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> str:
@@ -42,6 +43,7 @@ class Configuration(NamedTuple):
         kv_dtype: the cache dtype when it differs from ``dtype`` (an fp8 cache), else ``None``.
         variants: the variants switched on, among ``CONFIGURED`` (an fp8 cache is ``kv_dtype``;
             ``fp8_per_head_scales`` comes with one).
+        head_dim_v: the values' head dim where it differs from ``head_dim``, else ``None``.
     """
 
     dtype: torch.dtype
@@ -51,6 +53,7 @@ class Configuration(NamedTuple):
     num_kv_heads: int
     kv_dtype: torch.dtype | None = None
     variants: frozenset[str] = frozenset()
+    head_dim_v: int | None = None
 
     @classmethod
     def of_spec(cls, spec: CaseSpec) -> Configuration:
@@ -63,6 +66,7 @@ class Configuration(NamedTuple):
             spec.num_kv_heads,
             spec.kv_dtype,
             frozenset(spec.variants & CONFIGURED),
+            None if spec.value_width == spec.head_dim else spec.value_width,
         )
 
     @classmethod
@@ -77,6 +81,7 @@ class Configuration(NamedTuple):
             case.num_kv_heads,
             kv,
             frozenset(case.variants & CONFIGURED),
+            None if case.head_dim_v == case.head_dim else case.head_dim_v,
         )
 
     @property
@@ -102,10 +107,12 @@ class Configuration(NamedTuple):
 
     def key(self, operation: str) -> str:
         """The compile key of the configuration run as ``operation``, e.g.
-        ``bf16|kv=bf16|d128|bs16|sinks+sliding_window|attention``: the report's
+        ``bf16|kv=bf16|d128|bs16|sinks+sliding_window|attention`` (``d576/512`` where the
+        values' head dim differs): the report's
         ``configuration``, the order of the run and its ``xdist_group``. The heads are left
         out: cases that differ only in their heads share a key (and one warm-up)."""
         q = DTYPE_NAMES.get(self.dtype, str(self.dtype).replace("torch.", ""))
         kv = q if self.kv_dtype is None else FP8_DTYPES.get(self.kv_dtype, str(self.kv_dtype))
         var = "+".join(sorted(self.all_variants)) or "plain"
-        return f"{q}|kv={kv}|d{self.head_dim}|bs{self.block_size}|{var}|{operation}"
+        dims = f"d{self.head_dim}" + (f"/{self.head_dim_v}" if self.head_dim_v is not None else "")
+        return f"{q}|kv={kv}|{dims}|bs{self.block_size}|{var}|{operation}"

@@ -8,6 +8,8 @@ its blocks of rows sum in another order). A decode form keeps everything else of
 same tensors, not copied), its block size, its scattered, interleaved or shared blocks and
 poisoned padding, the fp8 cache and scales, the window, soft-cap, ALiBi (positions stay
 absolute) and sinks. The decodes of one sequence share its blocks, as prefix sharing does.
+A tree-masked case has none: a row of a tree sees its history and its ancestors, not a
+prefix of its sequence, which no decode over a block-table row is.
 
 A long prefill implies thousands of decodes; a decode form keeps at most ``MAX_DECODES``
 of them (``decode_rows``).
@@ -72,6 +74,10 @@ def decode_form(case: PagedCase, rows: Iterable[int] | None = None) -> PagedCase
         ``[R + 1]`` int32 (``0 .. R``); the caches, scales and variants are ``case``'s own.
         Row ``i`` of its oracle output is row ``rows[i]`` of ``case``'s.
     """
+    if case.tree_mask is not None:
+        raise ProblemError(
+            "decode_form", "case", "must have no tree_mask (a tree's row sees no prefix of its sequence), got one"
+        )
     every = rows is None
     picked = list(range(case.num_tokens)) if rows is None else [int(t) for t in rows]
     if not picked or not all(0 <= t < case.num_tokens for t in picked):
@@ -103,6 +109,10 @@ class DecodeFormSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.source, CaseSpec):
             raise ProblemError("DecodeFormSpec", "source", f"must be a CaseSpec, got {type(self.source).__name__}")
+        if self.source.tree_mask:
+            raise ProblemError(
+                "DecodeFormSpec", "source", f"must have no tree mask (its rows see no prefix), got {self.source.id}"
+            )
         if all(q == 1 for _, q in self.source.seqs):
             raise ProblemError(
                 "DecodeFormSpec", "source", f"must have a sequence of several query tokens, got {self.source.id}"
@@ -173,6 +183,10 @@ class DecodeFormSpec:
         return self.source.head_dim
 
     @property
+    def value_width(self) -> int:
+        return self.source.value_width
+
+    @property
     def block_size(self) -> int:
         return self.source.block_size
 
@@ -187,10 +201,11 @@ class DecodeFormSpec:
 
 def with_decode_forms(specs: Iterable[Any]) -> list[Any]:
     """``specs`` with each grid case of several query tokens in a sequence followed by its
-    decode form (what a decode-only backend is offered); other specs as they are."""
+    decode form (what a decode-only backend is offered), tree-masked cases excepted; other
+    specs as they are."""
     out: list[Any] = []
     for spec in specs:
         out.append(spec)
-        if isinstance(spec, CaseSpec) and any(q > 1 for _, q in spec.seqs):
+        if isinstance(spec, CaseSpec) and any(q > 1 for _, q in spec.seqs) and not spec.tree_mask:
             out.append(DecodeFormSpec(spec))
     return out

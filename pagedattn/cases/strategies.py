@@ -15,7 +15,7 @@ from pagedattn.cases.configuration import SWITCHED as _SWITCHED
 from pagedattn.cases.configuration import Configuration
 from pagedattn.cases.grid import DTYPES, FREE_BLOCK_SIZES, FREE_GQA_RATIOS, FREE_HEAD_DIMS
 from pagedattn.cases.spec import CaseSpec
-from pagedattn.validation import FP8_DTYPES, PER_HEAD_SCALES
+from pagedattn.validation import FP8_DTYPES, HEAD_DIM_V, MLA, PER_HEAD_SCALES, TREE_MASK
 
 #: (max history, max sequences, max query heads) per profile
 BOUNDS = {"quick": (96, 3, 8), "standard": (1024, 6, 16), "thorough": (8192, 8, 32)}
@@ -47,7 +47,9 @@ def case_specs(
     ``gqa_ratios``, ``head_dims``, ``block_sizes`` and ``dtypes``), and any of the
     ``variants`` (names from ``pagedattn.oracle.VARIANTS``) is switched on or off (each
     shrinks towards off). With ``configurations``: one of them fixes those (and the
-    variants that are on), so that a kernel which compiles per shape reuses its compiles.
+    variants that are on), so that a kernel which compiles per shape reuses its compiles;
+    MLA and a value width of their own come only with a configuration that has them, a tree
+    mask either way (without a window or ALiBi, which no case combines with it).
 
     ``decode_only``: one new token per sequence. ``default_scale_only``: the scale stays
     ``head_dim ** -0.5``. ``max_seq_len`` caps the history below the profile's bound."""
@@ -77,12 +79,17 @@ def case_specs(
             dtype=cfg.dtype,
         )
         fp8 = [_FP8_NAMES[cfg.kv_dtype]] if cfg.kv_dtype is not None else []
+        if MLA in on or HEAD_DIM_V in on:
+            shape.update(head_dim_v=cfg.head_dim_v, mla=MLA in on)
     else:
         num_kv_heads = draw(st.sampled_from([1, 2]), label="num_kv_heads")
         ratios = [r for r in gqa_ratios if r * num_kv_heads <= max_heads] or [min(gqa_ratios)]
         ratio = draw(st.sampled_from(ratios), label="gqa")
         block_size = draw(st.sampled_from(list(block_sizes)), label="block_size")
         on = [v for v in _SWITCHED if v in variants and draw(st.booleans(), label=f"use {v}")]
+        if TREE_MASK in variants and not {"sliding_window", "alibi_slopes"} & set(on):
+            if draw(st.booleans(), label="use tree_mask"):
+                on.append(TREE_MASK)
         fp8 = sorted(set(_FP8) & set(variants))
         fp8 = [draw(st.sampled_from(fp8), label="kv_dtype")] if fp8 and draw(st.booleans(), label="use fp8") else []
         shape = dict(num_heads=num_kv_heads * ratio, num_kv_heads=num_kv_heads, block_size=block_size)
@@ -94,6 +101,7 @@ def case_specs(
         extra["logits_soft_cap"] = draw(st.sampled_from([50.0, 5.0, 1.0]), label="logits_soft_cap")
     extra["alibi_slopes"] = "alibi_slopes" in on
     extra["sinks"] = "sinks" in on
+    extra["tree_mask"] = TREE_MASK in on
     if fp8:
         extra["kv_dtype"] = _FP8[fp8[0]]
         if configurations:  # the configuration says whether its scales are per head

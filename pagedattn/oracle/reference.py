@@ -183,15 +183,15 @@ def _visible_floor(
 ) -> torch.Tensor:
     """Each row's smallest logit over the keys it sees: ``[Hkv, G, n]`` from a block's unmasked
     ``scores`` ``[Hkv, G, n, Lc]`` (rows at positions ``p0 .. p1``, keys from ``first_key``) and its
-    ``hidden`` mask ``[n, Lc]``. A single row sees every key of its block. The hidden scores are
-    set to ``+inf`` in place first (the caller masks them with ``-inf`` next). On a device all at
-    once (one launch); on the CPU, where a pass over the scores costs a share of the oracle's
-    time, only in the columns some row does not see: the keys after ``p0`` (causal) and those up
-    to ``p1 - W`` (window), ``n - 1`` columns each; every row sees the keys between. Under a tree
-    mask (``context_len`` given) a row may not see any new token: every row sees the history
-    before ``context_len`` only."""
+    ``hidden`` mask ``[n, Lc]``. A single row sees every key of its block, unless a tree hides
+    some. The hidden scores are set to ``+inf`` in place first (the caller masks them with
+    ``-inf`` next). On a device all at once (one launch); on the CPU, where a pass over the
+    scores costs a share of the oracle's time, only in the columns some row does not see: the
+    keys after ``p0`` (causal) and those up to ``p1 - W`` (window), ``n - 1`` columns each;
+    every row sees the keys between. Under a tree mask (``context_len`` given) a row may not see
+    any new token: every row sees the history before ``context_len`` only."""
     n = scores.shape[2]
-    if n == 1:
+    if n == 1 and context_len is None:  # a tree's row may not see every key of its block
         return scores.amin(dim=-1)
     lo = 0 if window is None else max(0, p1 - window + 1) - first_key  # columns every row sees: lo .. hi - 1
     hi = (p0 + 1 if context_len is None else context_len) - first_key

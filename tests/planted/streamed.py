@@ -61,6 +61,9 @@ BUGS = {
     "fp8_scale_ignored": "fp8 k_scale and v_scale treated as 1.0",
     "per_head_scale_per_tensor": "per-head fp8 scales applied per tensor: kv head 0's scales used for every head",
     "lse_log2": "the log-sum-exp returned in base 2 (FlashInfer's convention) where natural log is asked",
+    "mla_value_columns": "MLA's value read from the latent row's last head_dim_v columns instead of its first",
+    "mla_rope_dropped": "MLA's score over the compressed columns only: the rotary part dropped",
+    "tree_as_causal": "a tree mask read as causal: every earlier draft token seen, not only the ancestors",
     # half-precision slips (flash-style weights, tiles of 64)
     "acc_input": "the output accumulator kept in the input dtype across tiles",
     "lsum_input": "the running softmax denominator kept in the input dtype",
@@ -136,7 +139,7 @@ def streamed_attention(
     if "batch_dependent_order" in bugs:
         tile = tile if case.num_seqs == 1 else max(1, tile // 2)
     if out is None:
-        out = torch.empty(case.num_tokens, case.num_heads, case.head_dim, dtype=case.dtype, device=case.device)
+        out = torch.empty(case.num_tokens, case.num_heads, case.head_dim_v, dtype=case.dtype, device=case.device)
     dev = case.device
     loc = case.query_start_loc.tolist()
     lens = case.seq_lens_list
@@ -148,7 +151,11 @@ def streamed_attention(
     slopes = case.alibi_slopes.float()[:, None, None] if case.alibi_slopes is not None else None
     weights_dtype = case.dtype
     k_flat = case.key_cache.reshape(-1, case.num_kv_heads, case.head_dim)
-    v_flat = case.value_cache.reshape(-1, case.num_kv_heads, case.head_dim)
+    v_flat = case.value_cache.reshape(-1, case.num_kv_heads, case.head_dim_v)
+    if "mla_value_columns" in bugs and case.shared_kv:
+        v_flat = k_flat[..., case.head_dim - case.head_dim_v :]
+    if "mla_rope_dropped" in bugs and case.shared_kv:
+        k_flat = torch.cat([k_flat[..., : case.head_dim_v], torch.zeros_like(k_flat[..., case.head_dim_v :])], -1)
     if "wrong_gqa" in bugs:
         kv_of_head = torch.arange(case.num_heads, device=dev) % case.num_kv_heads
     else:
@@ -180,7 +187,8 @@ def streamed_attention(
         if case.sinks is not None and not ("sink_dropped_in_split" in bugs and n == 1 and L > SPLIT_KEYS):
             m = case.sinks.float()[:, None, None].expand(-1, n, 1).clone()  # the sink seeds the softmax
             l_sum = torch.ones(case.num_heads, n, 1, device=dev)
-        acc = torch.zeros(case.num_heads, n, case.head_dim, device=dev)
+        acc = torch.zeros(case.num_heads, n, case.head_dim_v, device=dev)
+        tree = case.tree_mask_of(b) if "tree_as_causal" not in bugs else None  # [n, n] bool
         partials: list[tuple[torch.Tensor, torch.Tensor]] = []  # partials_input: (o_s, lse_s)
         for j0 in order:
             j = torch.arange(j0, min(n_keys, j0 + tile), device=dev)
@@ -211,6 +219,9 @@ def streamed_attention(
                 visible = torch.ones(1, len(j), dtype=torch.bool, device=dev)
             else:
                 visible = j[None, :] <= pos[:, None]
+            if tree is not None:  # a new key is seen by its descendants only
+                new = (j - (L - n)).clamp(min=0)
+                visible = visible & ((j[None, :] < L - n) | tree[:, new])
             if "drop_key" in bugs:
                 visible = visible & (j[None, :] != 0) if L > 1 else visible
             if window is not None:

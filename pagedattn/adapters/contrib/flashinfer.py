@@ -10,6 +10,14 @@ this adapter does the same:
 - every sequence has one new token: ``BatchDecodeWithPagedKVCacheWrapper``, on tensor
   cores when the GQA ratio is over 4 (vLLM's rule; the CUDA-core kernel has group sizes
   1, 2, 3, 4 and 8 only).
+- a tree mask (speculative-decoding verification): ``BatchPrefillWithPagedKVCacheWrapper``
+  with ``plan(custom_mask=..., causal=False)``, a decode batch included. The mask is
+  FlashInfer's flattened ``[q_len, kv_len]`` block per request
+  (``layouts.tree_mask_to_flashinfer``: the history's columns True, the tree over the new
+  tokens' columns), which ``plan`` packs (``segment_packbits``, little bit order, a byte of
+  its own per request). The adapter passes the bool mask, not ``packed_custom_mask``: for
+  packed bits 0.5.3's ``plan`` keeps the per-request offsets in elements, which the kernel
+  reads as bytes. A custom mask runs on the fa2 kernels (fa3 has no custom mask mode).
 - anything else: ``BatchPrefillWithPagedKVCacheWrapper(causal=True)``; FlashInfer's
   causal mask is bottom-right aligned, like ours.
 
@@ -36,9 +44,9 @@ reciprocal from ``math::ptx_rcp`` (PTX ``rcp.approx``, within 1 ulp) and take ``
 (``include/flashinfer/math.cuh``: PTX ``tanh.approx.f32``, relative error up to 2**-11); the
 cap multiplies back in through the log2 scale of the softmax.
 
-Combination limits, as ``Exclusion`` data: the sink wrapper has no soft-cap and no
-ALiBi; FlashInfer applies the ALiBi bias before the soft-cap (and the scale inside it a
-second time), where ``PagedCase`` caps first. FlashInfer's kernels take fp16/bf16
+Combination limits, as ``Exclusion`` data: the sink wrapper has no soft-cap, no ALiBi
+and drops a custom mask; FlashInfer applies the ALiBi bias before the soft-cap (and the
+scale inside it a second time), where ``PagedCase`` caps first. FlashInfer's kernels take fp16/bf16
 queries only. The JIT compiles one module per (wrapper, dtype, kv dtype, head dim,
 variant set), 20-73 s each on the H200: ``warmup(case)`` runs the case once so the
 compile happens outside ``--case-timeout``.
@@ -55,9 +63,9 @@ from typing import Any
 import torch
 
 from pagedattn.adapters.conventions import lse_from_log2, window_to_flashinfer
-from pagedattn.adapters.layouts import to_flashinfer
+from pagedattn.adapters.layouts import to_flashinfer, tree_mask_to_flashinfer
 from pagedattn.adapters.protocol import INVARIANCES, Capabilities, Exclusion
-from pagedattn.oracle import PER_HEAD_SCALES, SHAPE_VARIANTS, VARIANTS, PagedCase
+from pagedattn.oracle import HEAD_DIM_V, MLA, PER_HEAD_SCALES, VARIANTS, PagedCase
 
 #: float workspace per device (FlashInfer's recommended 128 MB); zeroed before its first use
 WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -74,6 +82,11 @@ EXCLUSIONS = (
         variants=frozenset({"sinks", "alibi_slopes"}),
     ),
     Exclusion(
+        "BatchAttentionWithAttentionSinkWrapper (the only wrapper that honours sinks) drops a custom mask: "
+        "its variant's logits mask reads the window only",
+        variants=frozenset({"sinks", "tree_mask"}),
+    ),
+    Exclusion(
         "FlashInfer adds the ALiBi bias before the soft-cap and scales the biased score again inside it; "
         "PagedCase caps the scaled score first",
         variants=frozenset({"alibi_slopes", "logits_soft_cap"}),
@@ -88,7 +101,7 @@ def capabilities() -> Capabilities:
         head_dims=frozenset({64, 128, 256}),
         devices=frozenset({"cuda"}),
         operations=frozenset({"attention", "lse"}),
-        variants=frozenset(VARIANTS) - {PER_HEAD_SCALES, *SHAPE_VARIANTS},
+        variants=frozenset(VARIANTS) - {PER_HEAD_SCALES, MLA, HEAD_DIM_V},
         invariances=INVARIANCES - {"batch_invariance"},
         exclusions=EXCLUSIONS,
         tanh_precision="approx",
@@ -97,8 +110,10 @@ def capabilities() -> Capabilities:
             "head_dims": "the head dims FlashInfer's fa2/fa3 kernels are built and tested for",
             "devices": "CUDA kernels",
             "variants": "no per-head fp8 scales: run(k_scale=, v_scale=) are read as floats (k_scale "
-            "folds into sm_scale, v_scale multiplies the output); a per-head tensor is not claimed; "
-            "one head dim for keys and values (no MLA, no head_dim_v) and causal masks only (no tree_mask)",
+            "folds into sm_scale, v_scale multiplies the output); a per-head tensor is not claimed. No MLA "
+            "(the flashinfer_mla backend runs BatchMLAPagedAttentionWrapper) and no head_dim_v != head_dim: the "
+            "decode wrapper has one head_dim and the fa3 paged prefill kernels dispatch head_dim_qk == head_dim_vo "
+            "only (hopper/prefill_sm90.cuh)",
             "batch_invariance": "pure-decode batches run the decode wrapper, mixed batches the prefill "
             "wrapper (as engines route them), and plan() sizes the KV split from the whole batch",
             "tanh_precision": "LogitsSoftCap takes math::tanh (PTX tanh.approx.f32, relative error up to 2**-11) "
@@ -141,7 +156,12 @@ class FlashInferBackend:
         different wrappers (``route``), so both are compiled here, outside the case's timeout
         (on the H200 a compile inside the timed call ran past a 180 s ``--case-timeout``)."""
         lse = "lse" in self.capabilities.operations
-        routes = ("sink",) if case.sinks is not None else ("decode", "prefill")
+        if case.sinks is not None:
+            routes: tuple[str, ...] = ("sink",)
+        elif case.tree_mask is not None:  # every batch of the configuration takes the masked prefill
+            routes = ("prefill",)
+        else:
+            routes = ("decode", "prefill")
         for route in routes:
             self._run(self._decode_rows(case) if route == "decode" else case, return_lse=lse, route=route)
         if case.device.type == "cuda":
@@ -168,6 +188,8 @@ class FlashInferBackend:
         """``"sink"``, ``"decode"`` or ``"prefill"``: the wrapper this case runs through."""
         if case.sinks is not None:
             return "sink"
+        if case.tree_mask is not None:
+            return "prefill"
         if all(q == 1 for q in case.query_lens):
             return "decode"
         return "prefill"
@@ -212,6 +234,10 @@ class FlashInferBackend:
             call_args: tuple = ()
         elif route == "prefill":
             wrapper = self._fi.BatchPrefillWithPagedKVCacheWrapper(ws, self.kv_layout, backend=backend)
+            # a tree mask replaces the causal mask; FlashInfer packs it in plan()
+            custom = None
+            if case.tree_mask is not None:
+                custom = tree_mask_to_flashinfer(case.tree_mask, case.query_lens, case.seq_lens_list)
             wrapper.plan(
                 a["qo_indptr"],
                 *pages,
@@ -219,7 +245,8 @@ class FlashInferBackend:
                 case.num_kv_heads,
                 case.head_dim,
                 case.block_size,
-                causal=True,
+                custom_mask=custom,
+                causal=custom is None,
                 pos_encoding_mode=pos_encoding,
                 sm_scale=case.scale,
                 **common,

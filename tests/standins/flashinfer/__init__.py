@@ -2,15 +2,22 @@
 
 Written by us from FlashInfer's public documentation and API (docstrings of
 ``BatchDecodeWithPagedKVCacheWrapper``, ``BatchPrefillWithPagedKVCacheWrapper``,
-``BatchAttentionWithAttentionSinkWrapper``) and from what the real package was seen to
-do on the H200; no FlashInfer code is copied. Same constructor, ``plan`` and ``run``
-signatures (the arguments the adapter uses), same layouts and the same semantics,
+``BatchAttentionWithAttentionSinkWrapper``, ``BatchMLAPagedAttentionWrapper`` in ``mla.py``)
+and from what the real package was seen to do on the H200; no FlashInfer code is copied.
+Same constructor, ``plan`` and ``run`` signatures (the arguments the adapter uses), same layouts and the same semantics,
 including the ones an adapter must convert:
 
 - paged KV: ``[pages, 2, page_size, Hkv, D]`` (NHD) or ``[pages, 2, Hkv, page_size, D]``
   (HND), or a ``(k, v)`` tuple of 4-D tensors; pages by CSR ``kv_indptr``/``kv_indices``
   and ``kv_last_page_len`` in ``1..page_size``;
 - causal masks bottom-right aligned; ``window_left`` keys to the left of the query;
+- ``plan(custom_mask=)``: a flattened bool ``[q_len, kv_len]`` block per request, packed
+  as ``segment_packbits(..., bitorder="little")`` does (``quantization.py``); the kernel
+  reads bit ``qo_idx * kv_len + kv_idx`` of the request's packed segment and ignores
+  ``causal``. ``plan(packed_custom_mask=)`` takes packed bits as given, with the per-request
+  offsets 0.5.3 computes for them: ``cumsum(q_len * kv_len)``, counted in elements, which
+  the kernel reads as bytes (right for one request only). A custom mask runs on fa2 (fa3
+  has no ``MaskMode::kCustom``); the sink wrapper's variant reads the window only and drops it;
 - the lse returned in base 2;
 - ALiBi slopes read from ``flashinfer.utils``'s cache, the distance measured from the
   request's first new query row (``kv_idx - qo_idx``), the bias added to the scaled
@@ -35,6 +42,8 @@ import math
 import torch
 
 from . import utils
+from .mla import BatchMLAPagedAttentionWrapper as BatchMLAPagedAttentionWrapper
+from .quantization import segment_packbits
 
 __version__ = "0.5.3+standin"
 
@@ -73,8 +82,11 @@ def _attend(
     soft_cap,
     alibi_slopes,
     sink,
+    mask_bits=None,
 ):
-    """The kernels' semantics, float32: ``(out [T, Hq, D] float32, lse [T, Hq] base 2)``."""
+    """The kernels' semantics, float32: ``(out [T, Hq, D] float32, lse [T, Hq] base 2)``.
+
+    ``mask_bits``: ``(packed uint8, mask_indptr)``, a custom mask (replaces ``causal``)."""
     T, Hq, D = q.shape
     page_size, Hkv = k_pages.shape[1], k_pages.shape[2]
     group = Hq // Hkv
@@ -100,7 +112,9 @@ def _attend(
         else:
             s = s * sm_scale
         visible = torch.ones(n, kv_len, dtype=torch.bool, device=q.device)
-        if causal:
+        if mask_bits is not None:
+            visible &= _read_bits(*mask_bits, r, n, kv_len)
+        elif causal:
             visible &= kv_idx + n <= kv_len + qo_idx
         if window_left >= 0:
             visible &= kv_idx + n + window_left >= kv_len + qo_idx
@@ -113,6 +127,17 @@ def _attend(
         out[qo[r] : qo[r + 1]] = torch.einsum("hqk,khd->qhd", p, v)
         lse[qo[r] : qo[r + 1]] = (row_lse / math.log(2.0)).transpose(0, 1)
     return out, lse
+
+
+def _read_bits(packed: torch.Tensor, mask_indptr: torch.Tensor, r: int, n: int, kv_len: int) -> torch.Tensor:
+    """``[n, kv_len]`` bool: bit ``i * kv_len + j`` (little order) of request ``r``'s packed
+    segment, which starts at byte ``mask_indptr[r]``; bytes past the buffer read as 0."""
+    start = int(mask_indptr[r])
+    offsets = torch.arange(n * kv_len, device=packed.device)
+    byte = start + offsets // 8
+    inside = byte < packed.numel()
+    octets = torch.where(inside, packed[byte.clamp(max=max(packed.numel() - 1, 0))].long(), 0)
+    return ((octets >> (offsets % 8)) & 1).bool().view(n, kv_len)
 
 
 class _PagedWrapper:
@@ -146,6 +171,8 @@ class _PagedWrapper:
         sm_scale,
         q_data_type,
         kv_data_type,
+        custom_mask=None,
+        packed_custom_mask=None,
     ):
         for t, name in ((indptr, "indptr"), (indices, "indices"), (last_page_len, "last_page_len")):
             if t.dtype != torch.int32:
@@ -158,11 +185,22 @@ class _PagedWrapper:
             raise ValueError(f"Unsupported kv_data_type {kv_dtype}")
         if num_qo_heads % num_kv_heads:
             raise ValueError("num_qo_heads must be a multiple of num_kv_heads")
+        mask_bits = None
+        if custom_mask is not None or packed_custom_mask is not None:
+            kv_lens = (indptr[1:] - indptr[:-1] - 1) * page_size + last_page_len
+            mask_indptr = torch.cat([indptr.new_zeros(1), ((qo_indptr[1:] - qo_indptr[:-1]) * kv_lens).cumsum(0)])
+            if packed_custom_mask is None:
+                packed_custom_mask, mask_indptr = segment_packbits(
+                    custom_mask.contiguous().view(-1), mask_indptr, bitorder="little"
+                )
+            mask_bits = (packed_custom_mask, mask_indptr)
         backend = self._backend
         if backend == "auto":  # as on Hopper: fa3 unless a feature only fa2 has
-            backend = "fa2" if pos_encoding_mode != "NONE" else "fa3"
+            backend = "fa2" if pos_encoding_mode != "NONE" or mask_bits is not None else "fa3"
         if backend == "fa3" and kv_dtype != q_dtype:
             raise RuntimeError(f"fa3 paged prefill: no GMMA for {q_dtype} queries with a {kv_dtype} cache")
+        if backend == "fa3" and mask_bits is not None:
+            raise RuntimeError("fa3 paged prefill: MaskMode::kCustom is not supported (cudaErrorNotSupported)")
         self._plan = dict(
             qo_indptr=qo_indptr,
             kv_indptr=indptr,
@@ -179,6 +217,7 @@ class _PagedWrapper:
             sm_scale=sm_scale if sm_scale is not None else head_dim**-0.5,
             q_dtype=q_dtype,
             kv_dtype=kv_dtype,
+            mask_bits=mask_bits,
         )
 
     def _run(self, q, paged_kv_cache, *, sm_scale, sink, k_scale, v_scale, return_lse):
@@ -207,6 +246,7 @@ class _PagedWrapper:
             soft_cap=plan["soft_cap"],
             alibi_slopes=slopes,
             sink=sink,
+            mask_bits=plan["mask_bits"],
         )
         out = out.to(q.dtype)
         if v_scale is not None:  # after the kernel, in the output dtype
@@ -370,6 +410,8 @@ class BatchPrefillWithPagedKVCacheWrapper(_PagedWrapper):
             sm_scale=sm_scale,
             q_data_type=q_data_type,
             kv_data_type=kv_data_type,
+            custom_mask=custom_mask,
+            packed_custom_mask=packed_custom_mask,
         )
 
     def run(
@@ -433,6 +475,8 @@ class BatchAttentionWithAttentionSinkWrapper(BatchPrefillWithPagedKVCacheWrapper
             raise ValueError("the attention-sink variant has no positional encoding")
         super().plan(*args, **kwargs)
         assert self._plan is not None
+        if self._plan["mask_bits"] is not None:  # its variant's logits mask reads the window only
+            self._plan.update(mask_bits=None, causal=False)
         if (self._plan["window_left"] >= 0) != self._compiled_window:
             raise ValueError("window_left in plan() disagrees with the one the wrapper was built for")
 
