@@ -253,7 +253,8 @@ for dtype, heads, bs, lse in json.loads(sys.argv[1]):
                   "HEAD_DIM": cfg.HEAD_DIM, "HEAD_DIM_V": cfg.HEAD_DIM_V, "ROPE_PAD": cfg.ROPE_PAD,
                   "BLOCK_SIZE": cfg.BLOCK_SIZE, "SPLIT_SIZE": cfg.SPLIT_SIZE, "SPLIT_LONG": cfg.SPLIT_LONG,
                   "LONG_FROM": cfg.LONG_FROM, "SPLIT_SHORT": cfg.SPLIT_SHORT, "SHORT_UNDER": cfg.SHORT_UNDER,
-                  "UPCAST": False, "KV_FP8": False, "OFF_I32": True, "WRITE_LSE": lse, "MULTI": name == "multi",
+                  "UPCAST": False, "KV_FP8": False, "OFF_I32": True, "WRITE_LSE": lse, "USE_SINKS": lse,
+                  "MULTI": name == "multi",
                   "USE_TREE": name == "multi", "TREE_WORDS": name == "multi"}
         ints = {"stride_qt": heads * 576, "stride_qh": 576, "stride_kb": bs * 576, "stride_ks": 576,
                 "stride_kh": 576, "stride_pa_row": splits * heads * 512, "stride_pa_split": heads * 512,
@@ -262,7 +263,7 @@ for dtype, heads, bs, lse in json.loads(sys.argv[1]):
         names = kernel.arg_names
         types = {"q_ptr": "*" + t, "cache_ptr": "*" + t, "out_ptr": "*" + t, "part_acc_ptr": "*fp32",
                  "part_ml_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32",
-                 "tree_mask_ptr": "*i64", "tree_offsets_ptr": "*i64"}
+                 "tree_mask_ptr": "*i64", "tree_offsets_ptr": "*i64", "sinks_ptr": "*fp32"}
         sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
                for n in names}
         aligned = [i for i, n in enumerate(names) if n not in consts and (n.endswith("_ptr") or (

@@ -177,6 +177,10 @@ MLA_MULTI_CASES = [
         dtype=torch.float16,
         **MLA_SHAPE,
     ),
+    # sinks join each row's denominator once, in the merge (or the one split's finish)
+    CaseSpec(
+        "t", ((120, 3), (300, 1), (20, 1)), num_heads=16, block_size=16, sinks=True, dtype=torch.bfloat16, **MLA_SHAPE
+    ),
 ]
 
 
@@ -284,11 +288,11 @@ def test_value_width_of_its_own_within_policy(spec):
 @pytest.mark.parametrize(
     "kw, field",
     [
-        (dict(sinks=torch.zeros(16)), "sinks"),
         (dict(sliding_window=8), "sliding_window"),
         (dict(logits_soft_cap=5.0), "logits_soft_cap"),
+        (dict(alibi_slopes=torch.zeros(16)), "alibi_slopes"),
     ],
-    ids=["sinks", "window", "softcap"],
+    ids=["window", "softcap", "alibi"],
 )
 def test_mla_kernel_rejects_what_it_does_not_compute(kw, field):
     from pagedattn.kernels import triton_paged_attention as tpa

@@ -32,7 +32,7 @@ VARIANTS_NOTE = (
 #: what the MLA kernel (``triton_mla_decode``, a shared latent cache) does not compute
 MLA_EXCLUSIONS = tuple(
     Exclusion(f"the MLA kernel has no {name}", variants=frozenset({MLA, name}))
-    for name in ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
+    for name in ("sliding_window", "logits_soft_cap", "alibi_slopes")
 )
 
 

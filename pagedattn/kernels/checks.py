@@ -68,12 +68,12 @@ def shared_latent(key_cache: torch.Tensor, value_cache: torch.Tensor) -> int | N
 
 
 #: the variants the MLA kernel has none of (``check_mla_variants``)
-MLA_ABSENT = ("sliding_window", "logits_soft_cap", "alibi_slopes", "sinks")
+MLA_ABSENT = ("sliding_window", "logits_soft_cap", "alibi_slopes")
 
 
 def check_mla_variants(variants: Variants) -> None:
     """``ProblemError`` naming the first variant the MLA kernel (a shared latent cache)
-    does not compute: a window, soft-cap, ALiBi, sinks."""
+    does not compute: a window, soft-cap, ALiBi."""
     for name in MLA_ABSENT:
         if getattr(variants, name) is not None:
             raise ProblemError(OWNER, name, "must be None over a shared latent cache (the MLA kernel has none)")

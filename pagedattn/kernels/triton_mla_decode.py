@@ -135,6 +135,7 @@ def _mla_decode_kernel(
     part_acc_ptr,
     part_ml_ptr,
     done_ptr,
+    sinks_ptr,
     out_ptr,
     lse_ptr,
     # sizes
@@ -174,6 +175,7 @@ def _mla_decode_kernel(
     KV_FP8: tl.constexpr,
     OFF_I32: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    USE_SINKS: tl.constexpr,
     MULTI: tl.constexpr,
     USE_TREE: tl.constexpr,
     TREE_WORDS: tl.constexpr,
@@ -193,7 +195,8 @@ def _mla_decode_kernel(
     itself in ``done_ptr`` [sequences, programs of axis 0] int32 (zero between launches: the
     merging program resets it, so a CUDA graph can replay the launch); the program whose count
     completes the tile's splits merges them in split order (``_combine`` from the identity: the
-    same bits whoever ran them). A tile of one split is finished by its program, which stores
+    same bits whoever ran them); ``USE_SINKS``: the head's sink (``sinks_ptr`` [num_heads] fp32)
+    joins the denominator there, once. A tile of one split is finished by its program, which stores
     and counts nothing (merging one state from the identity gives that state's bits)."""
     ROWS: tl.constexpr = BLOCK_Q * BLOCK_H
     hb = tl.program_id(0) % head_programs
@@ -287,14 +290,14 @@ def _mla_decode_kernel(
                 m,
                 l_sum,
                 acc,
-                lse_ptr,
+                sinks_ptr,
                 head,
                 row_mask,
                 v_scale,
                 o_ptrs,
                 row_mask[:, None],
                 lse_ptrs,
-                False,
+                USE_SINKS,
                 WRITE_LSE,
             )
         else:
@@ -318,13 +321,13 @@ def _mla_decode_kernel(
                     m,
                     l_sum,
                     acc,
-                    lse_ptr,
+                    sinks_ptr,
                     head,
                     row_mask,
                     v_scale,
                     o_ptrs,
                     row_mask[:, None],
                     lse_ptrs,
-                    False,
+                    USE_SINKS,
                     WRITE_LSE,
                 )

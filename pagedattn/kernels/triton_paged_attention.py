@@ -507,6 +507,7 @@ def _run_mla(
             part_acc,
             part_ml,
             done,
+            prep.variants.sinks if prep.variants.sinks is not None else target,
             target,
             lse_buf,
             prep.scale,
@@ -543,6 +544,7 @@ def _run_mla(
             KV_FP8=prep.kv_dtype != prep.dtype,  # widened by the compiler after the load
             OFF_I32=fits_int32(key_cache),
             WRITE_LSE=prep.variants.return_lse,
+            USE_SINKS=prep.variants.sinks is not None,
             MULTI=multi,
             USE_TREE=multi and use_tree,
             TREE_WORDS=words,
@@ -588,7 +590,7 @@ def paged_attention(
             the query dtype or float8_e4m3fn/float8_e5m2; any strides with a contiguous
             last dimension. Or MLA's latent cache: ``value_cache`` a view of ``key_cache``'s
             first ``head_dim_v`` columns (``key_cache[..., :head_dim_v]``, a power of two),
-            read from the key cache (no window, soft-cap, ALiBi or sinks).
+            read from the key cache (no window, soft-cap or ALiBi).
         block_tables: ``[num_seqs, max_blocks]`` int32 (entries past a sequence's last
             block are never read).
         seq_lens: ``[num_seqs]`` int32, new tokens included.
