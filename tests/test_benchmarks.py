@@ -96,3 +96,25 @@ def test_sass_loop_stats_reads_the_compiled_loops():
     decode_loops = [line for line in kernels[1].splitlines() if line.strip().startswith("loop")]
     assert len(prefill_loops) == 2 and all("HGMMA 12" in line for line in prefill_loops), proc.stdout
     assert decode_loops and "HMMA 32" in decode_loops[0], proc.stdout
+
+
+@pytest.mark.slow
+def test_mla_tree_bench_cpu_mode(tmp_path):
+    """bench_mla_tree.py on the interpreter: every MLA point timed (FlashInfer's columns null
+    without it), every tree point with its causal twin."""
+    triton = pytest.importorskip("triton", reason="triton is an optional extra: pip install triton")
+    if tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 6):
+        pytest.skip(f"triton {triton.__version__}'s interpreter cannot run the kernel (needs >= 3.6)")
+    out = tmp_path / "mla-tree.json"
+    script = SCRIPT.parent / "bench_mla_tree.py"
+    proc = subprocess.run(
+        [sys.executable, str(script), "--cpu", "--out", str(out)], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["mla"] and result["tree"], f"no points: {result}"
+    for row in result["mla"]:
+        assert row["triton_ms"] > 0 and row["flashinfer_ms"] is None, f"an MLA point on the CPU: {row}"
+        assert len(row["tunings_ms"]) >= 2 and row["triton_ms"] == min(row["tunings_ms"].values()), row
+    for row in result["tree"]:
+        assert row["tree_ms"] > 0 and row["causal_ms"] > 0, f"a tree point: {row}"

@@ -59,16 +59,19 @@ def test_kernels_import_neither_the_simulator_nor_each_other():
         allowed = {
             k + "tlsim_programs": {k + "tlsim"},  # programs written in the model
             # the Triton kernel: its host side (checks, launch plan, tuning; no triton), its
-            # shared tiles, its two kernels, and the host API that launches them
+            # shared tiles, its kernels (MLA's reuses the decode kernel's merge), and the host API
+            # that launches them
             k + "decode_splits": {k + "tuning"},
             k + "launch_plan": {k + "checks", k + "decode_splits", k + "tuning"},
             k + "host": {k + "checks", k + "decode_splits", k + "launch_plan", k + "tuning"},
             k + "triton_prefill": {k + "triton_tiles"},
             k + "triton_decode": {k + "triton_tiles"},
+            k + "triton_mla_decode": {k + "triton_decode", k + "triton_tiles"},
             k + "triton_paged_attention": {
                 k + "checks",
                 k + "launch_plan",
                 k + "triton_decode",
+                k + "triton_mla_decode",
                 k + "triton_prefill",
                 k + "tuning",
             },

@@ -47,30 +47,33 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
     over = dict(switches[0]) if switches else {}
     tuning = dataclasses.replace(TUNING, **{k: over.pop(k) for k in list(over) if k in fields})
     shape = over.pop("decode_shape", None)
+    dv = over.pop("head_dim_v", d)  # a value width of its own
     launch_plan.decode_launch_shape = (lambda *a, s=tuple(shape or ()), **kw: s) if shape else chosen_shape
     plan = launch_plan.plan_launch([700, 90], [1, 33], heads, kv, d, bs, getattr(torch, dtype), False,
-                                   getattr(torch, kv_dtype or dtype), tuning=tuning)
+                                   getattr(torch, kv_dtype or dtype), tuning=tuning, head_dim_v=dv)
     plan = dataclasses.replace(plan, decode=dataclasses.replace(plan.decode, FLAT_GRID=over.pop("FLAT_GRID", False)))
     # the strides of contiguous tensors of this shape (the block table's width is left unmarked)
-    pad, splits = plan.decode.HEAD_DIM_PAD, plan.scratch_splits
+    pad, splits = plan.decode.HEAD_DIM_V_PAD, plan.scratch_splits
     ints = {"stride_qt": heads * d, "stride_qh": d, "stride_kb": bs * kv * d, "stride_ks": kv * d, "stride_kh": d,
-            "stride_vb": bs * kv * d, "stride_vs": kv * d, "stride_vh": d, "stride_ot": heads * d, "stride_oh": d,
+            "stride_vb": bs * kv * dv, "stride_vs": kv * dv, "stride_vh": dv, "stride_ot": heads * dv,
+            "stride_oh": dv,
             "stride_lt": heads, "stride_pa_seq": splits * heads * pad, "stride_pa_split": heads * pad,
             "stride_pml_seq": splits * heads * 2, "stride_pml_split": heads * 2}
     t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
     tk = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", None: t}[kv_dtype]
     types = {"q_ptr": "*" + t, "k_cache_ptr": "*" + tk, "v_cache_ptr": "*" + tk, "out_ptr": "*" + t,
              "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "done_ptr": "*i32", "alibi_ptr": "*fp32",
-             "sinks_ptr": "*fp32",
-             "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
+             "sinks_ptr": "*fp32", "tree_mask_ptr": "*i64" if on else "*u8",
+             "tree_offsets_ptr": "*i64", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
     f16_dots = kv_dtype is not None and dtype == "bfloat16"  # run's rule: bf16 queries over an fp8 cache
     flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
              "KV_FP8": launch_plan.fp8_widening(getattr(torch, kv_dtype or dtype), dtype == "float16" or f16_dots,
                                                 native=True, even=d % 2 == 0),
-             "F16_DOTS": f16_dots, "OFF_I32": True}
+             "F16_DOTS": f16_dots, "OFF_I32": True, "USE_TREE": on, "TREE_WORDS": on}
     assert set(over) <= {"OFF_I32", "KV_FP8"}, over
     flags.update(over)
-    keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "BLOCK_SIZE", "UPCAST",
+    keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "HEAD_DIM_V", "HEAD_DIM_V_PAD",
+            "BLOCK_SIZE", "UPCAST",
             "SPLIT_SIZE", "SPLIT_LONG", "LONG_FROM", "SPLIT_SHORT", "SHORT_UNDER", "FLAT_GRID", "SPLIT_LOOP",
             "SPLIT_WHOLE", "FOLD_PARTS", "LOOP_PARTS")
     cfg_name = [dtype, heads, kv, d, bs, kv_dtype, on, *switches]
@@ -124,7 +127,8 @@ WHOLE_CAPPED = {"decode_wave": 5, "decode_wave_capped": 8}
 
 # (query dtype, heads, kv heads, head_dim, block size, fp8 cache dtype, every variant on[, paths]):
 # paths the plan does not take for the script's small batch: tuning fields, a decode launch
-# shape (decode_shape), the one-axis grid (FLAT_GRID), kernel flags (OFF_I32, KV_FP8).
+# shape (decode_shape), the one-axis grid (FLAT_GRID), kernel flags (OFF_I32, KV_FP8), a value
+# width of its own (head_dim_v).
 # The default run compiles a representative third (the widest shared-memory tile, every
 # variant with an fp8 cache, an odd head dim and block size, MQA at block size 1); the
 # rest compile under -m slow, which CI runs as its second step.
@@ -137,6 +141,8 @@ HOPPER_CONFIGS = {
         # keys in 11 splits of 64) at its register cap, every variant on
         ["bfloat16", 32, 8, 128, 16, "float8_e4m3fn", True, FP8_LOOP],
         ["bfloat16", 32, 8, 128, 16, None, False, WHOLE_PARTS],
+        # MLA prefill's value width of its own (keys of 192, values of 128)
+        ["bfloat16", 16, 16, 192, 16, None, False, {"head_dim_v": 128}],
         # the int64 cache offsets; decode programs of one split (no split loop)
         ["float16", 6, 2, 48, 13, None, False, {"OFF_I32": False, "decode_shape": [False, 1, False]}],
         ["bfloat16", 8, 1, 80, 1, None, False],
@@ -227,3 +233,80 @@ def test_kernel_compiles_for_hopper_without_a_gpu(group):
         if r["mma"] is not None:
             # half-precision dots must land on the tensor cores; IEEE fp32 dots cannot (FMA)
             assert r["mma"] == (r["cfg"][0] != "float32"), f"{r['cfg']}: unexpected tensor-core use: {r}"
+
+
+_AOT_MLA = r"""
+import json, re, sys, triton, torch
+from triton.compiler import ASTSource
+from triton.backends.compiler import GPUTarget
+from pagedattn.kernels import launch_plan
+from pagedattn.kernels.triton_mla_decode import _PLAIN_INTS_MLA, _mla_decode_kernel as kernel
+
+results = []
+for dtype, heads, bs, lse in json.loads(sys.argv[1]):
+    # a decode and a multi-token sequence (tree-masked): both launches
+    plan = launch_plan.plan_launch([700, 90], [1, 4], heads, 1, 576, bs, getattr(torch, dtype), False,
+                                   head_dim_v=512, shared_kv=True)
+    for name, cfg, splits in (("decode", plan.decode, plan.max_splits), ("multi", plan.other, plan.other_splits)):
+        t = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}[dtype]
+        consts = {"GROUP": cfg.GROUP, "BLOCK_H": cfg.GROUP_PAD, "BLOCK_Q": cfg.BLOCK_Q, "BLOCK_N": cfg.BLOCK_N,
+                  "HEAD_DIM": cfg.HEAD_DIM, "HEAD_DIM_V": cfg.HEAD_DIM_V, "ROPE_PAD": cfg.ROPE_PAD,
+                  "BLOCK_SIZE": cfg.BLOCK_SIZE, "SPLIT_SIZE": cfg.SPLIT_SIZE, "SPLIT_LONG": cfg.SPLIT_LONG,
+                  "LONG_FROM": cfg.LONG_FROM, "SPLIT_SHORT": cfg.SPLIT_SHORT, "SHORT_UNDER": cfg.SHORT_UNDER,
+                  "UPCAST": False, "KV_FP8": False, "OFF_I32": True, "WRITE_LSE": lse, "USE_SINKS": lse,
+                  "MULTI": name == "multi",
+                  "USE_TREE": name == "multi", "TREE_WORDS": name == "multi"}
+        ints = {"stride_qt": heads * 576, "stride_qh": 576, "stride_kb": bs * 576, "stride_ks": 576,
+                "stride_kh": 576, "stride_pa_row": splits * heads * 512, "stride_pa_split": heads * 512,
+                "stride_pml_row": splits * heads * 2, "stride_pml_split": heads * 2, "stride_ot": heads * 512,
+                "stride_oh": 512}
+        names = kernel.arg_names
+        types = {"q_ptr": "*" + t, "cache_ptr": "*" + t, "out_ptr": "*" + t, "part_acc_ptr": "*fp32",
+                 "part_ml_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32",
+                 "tree_mask_ptr": "*i64", "tree_offsets_ptr": "*i64", "sinks_ptr": "*fp32"}
+        sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
+               for n in names}
+        aligned = [i for i, n in enumerate(names) if n not in consts and (n.endswith("_ptr") or (
+            n in ints and ints[n] % 16 == 0 and n not in _PLAIN_INTS_MLA))]
+        src = ASTSource(fn=kernel, signature=sig, constexprs={(names.index(c),): v for c, v in consts.items()},
+                        attrs={(i,): [["tt.divisibility", 16]] for i in aligned})
+        c = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=cfg.launch_options)
+        ptx = c.asm["ptx"]
+        merge = ptx.split("atom.global.gpu.acq_rel.exch")
+        results.append({"cfg": [dtype, heads, bs, lse, name], "cubin": len(c.asm["cubin"]),
+                        "shared": c.metadata.shared, "mma": "mma" in ptx, "merge_found": len(merge) == 2,
+                        "merge_cp_async": "cp.async" in merge[-1], "cg_loads": merge[-1].count("ld.global.cg"),
+                        "count_acq_rel": "atom.global.gpu.acq_rel.add" in merge[0]})
+print(json.dumps(results))
+"""
+
+#: (query dtype, query heads, block size, lse): DeepSeek's 16 and 128 heads at vLLM's and FlashMLA's block sizes
+MLA_HOPPER_CONFIGS = [["bfloat16", 128, 64, True], ["float16", 16, 16, False]]
+
+
+@pytest.mark.skipif(bool(_aot_problem()), reason=_aot_problem() or "compiles here")
+def test_mla_kernel_compiles_for_hopper_without_a_gpu():
+    """The MLA kernel for sm_90, its decode and its multi-token (tree-masked) launch: the 512- and
+    64-wide dots on the tensor cores, the tiles within a launch's shared memory, and the decode
+    merge's discipline (the split count an acq_rel add, the partials read through L2 with .cg
+    loads and no cp.async)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    proc = subprocess.run(
+        [sys.executable, "-c", _AOT_MLA, json.dumps(MLA_HOPPER_CONFIGS)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert proc.returncode == 0, f"compiling the MLA kernel for sm_90 failed:\n{proc.stderr[-4000:]}"
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == 2 * len(MLA_HOPPER_CONFIGS)
+    for r in results:
+        assert r["cubin"] > 0, f"{r['cfg']}: no cubin: {r}"
+        assert r["shared"] <= HOPPER_SHARED_MEMORY, f"{r['cfg']}: {r['shared']} B of shared memory cannot launch"
+        assert r["mma"], f"{r['cfg']}: the MLA dots are not on the tensor cores: {r}"
+        assert r["merge_found"] and r["cg_loads"] > 0 and not r["merge_cp_async"], (
+            f"{r['cfg']}: the MLA merge must load the partials with ld.global.cg, not cp.async: {r}"
+        )
+        assert r["count_acq_rel"], f"{r['cfg']}: the split count is not an acq_rel add: {r}"

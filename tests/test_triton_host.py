@@ -122,6 +122,33 @@ def test_run_is_graph_capturable(dtype, monkeypatch):
     assert [c[0] for c in calls] == ["decode", "prefill"], calls
 
 
+@pytest.mark.parametrize("kind", ["mla", "tree"])
+def test_run_is_graph_capturable_with_mla_and_trees(kind, monkeypatch):
+    """The same of MLA's two launches (decode, multi-token tree-masked) and of the tree-masked
+    prefill: the tree's words and the MLA scratch were made by ``prepare``."""
+    from pagedattn.cases.variant_families import MLA_SHAPE
+
+    if kind == "mla":
+        spec = CaseSpec("t", ((70, 1), (33, 3)), num_heads=16, tree_mask=True, **MLA_SHAPE)
+    else:
+        spec = CaseSpec("t", ((70, 1), (33, 9)), tree_mask=True)
+    case = spec.build().to(DEVICE)
+    prep = tpa.prepare(*case_args(case), scale=case.scale, tree_mask=case.tree_mask, return_lse=True)
+    out = torch.empty(case.num_tokens, case.num_heads, case.head_dim_v, dtype=case.dtype, device=DEVICE)
+    lse = torch.empty(case.num_tokens, case.num_heads, device=DEVICE)
+    calls: list = []
+    for name in ("_decode_kernel", "_prefill_kernel", "_mla_decode_kernel"):
+        monkeypatch.setattr(tpa, name, _Launch(calls, name))
+    for name in ("empty", "empty_like", "zeros", "zeros_like", "full", "full_like", "tensor", "cat"):
+        monkeypatch.setattr(torch, name, _forbid(f"torch.{name}"))
+    for name in ("tolist", "item", "cpu", "numpy", "__bool__", "__int__", "__float__"):
+        monkeypatch.setattr(torch.Tensor, name, _forbid(f"Tensor.{name}"))
+    got = tpa.run(prep, case.query, case.key_cache, case.value_cache, out=out, lse=lse)
+    assert got[0] is out and got[1] is lse
+    want = ["_mla_decode_kernel"] * 2 if kind == "mla" else ["_decode_kernel", "_prefill_kernel"]
+    assert [c[0] for c in calls] == want, calls
+
+
 def test_fp8_pairs_are_taken_only_where_they_apply():
     """``KV_FP8``: the cvt pairs (2 for e4m3, 3 for e5m2) need an fp8 cache, fp16 dots, a GPU that
     converts pairs and even offsets; anything else widens through the compiler (1), and a cache in

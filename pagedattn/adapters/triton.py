@@ -13,8 +13,9 @@ import torch
 
 from pagedattn._version import __version__
 from pagedattn.adapters.capabilities import Capabilities
+from pagedattn.adapters.exclusion import Exclusion
 from pagedattn.adapters.interpreter import arrange_interpreter
-from pagedattn.oracle import PER_HEAD_SCALES, SHAPE_VARIANTS, VARIANTS, PagedCase
+from pagedattn.oracle import MLA, PER_HEAD_SCALES, VARIANTS, PagedCase
 
 #: The oldest Triton whose interpreter runs this kernel: 3.5's interpreter rejects a
 #: ``range`` over loaded scalars (seen with triton 3.5.1, the one torch 2.9 pins).
@@ -25,9 +26,22 @@ INSTALL_HINT = "pip install 'pagedattn-conformance[triton]'  (or: pip install tr
 
 #: why a claim is narrowed (``Capabilities.notes["variants"]``)
 VARIANTS_NOTE = (
-    "no per-head fp8 scales: the kernel folds one k_scale into the score scale and one v_scale into the output; "
-    "one head dim for keys and values (no MLA, no head_dim_v) and causal masks only (no tree_mask)"
+    "no per-head fp8 scales: the kernel folds one k_scale into the score scale and one v_scale into the output"
 )
+
+#: what the MLA kernel (``triton_mla_decode``, a shared latent cache) does not compute
+MLA_EXCLUSIONS = tuple(
+    Exclusion(f"the MLA kernel has no {name}", variants=frozenset({MLA, name}))
+    for name in ("sliding_window", "logits_soft_cap", "alibi_slopes")
+)
+
+
+def mla_value_width(case: PagedCase, operation: str) -> str | None:
+    """MLA's value width a power of two >= 16 (the latent part of a cache row is one tile)."""
+    dv = case.head_dim_v
+    if case.shared_kv and (dv < 16 or dv & (dv - 1)):
+        return f"the MLA kernel loads the latent columns as one tile: head_dim_v {dv} is not a power of two >= 16"
+    return None
 
 
 class TritonBackend:
@@ -49,7 +63,9 @@ class TritonBackend:
         # what the kernel implements; where it can run differs below
         claims: dict = dict(
             operations=frozenset({"attention", "lse"}),
-            variants=frozenset(VARIANTS) - {PER_HEAD_SCALES, *SHAPE_VARIANTS},
+            variants=frozenset(VARIANTS) - {PER_HEAD_SCALES},
+            exclusions=MLA_EXCLUSIONS,
+            case_filter=mla_value_width,
         )
         if self.interpreter and version < MIN_INTERPRETER_TRITON:
             self.capabilities = Capabilities(
@@ -116,5 +132,6 @@ class TritonBackend:
             sinks=case.sinks,
             k_scale=k_scale,
             v_scale=v_scale,
+            tree_mask=case.tree_mask,
             **kwargs,
         )

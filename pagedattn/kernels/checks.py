@@ -14,6 +14,7 @@ from pagedattn.validation import (
     check_per_head,
     check_tensors,
     default_scale,
+    is_leading_view,
     positive_float_problem,
 )
 
@@ -57,6 +58,44 @@ def fp32_scale_problem(x: float) -> str:
     return ""
 
 
+def shared_latent(key_cache: torch.Tensor, value_cache: torch.Tensor) -> int | None:
+    """The value width ``head_dim_v`` where ``value_cache`` is a view of ``key_cache``'s first
+    ``head_dim_v < head_dim`` columns (MLA's latent cache, ``PagedCase.shared_kv``); ``None``
+    for separate caches."""
+    if value_cache.shape[3] < key_cache.shape[3] and is_leading_view(key_cache, value_cache):
+        return int(value_cache.shape[3])
+    return None
+
+
+#: the variants the MLA kernel has none of (``check_mla_variants``)
+MLA_ABSENT = ("sliding_window", "logits_soft_cap", "alibi_slopes")
+
+
+def check_mla_variants(variants: Variants) -> None:
+    """``ProblemError`` naming the first variant the MLA kernel (a shared latent cache)
+    does not compute: a window, soft-cap, ALiBi."""
+    for name in MLA_ABSENT:
+        if getattr(variants, name) is not None:
+            raise ProblemError(OWNER, name, "must be None over a shared latent cache (the MLA kernel has none)")
+
+
+def check_tree_mask(tree_mask: torch.Tensor | None, variants: Variants) -> None:
+    """The kernel's rules of a tree mask beyond the problem's (``check_paged_inputs`` checks
+    those): contiguous, and, as the problem says, without a window or ALiBi."""
+    if tree_mask is None:
+        return
+    if tree_mask.stride(0) != 1:
+        raise ProblemError(OWNER, "tree_mask", f"must be contiguous, got stride {tree_mask.stride(0)}")
+    for name in ("sliding_window", "alibi_slopes"):
+        if getattr(variants, name) is not None:
+            # the problem's rule (``pagedattn.validation.check_problem``), in its words
+            raise ProblemError(
+                OWNER,
+                name,
+                "must be None with a tree_mask (positions follow tree depth, which the case does not carry)",
+            )
+
+
 def check_paged_inputs(
     query: torch.Tensor,
     key_cache: torch.Tensor,
@@ -69,6 +108,7 @@ def check_paged_inputs(
     *,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    tree_mask: torch.Tensor | None = None,
 ) -> tuple[list[int], list[int]]:
     """Every check of the tensors the kernel needs before a launch: the problem's rules
     (``pagedattn.validation.check_tensors``, as ``PagedCase`` applies them) and the kernel's
@@ -79,8 +119,9 @@ def check_paged_inputs(
 
     Args:
         query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
-        key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the
-            query dtype or float8_e4m3fn/float8_e5m2.
+        key_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``, the query dtype or
+            float8_e4m3fn/float8_e5m2; value_cache: ``[..., head_dim_v]``, its dtype (a view of
+            its leading columns for MLA's latent cache).
         block_tables: ``[num_seqs, max_blocks]`` int32; seq_lens: ``[num_seqs]`` int32;
             query_start_loc: ``[num_seqs + 1]`` int32.
         scale: a real number > 0 inside fp32's normal range, or ``None`` (the default).
@@ -88,6 +129,8 @@ def check_paged_inputs(
         alibi_slopes, sinks: optional ``[num_heads]`` float32, finite: checked here
             because their finiteness rides on the same transfer (a separate check would
             cost the launch a second device synchronization).
+        tree_mask: optional ``[sum_b q_b * q_b]`` bool, each sequence's mask with a True
+            diagonal and nothing above it: its entries ride on the same transfer.
     """
     lens_loc = check_tensors(
         OWNER,
@@ -99,16 +142,10 @@ def check_paged_inputs(
         query_start_loc,
         alibi_slopes=alibi_slopes,
         sinks=sinks,
+        tree_mask=tree_mask,
         query_dtypes=QUERY_DTYPES,
     )
     assert lens_loc is not None  # sync=True reads the values
-    if value_cache.shape[-1] != key_cache.shape[-1]:
-        raise ProblemError(
-            OWNER,
-            "value_cache",
-            f"must have the key_cache's head_dim {key_cache.shape[-1]} (one head dim for keys and values), "
-            f"got head_dim_v {value_cache.shape[-1]}",
-        )
     named = dict(query=query, key_cache=key_cache, value_cache=value_cache)
     for name, t in named.items():
         if t.stride(-1) != 1:
@@ -132,9 +169,10 @@ def check_paged_inputs(
         if problem:
             raise ProblemError(OWNER, "scale", problem)
     if out is not None:
-        if not isinstance(out, torch.Tensor) or out.shape != query.shape or out.dtype != query.dtype:
+        shape = (*query.shape[:2], value_cache.shape[3])  # [num_tokens, num_heads, head_dim_v]
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != query.dtype:
             got = f"{out.dtype} {tuple(out.shape)}" if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ProblemError(OWNER, "out", f"must be a {query.dtype} tensor of shape {tuple(query.shape)}, got {got}")
+            raise ProblemError(OWNER, "out", f"must be a {query.dtype} tensor of shape {shape}, got {got}")
         if out.device != query.device:
             raise ProblemError(OWNER, "out", f"must be on the query's device {query.device}, got {out.device}")
         if out.stride(-1) != 1:

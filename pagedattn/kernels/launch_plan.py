@@ -46,6 +46,10 @@ class LaunchConfig:
     SPLIT_WHOLE: bool = False  # decode: a program walks every split of its sequence and merges them in its loop
     FOLD_PARTS: int = 0  # decode: the merge folds each history's splits in this many parts, then the parts
     LOOP_PARTS: bool = False  # decode: split-loop programs fold their parts in their loop (whole parts each)
+    HEAD_DIM_V: int = 0  # the value's columns (MLA: the latent columns of a cache row, a power of two) ...
+    HEAD_DIM_V_PAD: int = 0  # ... padded: the accumulator's, the output tile's and the decode scratch's width
+    ROPE_PAD: int = 0  # MLA decode: the rest of the row (the rotary columns), padded to a power of two ...
+    HEAD_BLOCKS: int = 0  # ... and the blocks of GROUP_PAD query heads a kv head's group takes
     num_warps: int = 4
     num_stages: int = 2
     maxnreg: int | None = None  # a register cap per thread (more programs an SM), or the compiler's choice
@@ -82,6 +86,8 @@ class LaunchPlan:
     decode: LaunchConfig | None
     other: LaunchConfig | None
     max_splits: int  # splits of the longest decode history
+    mla: bool = False  # both launches are the MLA kernel's (a shared latent cache)
+    other_splits: int = 0  # MLA: splits of the longest history of the multi-token launch
 
     @property
     def scratch_splits(self) -> int:
@@ -102,18 +108,34 @@ def plan_launch(
     kv_dtype: torch.dtype | None = None,
     sliding_window: int | None = None,
     tuning: KernelTuning = TUNING,
+    *,
+    head_dim_v: int | None = None,
+    shared_kv: bool = False,
 ) -> LaunchPlan:
     """The launches of one batch, from sizes alone (``kv_dtype``: the cache's dtype, ``None``
     for the query dtype; an fp8 cache takes its own decode launch shapes and register cap;
     ``sliding_window``: the keys a decode token sees, which set how much work each of its
-    splits has, a launch shape only; ``tuning``: the tile and split sizes and thresholds)."""
+    splits has, a launch shape only; ``tuning``: the tile and split sizes and thresholds).
+
+    ``head_dim_v``: the value's width (``None``: ``head_dim``); with ``shared_kv`` the value is
+    the key row's first ``head_dim_v`` columns (MLA's latent cache), whose decode takes the
+    MLA kernel (``plan_mla``)."""
+    if shared_kv:
+        assert head_dim_v is not None, "a shared latent cache has a value width"
+        return plan_mla(
+            seq_lens, query_lens, num_heads, num_kv_heads, head_dim, head_dim_v, block_size, dtype, interpreter, tuning
+        )
+    dv = head_dim if head_dim_v is None else head_dim_v
     group = num_heads // num_kv_heads
     group_pad = next_power_of_2(group)
-    d_pad = max(MIN_DOT, next_power_of_2(head_dim))
+    # the tile and register rules below read the wider of the key's and the value's widths
+    d_pad = max(MIN_DOT, next_power_of_2(max(head_dim, dv)))
     common: dict[str, Any] = dict(
         GROUP=group,
         HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=d_pad,
+        HEAD_DIM_PAD=max(MIN_DOT, next_power_of_2(head_dim)),
+        HEAD_DIM_V=dv,
+        HEAD_DIM_V_PAD=max(MIN_DOT, next_power_of_2(dv)),
         BLOCK_SIZE=block_size,
         UPCAST=interpreter and dtype == torch.bfloat16,
     )
@@ -188,10 +210,10 @@ def _plan_decode(
     # a launch-wide choice, so programs holding no part state keep their registers
     folds = {decode_fold(n, tuning) for n, _, _ in per_len.values()}
     loop_parts = split_loop and not whole and max(folds) > 1 and all(spp % f == 0 for f in folds)
-    # the scratch ([n_decode, splits, num_heads, HEAD_DIM_PAD] fp32; one split where the
+    # the scratch ([n_decode, splits, num_heads, HEAD_DIM_V_PAD] fp32; one split where the
     # programs merge in their loop and store none) is addressed in int32; its size also
     # bounds the decode grid's one axis
-    scratch = len(lens) * (1 if whole else max_splits) * num_heads * d_pad
+    scratch = len(lens) * (1 if whole else max_splits) * num_heads * common["HEAD_DIM_V_PAD"]
     if scratch > INT32_MAX:
         raise ProblemError(
             OWNER,
@@ -272,6 +294,94 @@ def _plan_prefill(
         num_stages=stages,
         **common,
     )
+
+
+def plan_mla(
+    seq_lens: list[int],
+    query_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    head_dim_v: int,
+    block_size: int,
+    dtype: torch.dtype,
+    interpreter: bool,
+    tuning: KernelTuning = TUNING,
+) -> LaunchPlan:
+    """The launches of a batch over a shared latent cache (MLA, ``triton_mla_decode``): rows of
+    ``head_dim`` columns whose first ``head_dim_v`` (a power of two, >= 16) are the value. Decode
+    sequences take one launch (one token a program), the others a second one (``BLOCK_Q``
+    tokens a program, causal or tree-masked), each sequence's tiles and splits from its own
+    sizes alone."""
+    if head_dim_v < MIN_DOT or head_dim_v & (head_dim_v - 1) or head_dim_v >= head_dim:
+        raise ProblemError(
+            OWNER,
+            "value_cache",
+            f"must have a power-of-two head_dim_v >= {MIN_DOT} below head_dim {head_dim} over a shared "
+            f"latent cache (MLA), got {head_dim_v}",
+        )
+    group = num_heads // num_kv_heads
+    block_h = min(tuning.mla_block_h, max(MIN_DOT, next_power_of_2(group)))
+    head_blocks = -(-group // block_h)
+    decode_seqs = [b for b, q in enumerate(query_lens) if q == 1]
+    other_seqs = [b for b, q in enumerate(query_lens) if q > 1]
+    common: dict[str, Any] = dict(
+        GROUP=group,
+        GROUP_PAD=block_h,
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_v + max(MIN_DOT, next_power_of_2(head_dim - head_dim_v)),  # a row's loaded columns
+        HEAD_DIM_V=head_dim_v,
+        HEAD_DIM_V_PAD=head_dim_v,
+        ROPE_PAD=max(MIN_DOT, next_power_of_2(head_dim - head_dim_v)),
+        HEAD_BLOCKS=head_blocks,
+        BLOCK_SIZE=block_size,
+        UPCAST=interpreter and dtype == torch.bfloat16,
+        SPLIT_SIZE=tuning.split_size,
+        SPLIT_LONG=tuning.split_long,
+        LONG_FROM=tuning.long_from,
+        SPLIT_SHORT=tuning.split_short,
+        SHORT_UNDER=tuning.short_under,
+        num_stages=tuning.mla_stages,
+    )
+    wide = dtype == torch.float32
+    block_n = decode_block_n(dtype, interpreter, tuning) if wide else tuning.mla_block_n
+    decode = other = None
+    max_splits = other_splits = 0
+    if decode_seqs:
+        max_splits = _mla_splits(
+            [seq_lens[b] for b in decode_seqs], [1] * len(decode_seqs), num_heads, head_dim_v, tuning
+        )
+        grid = (num_kv_heads * head_blocks, max_splits, len(decode_seqs))
+        decode = LaunchConfig(grid=grid, BLOCK_Q=1, BLOCK_N=block_n, num_warps=tuning.mla_warps, **common)
+    if other_seqs:
+        qs = [query_lens[b] for b in other_seqs]
+        other_splits = _mla_splits([seq_lens[b] for b in other_seqs], qs, num_heads, head_dim_v, tuning)
+        block_q = max(1, tuning.mla_multi_rows // block_h)
+        grid = (-(-max(qs) // block_q) * num_kv_heads * head_blocks, other_splits, len(other_seqs))
+        other = LaunchConfig(grid=grid, BLOCK_Q=block_q, BLOCK_N=block_n, num_warps=tuning.mla_multi_warps, **common)
+    return LaunchPlan(decode_seqs, other_seqs, decode, other, max_splits, mla=True, other_splits=other_splits)
+
+
+def _mla_splits(lens: list[int], query_lens: list[int], num_heads: int, head_dim_v: int, tuning: KernelTuning) -> int:
+    """The most splits of one of the histories ``lens`` (``decode_split``'s rule), checked against
+    the grid's axes and the scratch's int32 offsets (``[sum(query_lens), splits, num_heads,
+    head_dim_v]`` fp32)."""
+    max_splits = max(decode_work(n, None, tuning)[0] for n in set(lens))
+    if max(max_splits, len(lens)) > GRID_YZ_MAX:
+        raise ProblemError(
+            OWNER,
+            "seq_lens",
+            f"{len(lens)} MLA sequences of up to {max_splits} splits; a launch holds at most {GRID_YZ_MAX} of each",
+        )
+    scratch = sum(query_lens) * max_splits * num_heads * head_dim_v
+    if scratch > INT32_MAX:
+        raise ProblemError(
+            OWNER,
+            "seq_lens",
+            f"{len(lens)} MLA sequences of up to {max_splits} splits need a scratch of "
+            f"{scratch} elements; at most 2**31 - 1 (int32 offsets)",
+        )
+    return max_splits
 
 
 def decode_grid(n_decode: int, n_groups: int, num_kv_heads: int) -> tuple[bool, tuple[int, int, int]]:

@@ -129,7 +129,7 @@ def _decode_kernel(
     n_kv_heads,
     n_groups,
     splits_per_program,
-    # strides (elements); partials are [n_decode, plan.scratch_splits, num_heads, HEAD_DIM_PAD] and [..., 2]
+    # strides (elements); partials are [n_decode, plan.scratch_splits, num_heads, HEAD_DIM_V_PAD] and [..., 2]
     stride_qt,
     stride_qh,
     stride_kb,
@@ -152,6 +152,8 @@ def _decode_kernel(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     SPLIT_SIZE: tl.constexpr,
     SPLIT_LONG: tl.constexpr,
@@ -230,6 +232,7 @@ def _decode_kernel(
         row_mask = g < GROUP
         d = tl.arange(0, HEAD_DIM_PAD)
         dmask = d < HEAD_DIM
+        dv = tl.arange(0, HEAD_DIM_V_PAD)  # the value's columns: the output's and the scratch's
         q = tl.load(
             q_ptr + t * stride_qt + head[:, None] * stride_qh + d[None, :],
             mask=row_mask[:, None] & dmask[None, :],
@@ -240,7 +243,7 @@ def _decode_kernel(
         q, qk_scale = _query_rows(q, scale, F16_DOTS)
         pos = tl.full([GROUP_PAD], 0, dtype=tl.int32) + (seq_len - 1)  # the new token sees everything
         slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([GROUP_PAD], tl.float32)
-        m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_PAD)
+        m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_V_PAD)
         if not SPLIT_LOOP:  # one split a program (the host sets splits_per_program 1), every tile masked
             lo = tl.maximum(sa * split_size, first)
             hi = tl.minimum(seq_len, sa * split_size + split_size)
@@ -267,6 +270,10 @@ def _decode_kernel(
                 s_scale,
                 window,
                 soft_cap,
+                seq_ids_ptr,  # no tree mask: decodes see every key
+                0,
+                0,
+                0,
                 stride_kb,
                 stride_ks,
                 stride_kh,
@@ -276,6 +283,8 @@ def _decode_kernel(
                 BLOCK_N,
                 HEAD_DIM,
                 HEAD_DIM_PAD,
+                HEAD_DIM_V,
+                HEAD_DIM_V_PAD,
                 BLOCK_SIZE,
                 UPCAST,
                 USE_WINDOW,
@@ -285,15 +294,17 @@ def _decode_kernel(
                 OFF_I32,
                 True,
                 False,
+                False,
+                False,
             )
             # the scratch's addresses formed after the loop, in each branch: formed before the
             # branch, they stay live through this loop (sm_90, triton 3.6: 146 registers, not 118)
-            pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
+            pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_V_PAD + dv[None, :]  # [GROUP_PAD, D]
             pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
             _store_state(pa, pml, sa, m, l_sum, acc, row_mask, stride_pa_split, stride_pml_split)
         else:
             s_scale = _folded_scale(qk_scale, USE_SOFTCAP, USE_ALIBI)
-            pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_PAD + d[None, :]  # [GROUP_PAD, D]
+            pa = part_acc_ptr + i * stride_pa_seq + head[:, None] * HEAD_DIM_V_PAD + dv[None, :]  # [GROUP_PAD, D]
             pml = part_ml_ptr + i * stride_pml_seq + head * 2  # [GROUP_PAD]
             table_ptr = block_tables_ptr + seq * stride_bt
             # One loop over the tiles of every split of the program, so the K/V pipeline runs on
@@ -312,11 +323,11 @@ def _decode_kernel(
             j_next = j0 + tl.arange(0, BLOCK_N)
             blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < end, other=0)
             if SPLIT_WHOLE:  # the merged state so far, from the merge's identity (``_combine``)
-                m_all, l_all, acc_all = _identity(GROUP_PAD, HEAD_DIM_PAD)
+                m_all, l_all, acc_all = _identity(GROUP_PAD, HEAD_DIM_V_PAD)
             if FOLD_PARTS > 0 and (SPLIT_WHOLE or LOOP_PARTS):  # the current part (index, last split), its state
                 part = sa // fold
                 part_last = tl.minimum(part * fold + fold, n_splits) - 1  # counted on: no division in the loop
-                m_p, l_p, acc_p = _identity(GROUP_PAD, HEAD_DIM_PAD)
+                m_p, l_p, acc_p = _identity(GROUP_PAD, HEAD_DIM_V_PAD)
             for _ in range(0, n_tiles):
                 j = j0 + tl.arange(0, BLOCK_N)
                 # the next tile: on in this split, or the next split's first
@@ -345,6 +356,10 @@ def _decode_kernel(
                     s_scale,
                     window,
                     soft_cap,
+                    seq_ids_ptr,  # no tree mask: decodes see every key
+                    0,
+                    0,
+                    0,
                     stride_kb,
                     stride_ks,
                     stride_kh,
@@ -353,6 +368,8 @@ def _decode_kernel(
                     stride_vh,
                     HEAD_DIM,
                     HEAD_DIM_PAD,
+                    HEAD_DIM_V,
+                    HEAD_DIM_V_PAD,
                     BLOCK_SIZE,
                     UPCAST,
                     USE_WINDOW,
@@ -361,6 +378,8 @@ def _decode_kernel(
                     KV_FP8,
                     OFF_I32,
                     True,
+                    False,
+                    False,
                     False,
                 )
                 if wrap:  # the split's last tile: its state to the scratch (or merged here), a fresh one next
@@ -371,7 +390,7 @@ def _decode_kernel(
                             m_p, l_p, acc_p = _combine(m_p, l_p, acc_p, m, l_sum, acc)
                             if split == part_last:
                                 m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m_p, l_p, acc_p)
-                                m_p, l_p, acc_p = _identity(GROUP_PAD, HEAD_DIM_PAD)
+                                m_p, l_p, acc_p = _identity(GROUP_PAD, HEAD_DIM_V_PAD)
                                 part_last = tl.minimum(part_last + fold, n_splits - 1)
                         else:
                             m_all, l_all, acc_all = _combine(m_all, l_all, acc_all, m, l_sum, acc)
@@ -382,14 +401,14 @@ def _decode_kernel(
                                 _store_state(
                                     pa, pml, part, m_p, l_p, acc_p, row_mask, stride_pa_split, stride_pml_split
                                 )
-                                m_p, l_p, acc_p = _identity(GROUP_PAD, HEAD_DIM_PAD)
+                                m_p, l_p, acc_p = _identity(GROUP_PAD, HEAD_DIM_V_PAD)
                                 part += 1
                                 part_last = tl.minimum(part_last + fold, n_splits - 1)
                         else:
                             _store_state(pa, pml, split, m, l_sum, acc, row_mask, stride_pa_split, stride_pml_split)
                     else:
                         _store_state(pa, pml, split, m, l_sum, acc, row_mask, stride_pa_split, stride_pml_split)
-                    m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_PAD)
+                    m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_V_PAD)
                 split = next_split
                 j0 = next_j0
                 end = next_end
@@ -402,8 +421,8 @@ def _decode_kernel(
                     head,
                     row_mask,
                     v_scale,
-                    out_ptr + t * stride_ot + head[:, None] * stride_oh + d[None, :],
-                    row_mask[:, None] & dmask[None, :],
+                    out_ptr + t * stride_ot + head[:, None] * stride_oh + dv[None, :],
+                    row_mask[:, None] & (dv < HEAD_DIM_V)[None, :],
                     lse_ptr + t * stride_lt + head,
                     USE_SINKS,
                     WRITE_LSE,
@@ -422,7 +441,7 @@ def _decode_kernel(
                 # a pipelined load becomes cp.async.ca, which reads through L1
                 # (test_kernel_compiles_for_hopper_without_a_gpu checks the machine code).
                 if FOLD_PARTS > 0:  # the parts in order, each folded from the identity
-                    m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_PAD)
+                    m, l_sum, acc = _identity(GROUP_PAD, HEAD_DIM_V_PAD)
                     one_level = fold == 1  # parts of one split: the splits
                     if LOOP_PARTS:
                         one_level = fold > 0
@@ -431,14 +450,14 @@ def _decode_kernel(
                             m_s, l_s, acc_s = _load_state(pa, pml, c, row_mask, stride_pa_split, stride_pml_split)
                             m, l_sum, acc = _combine(m, l_sum, acc, m_s, l_s, acc_s)
                     else:  # stored as splits: each part folded here, then into the whole at its end
-                        m_c, l_c, acc_c = _identity(GROUP_PAD, HEAD_DIM_PAD)
+                        m_c, l_c, acc_c = _identity(GROUP_PAD, HEAD_DIM_V_PAD)
                         last = tl.minimum((first_split // fold) * fold + fold, n_splits) - 1
                         for s in tl.range(first_split, n_splits, num_stages=1):
                             m_s, l_s, acc_s = _load_state(pa, pml, s, row_mask, stride_pa_split, stride_pml_split)
                             m_c, l_c, acc_c = _combine(m_c, l_c, acc_c, m_s, l_s, acc_s)
                             if s == last:
                                 m, l_sum, acc = _combine(m, l_sum, acc, m_c, l_c, acc_c)
-                                m_c, l_c, acc_c = _identity(GROUP_PAD, HEAD_DIM_PAD)
+                                m_c, l_c, acc_c = _identity(GROUP_PAD, HEAD_DIM_V_PAD)
                                 last = tl.minimum(last + fold, n_splits - 1)
                 else:  # the splits in one fold, from the first one's state
                     m, l_sum, acc = _load_state(pa, pml, first_split, row_mask, stride_pa_split, stride_pml_split)
@@ -453,8 +472,8 @@ def _decode_kernel(
                     head,
                     row_mask,
                     v_scale,
-                    out_ptr + t * stride_ot + head[:, None] * stride_oh + d[None, :],
-                    row_mask[:, None] & dmask[None, :],
+                    out_ptr + t * stride_ot + head[:, None] * stride_oh + dv[None, :],
+                    row_mask[:, None] & (dv < HEAD_DIM_V)[None, :],
                     lse_ptr + t * stride_lt + head,
                     USE_SINKS,
                     WRITE_LSE,

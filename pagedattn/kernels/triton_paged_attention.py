@@ -2,12 +2,15 @@
 launches (``prepare``, ``run``, ``paged_attention``).
 
 Decode, causal prefill, partial continuation, GQA/MQA and scattered or shared blocks,
-for a ragged batch. Sequences with one new token go to the decode kernel
-(``triton_decode``), the others to the prefill kernel (``triton_prefill``); both walk the
-history through the block table with the online softmax of ``triton_tiles``. Every
-integer that becomes a pointer offset or a grid size is computed on the host by plain
-functions (``checks``, ``launch_plan``, ``decode_splits``), which never import triton and
-are tested anywhere; the tuning they read is ``tuning.TUNING``.
+for a ragged batch, with a value width of its own where asked. Sequences with one new
+token go to the decode kernel (``triton_decode``), the others to the prefill kernel
+(``triton_prefill``, which also takes speculative decoding's tree masks); both walk the
+history through the block table with the online softmax of ``triton_tiles``. A batch over
+MLA's shared latent cache goes to its own kernel (``triton_mla_decode``), in two launches:
+its decodes, and its sequences of several new tokens (causal or tree-masked). Every integer
+that becomes a pointer offset or a grid size is computed on the host by plain functions
+(``checks``, ``launch_plan``, ``decode_splits``), which never import triton and are tested
+anywhere; the tuning they read is ``tuning.TUNING``.
 
 Without a GPU, Triton runs the kernels under its interpreter, which must be switched on
 with ``TRITON_INTERPRET=1`` *before* this module (and triton) is imported: the
@@ -28,12 +31,21 @@ from typing import Any
 
 import torch
 
-from pagedattn.kernels.checks import Variants, check_paged_inputs, check_variants, fits_int32
+from pagedattn.kernels.checks import (
+    Variants,
+    check_mla_variants,
+    check_paged_inputs,
+    check_tree_mask,
+    check_variants,
+    fits_int32,
+    shared_latent,
+)
 from pagedattn.kernels.launch_plan import MIN_DOT, LaunchConfig, LaunchPlan, fp8_widening, plan_launch
 from pagedattn.kernels.triton_decode import _decode_kernel
+from pagedattn.kernels.triton_mla_decode import _mla_decode_kernel
 from pagedattn.kernels.triton_prefill import _prefill_kernel
 from pagedattn.kernels.tuning import TUNING, KernelTuning
-from pagedattn.validation import default_scale
+from pagedattn.validation import default_scale, tree_mask_offsets
 
 __all__ = [
     "MIN_DOT",
@@ -74,6 +86,7 @@ class PreparedBatch:
     scale: float  # the softmax scale times k_scale (an fp8 cache's dequantization)
     query_shape: tuple[int, ...]
     cache_shape: tuple[int, ...]
+    value_shape: tuple[int, ...]  # the value cache's: a latent cache's first head_dim_v columns (MLA)
     dtype: torch.dtype
     kv_dtype: torch.dtype
     device: torch.device
@@ -82,11 +95,21 @@ class PreparedBatch:
     query_start_loc: torch.Tensor
     decode_ids: torch.Tensor | None
     other_ids: torch.Tensor | None
-    part_acc: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, HEAD_DIM_PAD] fp32
+    part_acc: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, HEAD_DIM_V_PAD] fp32
     part_ml: torch.Tensor | None  # [n_decode, plan.scratch_splits, num_heads, 2] fp32
-    done: torch.Tensor | None  # [n_decode, num_kv_heads] int32, zero between launches
-    upcast_out: torch.Tensor | None  # [num_tokens, num_heads, head_dim] fp32 (interpreter, bf16 only)
+    done: torch.Tensor | None  # [n_decode, decode programs a split] int32, zero between launches
+    upcast_out: torch.Tensor | None  # [num_tokens, num_heads, head_dim_v] fp32 (interpreter, bf16 only)
+    # MLA's launch of multi-token sequences: its scratch (a row per new token), counters, and
+    # each launch's first scratch row a sequence (``[n + 1]`` int32; the decode launch's: 0 .. n)
+    other_acc: torch.Tensor | None = None  # [new tokens, plan.other_splits, num_heads, head_dim_v] fp32
+    other_ml: torch.Tensor | None = None  # [new tokens, plan.other_splits, num_heads, 2] fp32
+    other_done: torch.Tensor | None = None  # [n_other, other launch's axis-0 programs] int32
+    decode_rows: torch.Tensor | None = None
+    other_rows: torch.Tensor | None = None
+    tree_words: torch.Tensor | None = None  # [num_tokens] int64, each token's tree row as bits (trees <= 64)
     variants: Variants = Variants()
+    tree_mask: torch.Tensor | None = None  # [sum q_b * q_b] uint8 (the bool mask's bytes)
+    tree_offsets: torch.Tensor | None = None  # [num_seqs + 1] int64: where each sequence's mask starts
     fp8_native: bool = False  # the device converts fp8 pairs to fp16 in one instruction (sm_89+, CUDA, compiled)
 
 
@@ -101,12 +124,14 @@ def prepare(
     out: torch.Tensor | None = None,
     *,
     tuning: KernelTuning = TUNING,
+    tree_mask: torch.Tensor | None = None,
     **variants,
 ) -> PreparedBatch:
     """Check every input (``ValueError`` naming the field), plan the launches and
     allocate their scratch. Arguments as for ``paged_attention``; ``tuning``: the tile and
     split sizes the plan takes (``pagedattn.kernels.tuning``)."""
-    # the slopes' and sinks' finiteness rides on the one device-to-host transfer of the core checks
+    # the slopes' and sinks' finiteness and the tree mask's entries ride on the one
+    # device-to-host transfer of the core checks
     lens, loc = check_paged_inputs(
         query,
         key_cache,
@@ -118,8 +143,14 @@ def prepare(
         out,
         alibi_slopes=variants.get("alibi_slopes"),
         sinks=variants.get("sinks"),
+        tree_mask=tree_mask,
     )
     var = check_variants(query, key_cache, scale=scale, **variants)
+    check_tree_mask(tree_mask, var)
+    query_lens = [loc[i + 1] - loc[i] for i in range(len(lens))]
+    latent = shared_latent(key_cache, value_cache)  # MLA: the value is the key row's first columns
+    if latent is not None:
+        check_mla_variants(var)
     interp = interpreter_active()
     if query.device.type != "cuda" and not interp:
         raise RuntimeError(
@@ -130,7 +161,7 @@ def prepare(
     Hkv = key_cache.shape[2]
     plan = plan_launch(
         lens,
-        [loc[i + 1] - loc[i] for i in range(len(lens))],
+        query_lens,
         Hq,
         Hkv,
         D,
@@ -140,16 +171,39 @@ def prepare(
         key_cache.dtype,
         var.sliding_window,
         tuning=tuning,
+        head_dim_v=value_cache.shape[3],
+        shared_kv=latent is not None,
     )
     dev = query.device
     n_dec = len(plan.decode_seqs)
-    d_pad = plan.decode.HEAD_DIM_PAD if plan.decode is not None else 0
+    d_pad = plan.decode.HEAD_DIM_V_PAD if plan.decode is not None else 0
+    # the decode programs a split of a sequence: one a kv head, or MLA's head blocks of each
+    counters = Hkv * plan.decode.HEAD_BLOCKS if plan.mla and plan.decode is not None else Hkv
+    mla_other: dict[str, Any] = {}
+    if plan.mla:
+        if n_dec:
+            mla_other["decode_rows"] = torch.arange(n_dec + 1, dtype=torch.int32, device=dev)
+        if plan.other is not None:
+            qs = [query_lens[b] for b in plan.other_seqs]
+            rows = [0]
+            for q in qs:
+                rows.append(rows[-1] + q)
+            mla_other.update(
+                other_acc=torch.empty(
+                    rows[-1], plan.other_splits, Hq, plan.other.HEAD_DIM_V, dtype=torch.float32, device=dev
+                ),
+                other_ml=torch.empty(rows[-1], plan.other_splits, Hq, 2, dtype=torch.float32, device=dev),
+                other_done=torch.zeros(len(qs), plan.other.grid[0], dtype=torch.int32, device=dev),
+                other_rows=torch.tensor(rows, dtype=torch.int32, device=dev),
+            )
     upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
+    Dv = value_cache.shape[3]
     return PreparedBatch(
         plan=plan,
         scale=(default_scale(D) if scale is None else float(scale)) * var.k_scale,
         query_shape=tuple(query.shape),
         cache_shape=tuple(key_cache.shape),
+        value_shape=tuple(value_cache.shape),
         dtype=query.dtype,
         kv_dtype=key_cache.dtype,
         device=dev,
@@ -160,11 +214,46 @@ def prepare(
         other_ids=torch.tensor(plan.other_seqs, dtype=torch.int32, device=dev) if plan.other_seqs else None,
         part_acc=torch.empty(n_dec, plan.scratch_splits, Hq, d_pad, dtype=torch.float32, device=dev) if n_dec else None,
         part_ml=torch.empty(n_dec, plan.scratch_splits, Hq, 2, dtype=torch.float32, device=dev) if n_dec else None,
-        done=torch.zeros(n_dec, Hkv, dtype=torch.int32, device=dev) if n_dec else None,
-        upcast_out=torch.empty(T, Hq, D, dtype=torch.float32, device=dev) if upcast else None,
+        done=torch.zeros(n_dec, counters, dtype=torch.int32, device=dev) if n_dec else None,
+        upcast_out=torch.empty(T, Hq, Dv, dtype=torch.float32, device=dev) if upcast else None,
         variants=var,
+        # only multi-token sequences read their masks (a decode's is [True])
+        tree_mask=tree_mask.view(torch.uint8) if tree_mask is not None and plan.other_seqs else None,
+        tree_offsets=(
+            torch.tensor(tree_mask_offsets(query_lens), dtype=torch.int64, device=dev)
+            if tree_mask is not None and plan.other_seqs
+            else None
+        ),
+        # trees of at most 64 tokens as a word a token: the kernels test bits, load no mask in their loops
+        tree_words=(
+            tree_words(tree_mask, query_lens, loc, dev)
+            if tree_mask is not None and plan.other_seqs and max(query_lens) <= TREE_WORD_BITS
+            else None
+        ),
         fp8_native=_fp8_native(dev, interp),
+        **mla_other,
     )
+
+
+#: the longest tree a token's word holds (``tree_words``)
+TREE_WORD_BITS = 64
+
+
+def tree_words(tree_mask: torch.Tensor, query_lens: list[int], loc: list[int], device: torch.device) -> torch.Tensor:
+    """``[num_tokens]`` int64: bit ``c`` of token ``t``'s word set where ``t`` (new token ``i`` of
+    sequence ``b``) sees new token ``c`` of ``b`` (``tree_mask``'s ``[i, c]``; sequences of at most
+    ``TREE_WORD_BITS`` new tokens), for the kernels, which test a bit a score instead of loading
+    the mask in their loops. The mask's values are read here, at ``prepare``: a prepared batch
+    keeps the tree it was prepared with."""
+    # on the mask's device: one small transfer (the lengths), the rest computed where the mask is
+    q = torch.tensor(query_lens, dtype=torch.int64, device=device)
+    entries = q * q  # [B] the mask's entries a sequence
+    seq = torch.repeat_interleave(torch.arange(len(query_lens), device=device), entries)  # [sum q_b^2]
+    local = torch.arange(tree_mask.shape[0], device=device) - (torch.cumsum(entries, 0) - entries)[seq]
+    row = torch.tensor(loc[:-1], dtype=torch.int64, device=device)[seq] + local // q[seq]  # the entry's token
+    bits = tree_mask.to(torch.int64) << (local % q[seq])  # bit c of row i: new token c
+    # distinct bits a row: their sum is their or
+    return torch.zeros(loc[-1], dtype=torch.int64, device=device).index_add_(0, row, bits)
 
 
 def _fp8_native(device: torch.device, interpreter: bool) -> bool:
@@ -188,7 +277,7 @@ def run(
     """The launches of a prepared batch, over tensors of the prepared shapes (checked
     here without touching the device: shapes, dtypes, devices, last-dim strides).
 
-    ``out`` [num_tokens, num_heads, head_dim] (query dtype) and, with ``return_lse``,
+    ``out`` [num_tokens, num_heads, head_dim_v] (query dtype) and, with ``return_lse``,
     ``lse`` [num_tokens, num_heads] float32 are written when given, else allocated.
     Given both, ``run`` allocates nothing and never waits for the device, so it can be
     captured in a CUDA graph and replayed (one prepared batch per graph: the batch's
@@ -203,24 +292,25 @@ def run(
     for name, t, shape, dtype in (
         ("query", query, prep.query_shape, prep.dtype),
         ("key_cache", key_cache, prep.cache_shape, prep.kv_dtype),
-        ("value_cache", value_cache, prep.cache_shape, prep.kv_dtype),
+        ("value_cache", value_cache, prep.value_shape, prep.kv_dtype),
     ):
         if tuple(t.shape) != shape or t.dtype != dtype or t.device != prep.device or t.stride(-1) != 1:
             raise ValueError(
                 f"paged_attention.run: {name} must match the prepared batch: shape {shape}, {dtype}, "
                 f"{prep.device}, contiguous last dimension; got {tuple(t.shape)}, {t.dtype}, {t.device}"
             )
+    out_shape = (*prep.query_shape[:2], prep.value_shape[3])  # [num_tokens, num_heads, head_dim_v]
     if out is None:
-        out = torch.empty_like(query)
+        out = torch.empty(out_shape, dtype=prep.dtype, device=prep.device)
     elif (
-        tuple(out.shape) != prep.query_shape
+        tuple(out.shape) != out_shape
         or out.dtype != prep.dtype
         or out.device != prep.device
         or out.stride(-1) != 1
         or not fits_int32(out)
     ):
         raise ValueError(
-            f"paged_attention.run: out must be {prep.dtype} of shape {prep.query_shape} on {prep.device}, with a "
+            f"paged_attention.run: out must be {prep.dtype} of shape {out_shape} on {prep.device}, with a "
             "contiguous last dimension and every element offset <= 2**31 - 1"
         )
     plan, var = prep.plan, prep.variants
@@ -253,6 +343,7 @@ def run(
         kv_fp8
         and prep.fp8_native
         and prep.cache_shape[3] % 2 == 0
+        and prep.value_shape[3] % 2 == 0
         and key_cache.data_ptr() % 2 == 0
         and value_cache.data_ptr() % 2 == 0
         and all(s % 2 == 0 for s in strides_kv)
@@ -269,7 +360,9 @@ def run(
         WRITE_LSE=var.return_lse,
     )
     tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
-    if plan.decode is not None:
+    if plan.mla:
+        _run_mla(prep, query, key_cache, target, lse_buf, compile_only)
+    elif plan.decode is not None:
         cfg, part_acc, part_ml = plan.decode, prep.part_acc, prep.part_ml
         assert part_acc is not None and part_ml is not None  # prepared with the decode launch
         _launcher(_decode_kernel, cfg.grid, compile_only)(
@@ -310,6 +403,8 @@ def run(
             BLOCK_N=cfg.BLOCK_N,
             HEAD_DIM=cfg.HEAD_DIM,
             HEAD_DIM_PAD=cfg.HEAD_DIM_PAD,
+            HEAD_DIM_V=cfg.HEAD_DIM_V,
+            HEAD_DIM_V_PAD=cfg.HEAD_DIM_V_PAD,
             BLOCK_SIZE=cfg.BLOCK_SIZE,
             SPLIT_SIZE=cfg.SPLIT_SIZE,
             SPLIT_LONG=cfg.SPLIT_LONG,
@@ -325,7 +420,7 @@ def run(
             **flags,
             **cfg.launch_options,
         )
-    if plan.other is not None:
+    if plan.other is not None and not plan.mla:
         cfg = plan.other
         _launcher(_prefill_kernel, cfg.grid, compile_only)(
             query,
@@ -337,6 +432,10 @@ def run(
             prep.other_ids,
             alibi,
             sinks,
+            prep.tree_words
+            if prep.tree_words is not None
+            else (prep.tree_mask if prep.tree_mask is not None else target),
+            prep.tree_offsets if prep.tree_offsets is not None else target,
             target,
             lse_buf,
             prep.scale,
@@ -356,14 +455,101 @@ def run(
             BLOCK_N=cfg.BLOCK_N,
             HEAD_DIM=cfg.HEAD_DIM,
             HEAD_DIM_PAD=cfg.HEAD_DIM_PAD,
+            HEAD_DIM_V=cfg.HEAD_DIM_V,
+            HEAD_DIM_V_PAD=cfg.HEAD_DIM_V_PAD,
             BLOCK_SIZE=cfg.BLOCK_SIZE,
             UPCAST=cfg.UPCAST,
+            USE_TREE=prep.tree_mask is not None,
+            TREE_WORDS=prep.tree_words is not None,
             **flags,
             **cfg.launch_options,
         )
     if target is not out and not compile_only:
         out.copy_(target)
     return (out, lse) if lse is not None and var.return_lse else out
+
+
+def _run_mla(
+    prep: PreparedBatch,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    target: torch.Tensor,
+    lse_buf: torch.Tensor,
+    compile_only: bool,
+) -> None:
+    """The MLA launches of a prepared batch over the latent cache ``key_cache`` (the value is
+    its first ``head_dim_v`` columns, read from there): decode sequences, then the multi-token
+    ones. ``target`` [num_tokens, num_heads, head_dim_v] and, with ``return_lse``, ``lse_buf``
+    [num_tokens, num_heads] fp32 are written."""
+    plan = prep.plan
+    launches = (
+        (plan.decode, prep.decode_ids, prep.decode_rows, prep.part_acc, prep.part_ml, prep.done, False),
+        (plan.other, prep.other_ids, prep.other_rows, prep.other_acc, prep.other_ml, prep.other_done, True),
+    )
+    tables = prep.block_tables
+    use_tree = prep.tree_mask is not None
+    words = prep.tree_words is not None
+    tree = prep.tree_words if words else prep.tree_mask
+    for cfg, ids, rows, part_acc, part_ml, done, multi in launches:
+        if cfg is None:
+            continue
+        assert part_acc is not None and part_ml is not None  # prepared with the launch
+        _launcher(_mla_decode_kernel, cfg.grid, compile_only)(
+            query,
+            key_cache,
+            tables,
+            prep.seq_lens,
+            prep.query_start_loc,
+            ids,
+            rows,
+            tree if use_tree else target,
+            prep.tree_offsets if use_tree else target,
+            part_acc,
+            part_ml,
+            done,
+            prep.variants.sinks if prep.variants.sinks is not None else target,
+            target,
+            lse_buf,
+            prep.scale,
+            prep.variants.v_scale,
+            cfg.HEAD_BLOCKS,
+            prep.cache_shape[2] * cfg.HEAD_BLOCKS,  # the head programs of a token tile
+            query.stride(0),
+            query.stride(1),
+            key_cache.stride(0),
+            key_cache.stride(1),
+            key_cache.stride(2),
+            tables.stride(0),
+            part_acc.stride(0),
+            part_acc.stride(1),
+            part_ml.stride(0),
+            part_ml.stride(1),
+            target.stride(0),
+            target.stride(1),
+            lse_buf.stride(0),
+            GROUP=cfg.GROUP,
+            BLOCK_H=cfg.GROUP_PAD,
+            BLOCK_Q=cfg.BLOCK_Q,
+            BLOCK_N=cfg.BLOCK_N,
+            HEAD_DIM=cfg.HEAD_DIM,
+            HEAD_DIM_V=cfg.HEAD_DIM_V,
+            ROPE_PAD=cfg.ROPE_PAD,
+            BLOCK_SIZE=cfg.BLOCK_SIZE,
+            SPLIT_SIZE=cfg.SPLIT_SIZE,
+            SPLIT_LONG=cfg.SPLIT_LONG,
+            LONG_FROM=cfg.LONG_FROM,
+            SPLIT_SHORT=cfg.SPLIT_SHORT,
+            SHORT_UNDER=cfg.SHORT_UNDER,
+            UPCAST=cfg.UPCAST,
+            KV_FP8=prep.kv_dtype != prep.dtype,  # widened by the compiler after the load
+            OFF_I32=fits_int32(key_cache),
+            WRITE_LSE=prep.variants.return_lse,
+            USE_SINKS=prep.variants.sinks is not None,
+            MULTI=multi,
+            USE_TREE=multi and use_tree,
+            TREE_WORDS=words,
+            **cfg.launch_options,
+        )
 
 
 def _launcher(kernel: Any, grid: tuple[int, int, int], compile_only: bool) -> Any:
@@ -393,6 +579,7 @@ def paged_attention(
     k_scale: float = 1.0,
     v_scale: float = 1.0,
     return_lse: bool = False,
+    tree_mask: torch.Tensor | None = None,
     compile_only: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Paged attention over a ragged batch: ``run(prepare(...), ...)``.
@@ -401,23 +588,29 @@ def paged_attention(
         query: ``[num_tokens, num_heads, head_dim]`` float32/float16/bfloat16.
         key_cache, value_cache: ``[num_blocks, block_size, num_kv_heads, head_dim]``,
             the query dtype or float8_e4m3fn/float8_e5m2; any strides with a contiguous
-            last dimension.
+            last dimension. Or MLA's latent cache: ``value_cache`` a view of ``key_cache``'s
+            first ``head_dim_v`` columns (``key_cache[..., :head_dim_v]``, a power of two),
+            read from the key cache (no window, soft-cap or ALiBi).
         block_tables: ``[num_seqs, max_blocks]`` int32 (entries past a sequence's last
             block are never read).
         seq_lens: ``[num_seqs]`` int32, new tokens included.
         query_start_loc: ``[num_seqs + 1]`` int32.
         scale: softmax scale, default ``head_dim ** -0.5``.
-        out: optional ``[num_tokens, num_heads, head_dim]`` query-dtype tensor to write.
+        out: optional ``[num_tokens, num_heads, head_dim_v]`` query-dtype tensor to write.
         sliding_window: ``W >= 1``: the query at position ``p`` sees keys ``p-W+1 .. p``.
         logits_soft_cap: ``c > 0``: scores become ``c * tanh(s / c)`` before masking.
         alibi_slopes: ``[num_heads]`` float32: score ``+= slope[h] * (j - p)``.
         sinks: ``[num_heads]`` float32: a logit per head that joins the denominator.
         k_scale, v_scale: dequantization scales of an fp8 cache (1.0 otherwise).
         return_lse: also return the log-sum-exp.
+        tree_mask: ``[sum_b q_b * q_b]`` bool: sequence ``b``'s ``[q_b, q_b]`` mask, row-major,
+            after those of the sequences before it; new token ``i`` sees new token ``j``
+            where ``[i, j]`` is set (lower-triangular), and the whole history. Not with
+            ``sliding_window`` or ``alibi_slopes``.
         compile_only: compile this batch's kernels and launch nothing (``run``).
 
     Returns:
-        ``[num_tokens, num_heads, head_dim]`` in the query dtype (``out`` if given);
+        ``[num_tokens, num_heads, head_dim_v]`` in the query dtype (``out`` if given);
         with ``return_lse``, also ``[num_tokens, num_heads]`` float32, the natural log of
         each row's softmax denominator (the sink included).
     """
@@ -437,5 +630,6 @@ def paged_attention(
         k_scale=k_scale,
         v_scale=v_scale,
         return_lse=return_lse,
+        tree_mask=tree_mask,
     )
     return run(prep, query, key_cache, value_cache, out, compile_only=compile_only)

@@ -6,6 +6,8 @@ query heads of one kv head (``BLOCK_Q * GROUP_PAD`` rows), so each K/V tile it r
 serves the whole GQA group, and walks the visible history ``BLOCK_N`` keys at a time
 through the block table with an online softmax in fp32: first the key tiles every row
 sees wholly (below the causal diagonal), without a mask, then the diagonal's, masked.
+Speculative decoding's tree masks (``USE_TREE``) are read in the masked tiles, which then
+start at the history's end.
 
 This module imports triton: import it only after the interpreter has been decided.
 """
@@ -36,6 +38,10 @@ def _attend(
     qk_scale,
     window,
     soft_cap,
+    tree_ptr,
+    tree_row,
+    tree_q,
+    context,
     stride_kb,
     stride_ks,
     stride_kh,
@@ -45,6 +51,8 @@ def _attend(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -52,6 +60,8 @@ def _attend(
     USE_ALIBI: tl.constexpr,
     KV_FP8: tl.constexpr,
     OFF_I32: tl.constexpr,
+    USE_TREE: tl.constexpr,
+    TREE_WORDS: tl.constexpr,
 ):
     """Causal online softmax of the rows ``q`` [ROWS, D] over keys ``lo .. hi-1`` of one
     sequence (its block-table row at ``table_ptr``); row ``r`` sees keys ``<= pos[r]`` and
@@ -59,7 +69,9 @@ def _attend(
     multiple of ``BLOCK_N``) are visible to every row: their tiles skip the mask. ``qk_scale``
     [ROWS] scales each row's scores (the softmax scale, an fp8 cache's ``k_scale``,
     ``_query_rows``'s unscaling); ``slopes`` [ROWS] are the rows' ALiBi slopes (unused without
-    ``USE_ALIBI``). The returned max ``m`` is in base 2 (natural-log units times log2(e))."""
+    ``USE_ALIBI``). With ``USE_TREE`` the masked tiles also read the sequence's tree mask
+    (``tree_ptr``: ``[tree_q, tree_q]`` uint8 over the new tokens after ``context`` keys). The
+    returned max ``m`` is in base 2 (natural-log units times log2(e))."""
     s_scale = _folded_scale(qk_scale, USE_SOFTCAP, USE_ALIBI)
     j_next = lo + tl.arange(0, BLOCK_N)
     blk_next = tl.load(table_ptr + _page_of(j_next, BLOCK_SIZE), mask=j_next < hi, other=0)
@@ -82,6 +94,10 @@ def _attend(
         s_scale,
         window,
         soft_cap,
+        tree_ptr,
+        tree_row,
+        tree_q,
+        context,
         stride_kb,
         stride_ks,
         stride_kh,
@@ -91,6 +107,8 @@ def _attend(
         BLOCK_N,
         HEAD_DIM,
         HEAD_DIM_PAD,
+        HEAD_DIM_V,
+        HEAD_DIM_V_PAD,
         BLOCK_SIZE,
         UPCAST,
         USE_WINDOW,
@@ -100,6 +118,8 @@ def _attend(
         OFF_I32,
         False,
         True,
+        USE_TREE,
+        TREE_WORDS,
     )
     m, l_sum, acc, blk_next = _attend_tiles(
         q,
@@ -120,6 +140,10 @@ def _attend(
         s_scale,
         window,
         soft_cap,
+        tree_ptr,
+        tree_row,
+        tree_q,
+        context,
         stride_kb,
         stride_ks,
         stride_kh,
@@ -129,6 +153,8 @@ def _attend(
         BLOCK_N,
         HEAD_DIM,
         HEAD_DIM_PAD,
+        HEAD_DIM_V,
+        HEAD_DIM_V_PAD,
         BLOCK_SIZE,
         UPCAST,
         USE_WINDOW,
@@ -138,6 +164,8 @@ def _attend(
         OFF_I32,
         True,
         True,
+        USE_TREE,
+        TREE_WORDS,
     )
     return m, l_sum, acc
 
@@ -159,6 +187,8 @@ def _prefill_kernel(
     seq_ids_ptr,
     alibi_ptr,
     sinks_ptr,
+    tree_mask_ptr,
+    tree_offsets_ptr,
     out_ptr,
     lse_ptr,
     # sizes
@@ -186,6 +216,8 @@ def _prefill_kernel(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -196,11 +228,21 @@ def _prefill_kernel(
     F16_DOTS: tl.constexpr,
     OFF_I32: tl.constexpr,
     WRITE_LSE: tl.constexpr,
+    USE_TREE: tl.constexpr,
+    TREE_WORDS: tl.constexpr,
 ):
     """One tile of ``BLOCK_Q`` query tokens of one sequence times one kv head's query
     group. The grid's (q_tile, kv_head) programs are taken in the order of decreasing
     q_tile, all kv heads of a q_tile together, so the longest (causal) tiles start first
-    and the short ones fill the tail."""
+    and the short ones fill the tail.
+
+    With ``USE_TREE`` the new tokens see each other as their sequence's tree mask says
+    (``tree_mask_ptr``: the batch's masks, uint8, packed; ``tree_offsets_ptr`` [num_seqs + 1]
+    int64: where each sequence's ``[q_b, q_b]`` mask starts; with ``TREE_WORDS``,
+    ``tree_mask_ptr`` is [num_tokens] int64 instead, bit ``c`` of token ``t``'s word set where it
+    sees its sequence's new token ``c``). The mask is lower-triangular, so
+    the causal tile bounds hold; the history's whole tiles skip the mask, every tile past the
+    history's last whole one reads it."""
     seq = tl.load(seq_ids_ptr + tl.program_id(0))
     n_tiles = tl.num_programs(1)
     n_heads = tl.num_programs(2)
@@ -233,11 +275,19 @@ def _prefill_kernel(
         slopes = tl.load(alibi_ptr + head, mask=row_mask, other=0.0) if USE_ALIBI else tl.zeros([ROWS], tl.float32)
         m = tl.full([ROWS], float("-inf"), dtype=tl.float32)
         l_sum = tl.zeros([ROWS], dtype=tl.float32)
-        acc = tl.zeros([ROWS, HEAD_DIM_PAD], dtype=tl.float32)
+        acc = tl.zeros([ROWS, HEAD_DIM_V_PAD], dtype=tl.float32)
         # keys below the tile's first row's position are visible to every row (no window):
         # whole tiles of them skip the mask; the rest (the diagonal) is masked
         full_hi = lo
-        if not USE_WINDOW:
+        tree_ptr = tree_mask_ptr
+        tree_row = tl.zeros([ROWS], tl.int64)
+        if USE_TREE:  # a new token need not see the new tokens before it: the history only
+            if TREE_WORDS:  # each row's word, once a program
+                tree_row = tl.load(tree_mask_ptr + q_start + tok, mask=row_mask, other=0).to(tl.int64)
+            else:
+                tree_ptr = tree_mask_ptr + tl.load(tree_offsets_ptr + seq)
+            full_hi = lo + (context - lo) // BLOCK_N * BLOCK_N
+        elif not USE_WINDOW:
             full_hi = lo + (context + q_tile * BLOCK_Q + 1 - lo) // BLOCK_N * BLOCK_N
         m, l_sum, acc = _attend(
             q,
@@ -256,6 +306,10 @@ def _prefill_kernel(
             qk_scale,
             window,
             soft_cap,
+            tree_ptr,
+            tree_row,
+            q_len,
+            context,
             stride_kb,
             stride_ks,
             stride_kh,
@@ -265,6 +319,8 @@ def _prefill_kernel(
             BLOCK_N,
             HEAD_DIM,
             HEAD_DIM_PAD,
+            HEAD_DIM_V,
+            HEAD_DIM_V_PAD,
             BLOCK_SIZE,
             UPCAST,
             USE_WINDOW,
@@ -272,6 +328,8 @@ def _prefill_kernel(
             USE_ALIBI,
             KV_FP8,
             OFF_I32,
+            USE_TREE,
+            TREE_WORDS,
         )
         if USE_SINKS:
             # the sink joins once, after the keys (weight exp(sink - m), no value), as in the decode
@@ -288,8 +346,10 @@ def _prefill_kernel(
             m = m_new
         l_safe = tl.where(row_mask, l_sum, 1.0)  # padding rows are never stored
         result = acc * (v_scale / l_safe)[:, None]
-        o_off = (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-        tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & dmask[None, :])
+        dv = tl.arange(0, HEAD_DIM_V_PAD)
+        o_off = (q_start + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
+        o_mask = row_mask[:, None] & (dv < HEAD_DIM_V)[None, :]
+        tl.store(out_ptr + o_off, result.to(out_ptr.dtype.element_ty), mask=o_mask)
         if WRITE_LSE:
             lse = (m + tl.log2(l_safe)) * 0.6931471805599453  # base 2 to natural log
             tl.store(lse_ptr + (q_start + tok) * stride_lt + head, lse, mask=row_mask)

@@ -145,6 +145,10 @@ def _step(
     s_scale,
     window,
     soft_cap,
+    tree_ptr,
+    tree_row,
+    tree_q,
+    context,
     stride_kb,
     stride_ks,
     stride_kh,
@@ -153,6 +157,8 @@ def _step(
     stride_vh,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -162,14 +168,21 @@ def _step(
     OFF_I32: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    USE_TREE: tl.constexpr,
+    TREE_WORDS: tl.constexpr,
 ):
     """One key tile of the online softmax: the keys ``j`` [BLOCK_N] (int32; ``kmask``: those
     that exist, below the history's or the split's end) in the cache blocks ``blk`` [BLOCK_N]
     join the rows' running max ``m`` [ROWS], denominator ``l_sum`` [ROWS] and weighted-V sum
-    ``acc`` [ROWS, HEAD_DIM_PAD] (fp32), which come back updated. The softmax runs in base 2:
+    ``acc`` [ROWS, HEAD_DIM_V_PAD] (fp32), which come back updated (keys of ``HEAD_DIM``
+    columns, values of ``HEAD_DIM_V``). The softmax runs in base 2:
     ``m`` is in natural-log units times log2(e). Without ``MASKED`` every key is visible to
-    every row: no mask is computed. Shared by ``_attend_tiles`` and the decode kernel's split
-    loop, so both compute a tile alike."""
+    every row: no mask is computed. With ``USE_TREE`` (and ``CAUSAL``) a new token sees the
+    new tokens its sequence's tree mask allows (they follow ``context`` history keys): with
+    ``TREE_WORDS`` bit ``c`` of its row's word ``tree_row`` [ROWS] int64 (trees of at most 64
+    tokens), else the byte of the sequence's ``[tree_q, tree_q]`` mask (uint8 at ``tree_ptr``,
+    row-major). Shared by ``_attend_tiles`` and the decode kernel's split loop, so both compute a
+    tile alike."""
     d = tl.arange(0, HEAD_DIM_PAD)
     dmask = d < HEAD_DIM
     # FOLD: scores stay unscaled until the exponent, where the scale (with log2(e)) and the
@@ -184,17 +197,20 @@ def _step(
         blk, slot_w, head_w = blk.to(tl.int64), slot.to(tl.int64), kv_head.to(tl.int64)
         k_off = blk * stride_kb + slot_w * stride_ks + head_w * stride_kh
         v_off = blk * stride_vb + slot_w * stride_vs + head_w * stride_vh
+    dv = tl.arange(0, HEAD_DIM_V_PAD)
+    dvmask = dv < HEAD_DIM_V
     if KV_FP8 >= 2:  # K and V as 16-bit pairs of fp8 values (every offset even: the host checks)
         dp = tl.arange(0, HEAD_DIM_PAD // 2)
         pmask = dp < HEAD_DIM // 2
+        dvp = tl.arange(0, HEAD_DIM_V_PAD // 2)
         kt = _load_pairs(k_cache_ptr, k_off, dp, pmask, kmask, MASKED)
-        v = _load_pairs(v_cache_ptr, v_off, dp, pmask, kmask, MASKED)
+        v = _load_pairs(v_cache_ptr, v_off, dvp, dvp < HEAD_DIM_V // 2, kmask, MASKED)
     elif MASKED:
         kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=kmask[None, :] & dmask[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=kmask[:, None] & dmask[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + v_off[:, None] + dv[None, :], mask=kmask[:, None] & dvmask[None, :], other=0.0)
     else:
         kt = tl.load(k_cache_ptr + k_off[None, :] + d[:, None], mask=dmask[:, None], other=0.0)
-        v = tl.load(v_cache_ptr + v_off[:, None] + d[None, :], mask=dmask[None, :], other=0.0)
+        v = tl.load(v_cache_ptr + v_off[:, None] + dv[None, :], mask=dvmask[None, :], other=0.0)
     # fp8 -> the dots' dtype is exact (fewer exponent and significand bits)
     if KV_FP8 >= 2:
         kt = tl.trans(_widen_pairs(kt, KV_FP8 == 3))
@@ -218,6 +234,17 @@ def _step(
         visible = kmask[None, :]
         if CAUSAL:
             visible = visible & (j[None, :] <= pos[:, None])
+            if USE_TREE:  # new keys on or below the diagonal: the mask's bit (every history key is seen)
+                jn = j - context  # [BLOCK_N] the key's index among the new tokens (< 0: history)
+                if TREE_WORDS:  # a shift and an and a score: no load in the loop
+                    shift = tl.minimum(tl.maximum(jn, 0), 63).to(tl.int64)
+                    bits = (tree_row[:, None] >> shift[None, :]) & 1
+                    visible = visible & ((jn[None, :] < 0) | (bits != 0))
+                else:
+                    ti = pos - context  # [ROWS] the row's; padding rows (ti >= tree_q) read no bit
+                    new = (jn[None, :] >= 0) & (jn[None, :] <= ti[:, None]) & (ti[:, None] < tree_q)
+                    bits = tl.load(tree_ptr + ti[:, None] * tree_q + jn[None, :], mask=new, other=1)
+                    visible = visible & (bits != 0)
         if USE_WINDOW:
             visible = visible & (j[None, :] > pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
@@ -261,6 +288,10 @@ def _attend_tiles(
     s_scale,
     window,
     soft_cap,
+    tree_ptr,
+    tree_row,
+    tree_q,
+    context,
     stride_kb,
     stride_ks,
     stride_kh,
@@ -270,6 +301,8 @@ def _attend_tiles(
     BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_DIM_PAD: tl.constexpr,
+    HEAD_DIM_V: tl.constexpr,
+    HEAD_DIM_V_PAD: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     UPCAST: tl.constexpr,
     USE_WINDOW: tl.constexpr,
@@ -279,6 +312,8 @@ def _attend_tiles(
     OFF_I32: tl.constexpr,
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
+    USE_TREE: tl.constexpr,
+    TREE_WORDS: tl.constexpr,
 ):
     """The key tiles ``start, start + BLOCK_N, .. < end`` of one sequence's history (its
     block-table row at ``table_ptr``; ``hi``: the history's end, which bounds every load) into
@@ -314,6 +349,10 @@ def _attend_tiles(
             s_scale,
             window,
             soft_cap,
+            tree_ptr,
+            tree_row,
+            tree_q,
+            context,
             stride_kb,
             stride_ks,
             stride_kh,
@@ -322,6 +361,8 @@ def _attend_tiles(
             stride_vh,
             HEAD_DIM,
             HEAD_DIM_PAD,
+            HEAD_DIM_V,
+            HEAD_DIM_V_PAD,
             BLOCK_SIZE,
             UPCAST,
             USE_WINDOW,
@@ -331,5 +372,7 @@ def _attend_tiles(
             OFF_I32,
             MASKED,
             CAUSAL,
+            USE_TREE,
+            TREE_WORDS,
         )
     return m, l_sum, acc, blk_next

@@ -47,6 +47,13 @@ class KernelTuning:
     fp8_loop_min_programs: int = 512  # the fewest programs with keys to read at which the fp8 loop gains
     fp8_decode_wave: int = 528  # four programs an SM at fp8_decode_maxnreg registers on 132 SMs (0: no loop)
     fp8_loop_fill: float = 0.8  # the fp8 split loop's programs must fill this share of their waves' slots
+    # MLA decode (``triton_mla_decode``): its splits are the decode splits above
+    mla_block_h: int = 16  # query heads a program: the dot minimum; each further block reads the keys again (from L2)
+    mla_block_n: int = 32  # keys a step: a 576-wide 16-bit tile is 36 KB, two stages of it beside the query fit
+    mla_warps: int = 4  # warps a program: the [16, 512] fp32 accumulator is 64 registers a thread at four
+    mla_stages: int = 2  # one key tile in flight beside the one in use (the tiles are wide)
+    mla_multi_rows: int = 32  # rows (new tokens x heads) a program of several new tokens: MTP's 2 tokens of 16 heads
+    mla_multi_warps: int = 8  # its [32, 512] fp32 accumulator at 64 registers a thread
 
 
 #: the kernel's tuning; tests and benchmarks pass ``dataclasses.replace(TUNING, ...)`` to

@@ -1,0 +1,217 @@
+"""MLA decode against FlashInfer's BatchMLAPagedAttentionWrapper, and tree-masked prefill
+against causal prefill of the same shapes, for the Triton kernel; medians of
+triton.testing.do_bench over ``run`` (the launches; ``prepare`` happens once per batch).
+
+    python benchmarks/bench_mla_tree.py --out benchmarks/results/h200-mla-tree.json
+    python benchmarks/bench_mla_tree.py --cpu --out /tmp/cpu.json   # the harness, on the interpreter
+
+MLA decode: DeepSeek's absorbed form (one latent kv head of 576 columns, the value its first
+512, scale 0.1352), bf16, pages of 64, randomly permuted; 16 and 128 query heads (V2-Lite and
+V3 per tensor-parallel rank) over batches and histories, at each of a few launch shapes
+(``MLA_TUNINGS``; the fastest is ``triton_ms``). Bandwidth counts the latent rows read once
+(576 columns a key) plus Q and O. FlashInfer reads the same bytes: its ``ckv_cache`` and
+``kpe_cache`` are views of the one latent cache (``key_cache[:, :, 0, :512]`` and
+``[..., 512:]``); where FlashInfer is absent its columns are ``null``.
+
+Tree-masked prefill: branching draft trees (``random_tree_mask``) of ``q`` tokens over a
+history of ``context`` keys a sequence, GQA 32/8, head dim 128; the causal run takes the same
+shapes without a mask. ``tree_over_causal`` is causal's time over the tree's (1.0: free).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+
+if "--cpu" in sys.argv:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_paged_attention import bench, machine  # noqa: E402
+
+#: the MLA tunings each point is timed at (``TUNING`` fields over the default): the launch shapes
+#: that compile without spilling on sm_90 (two and three stages of 16 heads on four warps, 32
+#: heads on eight), and splits of half the decode kernel's (one latent kv head gives a history
+#: a program a split and head block: few programs where the batch is small)
+MLA_TUNINGS = {
+    "h16w4s2": {},
+    "h16w4s3": {"mla_stages": 3},
+    "h32w8s2": {"mla_block_h": 32, "mla_warps": 8},
+    "h16w4s2-half-splits": {"split_short": 128, "split_size": 256, "split_long": 1024},
+}
+GPU = {
+    "mla": [(B, L, H) for H in (16, 128) for B in (1, 16, 64, 128) for L in (1024, 4096, 16384)],
+    "mla_page": 64,
+    "tree": [(32, 4096, 16), (32, 4096, 64), (8, 8192, 128), (4, 2048, 256)],  # (B, context, q)
+    "tree_heads": (32, 8, 128),
+    "tree_page": 16,
+}
+CPU = {
+    "mla": [(2, 70, 16), (1, 300, 16)],
+    "mla_page": 16,
+    "tree": [(2, 40, 9)],
+    "tree_heads": (4, 2, 32),
+    "tree_page": 8,
+}
+#: DeepSeek V2/V3: the latent and rotary widths, the softmax scale with YaRN's mscale
+D_LATENT, D_ROPE, MLA_SCALE = 512, 64, 0.1352
+
+
+def _tables(B: int, L: int, page: int, device: str, seed: int = 0) -> tuple[torch.Tensor, int]:
+    """``[B, ceil(L / page)]`` int32 block tables over a randomly permuted pool, and its pages."""
+    g = torch.Generator().manual_seed(seed)
+    per = -(-L // page)
+    perm = torch.randperm(B * per, generator=g)
+    return perm.view(B, per).to(torch.int32).to(device), B * per
+
+
+def mla_batch(B: int, L: int, H: int, page: int, dtype: torch.dtype, device: str) -> dict:
+    """One MLA decode batch: ``query`` [B, H, 576], ``key_cache`` [N, page, 1, 576], ``value_cache``
+    its first 512 columns (a view), tables, lengths, offsets."""
+    tables, N = _tables(B, L, page, device)
+    key_cache = torch.randn(N, page, 1, D_LATENT + D_ROPE, dtype=dtype, device=device)
+    return dict(
+        query=torch.randn(B, H, D_LATENT + D_ROPE, dtype=dtype, device=device),
+        key_cache=key_cache,
+        value_cache=key_cache[..., :D_LATENT],
+        block_tables=tables,
+        seq_lens=torch.full((B,), L, dtype=torch.int32, device=device),
+        query_start_loc=torch.arange(B + 1, dtype=torch.int32, device=device),
+    )
+
+
+def flashinfer_mla(batch: dict, device: str):
+    """FlashInfer's MLA wrapper planned for ``batch`` (its run as a function of no arguments),
+    or ``None`` without FlashInfer or a GPU."""
+    if device != "cuda":
+        return None
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    q, kc, tables, lens = batch["query"], batch["key_cache"], batch["block_tables"], batch["seq_lens"]
+    B, H, _ = q.shape
+    page = kc.shape[1]
+    per = tables.shape[1]
+    workspace = torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device=device)
+    wrapper = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend="auto")
+    wrapper.plan(
+        batch["query_start_loc"],
+        torch.arange(0, (B + 1) * per, per, dtype=torch.int32, device=device),  # pages a request
+        tables.reshape(-1),
+        lens,
+        H,
+        D_LATENT,
+        D_ROPE,
+        page,
+        False,  # one new token: nothing to mask
+        MLA_SCALE,
+        q.dtype,
+        kc.dtype,
+    )
+    # the latent cache's two parts and the query's, as views (no copy)
+    ckv, kpe = kc[:, :, 0, :D_LATENT], kc[:, :, 0, D_LATENT:]
+    q_nope, q_pe = q[..., :D_LATENT], q[..., D_LATENT:]
+    return lambda: wrapper.run(q_nope, q_pe, ckv, kpe)
+
+
+def mla_point(B: int, L: int, H: int, page: int, dtype: torch.dtype, device: str) -> dict:
+    """One MLA decode point: the kernel at each of ``MLA_TUNINGS`` (``triton_ms``: the fastest,
+    ``tunings_ms``: each) and FlashInfer."""
+    from pagedattn.kernels.triton_paged_attention import prepare, run
+    from pagedattn.kernels.tuning import TUNING
+
+    batch = mla_batch(B, L, H, page, dtype, device)
+    q, kc, vc = batch["query"], batch["key_cache"], batch["value_cache"]
+    times = {}
+    for name, fields in MLA_TUNINGS.items():
+        prep = prepare(*batch.values(), scale=MLA_SCALE, tuning=dataclasses.replace(TUNING, **fields))
+        times[name] = bench(lambda: run(prep, q, kc, vc), device)  # noqa: B023
+    best = min(times, key=times.__getitem__)
+    t_triton = times[best]
+    elt = kc.element_size()
+    nbytes = B * L * (D_LATENT + D_ROPE) * elt + B * H * (2 * D_LATENT + D_ROPE) * elt
+    row: dict = {"B": B, "L": L, "heads": H, "bytes": nbytes, "triton_ms": t_triton, "best_tuning": best}
+    row["tunings_ms"] = times
+    row["triton_TBps"] = nbytes / t_triton / 1e9
+    fi = flashinfer_mla(batch, device)
+    row["flashinfer_ms"] = row["flashinfer_TBps"] = row["triton_over_flashinfer"] = row["max_abs_diff"] = None
+    if fi is not None:
+        t_fi = bench(fi, device)
+        row.update(flashinfer_ms=t_fi, flashinfer_TBps=nbytes / t_fi / 1e9, triton_over_flashinfer=t_fi / t_triton)
+        prep = prepare(*batch.values(), scale=MLA_SCALE)
+        row["max_abs_diff"] = float((run(prep, q, kc, vc).float() - fi().float()).abs().max())
+    return row
+
+
+def tree_point(B: int, context: int, n: int, heads: tuple[int, int, int], page: int, dtype, device: str) -> dict:
+    from pagedattn.cases.spec import random_tree_mask
+    from pagedattn.kernels.triton_paged_attention import prepare, run
+
+    Hq, Hkv, D = heads
+    L = context + n
+    tables, N = _tables(B, L, page, device, seed=1)
+    k = torch.randn(N, page, Hkv, D, dtype=dtype, device=device)
+    v = torch.randn(N, page, Hkv, D, dtype=dtype, device=device)
+    q = torch.randn(B * n, Hq, D, dtype=dtype, device=device)
+    lens = torch.full((B,), L, dtype=torch.int32, device=device)
+    loc = torch.arange(0, (B + 1) * n, n, dtype=torch.int32, device=device)
+    g = torch.Generator().manual_seed(2)
+    mask = torch.cat([random_tree_mask(n, g).reshape(-1) for _ in range(B)]).to(device)
+    prep_tree = prepare(q, k, v, tables, lens, loc, tree_mask=mask)
+    prep_causal = prepare(q, k, v, tables, lens, loc)
+    t_tree = bench(lambda: run(prep_tree, q, k, v), device)
+    t_causal = bench(lambda: run(prep_causal, q, k, v), device)
+    seen = mask.view(B, n, n).sum().item() / B  # new-token pairs a sequence's tree lets through
+    flops = 4 * B * (n * context + seen) * Hq * D
+    return {
+        "B": B,
+        "context": context,
+        "q": n,
+        "tree_ms": t_tree,
+        "causal_ms": t_causal,
+        "tree_over_causal": t_causal / t_tree,
+        "tree_as_words": prep_tree.tree_words is not None,  # trees of at most 64 tokens
+        "tree_TFLOPs": flops / t_tree / 1e9,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cpu", action="store_true", help="tiny sizes on the Triton interpreter")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    device = "cpu" if args.cpu else "cuda"
+    cfg = CPU if args.cpu else GPU
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    result: dict = {"machine": machine(device), "config": {"dtype": str(dtype)}, "mla": [], "tree": []}
+    for B, L, H in cfg["mla"]:
+        row = mla_point(B, L, H, cfg["mla_page"], dtype, device)
+        result["mla"].append(row)
+        fi = "n/a" if row["flashinfer_ms"] is None else f"{row['flashinfer_ms'] * 1e3:8.1f} us"
+        print(
+            f"mla B={B:4d} L={L:6d} H={H:4d}  triton {row['triton_ms'] * 1e3:8.1f} us "
+            f"{row['triton_TBps']:5.2f} TB/s ({row['best_tuning']})  flashinfer {fi}",
+            flush=True,
+        )
+    for B, context, n in cfg["tree"]:
+        row = tree_point(B, context, n, cfg["tree_heads"], cfg["tree_page"], dtype, device)
+        result["tree"].append(row)
+        print(
+            f"tree B={B:3d} context={context:6d} q={n:4d}  tree {row['tree_ms']:8.3f} ms  "
+            f"causal {row['causal_ms']:8.3f} ms  causal/tree {row['tree_over_causal']:5.2f}",
+            flush=True,
+        )
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
