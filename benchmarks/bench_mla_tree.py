@@ -2,7 +2,7 @@
 against causal prefill of the same shapes, for the Triton kernel; medians of
 triton.testing.do_bench over ``run`` (the launches; ``prepare`` happens once per batch).
 
-    python benchmarks/bench_mla_tree.py --out benchmarks/results/h200-mla-tree.json
+    python benchmarks/bench_mla_tree.py --out benchmarks/results/h100-mla-tree.json
     python benchmarks/bench_mla_tree.py --cpu --out /tmp/cpu.json   # the harness, on the interpreter
 
 MLA decode: DeepSeek's absorbed form (one latent kv head of 576 columns, the value its first

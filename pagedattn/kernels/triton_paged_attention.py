@@ -40,7 +40,14 @@ from pagedattn.kernels.checks import (
     fits_int32,
     shared_latent,
 )
-from pagedattn.kernels.launch_plan import MIN_DOT, LaunchConfig, LaunchPlan, fp8_widening, plan_launch
+from pagedattn.kernels.launch_plan import (
+    MIN_DOT,
+    TREE_WORD_BITS,
+    LaunchConfig,
+    LaunchPlan,
+    fp8_widening,
+    plan_launch,
+)
 from pagedattn.kernels.triton_decode import _decode_kernel
 from pagedattn.kernels.triton_mla_decode import _mla_decode_kernel
 from pagedattn.kernels.triton_prefill import _prefill_kernel
@@ -233,10 +240,6 @@ def prepare(
         fp8_native=_fp8_native(dev, interp),
         **mla_other,
     )
-
-
-#: the longest tree a token's word holds (``tree_words``)
-TREE_WORD_BITS = 64
 
 
 def tree_words(tree_mask: torch.Tensor, query_lens: list[int], loc: list[int], device: torch.device) -> torch.Tensor:
