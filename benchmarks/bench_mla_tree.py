@@ -15,7 +15,9 @@ V3 per tensor-parallel rank) over batches and histories, at each of a few launch
 
 Tree-masked prefill: branching draft trees (``random_tree_mask``) of ``q`` tokens over a
 history of ``context`` keys a sequence, GQA 32/8, head dim 128; the causal run takes the same
-shapes without a mask. ``tree_over_causal`` is causal's time over the tree's (1.0: free).
+shapes without a mask. ``tree_over_causal`` is causal's time over the tree's (1.0: free);
+FlashInfer's prefill wrapper runs the same batch with the tree as ``custom_mask`` and causal
+(``tree_over_flashinfer_tree``: its tree time over ours).
 """
 
 from __future__ import annotations
@@ -149,6 +151,43 @@ def mla_point(B: int, L: int, H: int, page: int, dtype: torch.dtype, device: str
     return row
 
 
+def flashinfer_tree(case, device: str) -> dict | None:
+    """FlashInfer's prefill wrapper planned for ``case`` (a ``PagedCase``) twice, with its tree as
+    ``custom_mask`` and causal: ``{"tree": run, "causal": run}`` (functions of no arguments), or
+    ``None`` without FlashInfer or a GPU. The paged cache is FlashInfer's ``[N, 2, page, Hkv, D]``
+    (one copy, made here); the mask goes as bools, which ``plan`` packs."""
+    if device != "cuda":
+        return None
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+    from pagedattn.adapters.layouts import to_flashinfer, tree_mask_to_flashinfer
+
+    a = to_flashinfer(case)
+    custom = tree_mask_to_flashinfer(case.tree_mask, case.query_lens, case.seq_lens_list)
+    runs = {}
+    for name, mask in (("tree", custom), ("causal", None)):
+        workspace = torch.zeros(128 * 1024 * 1024, dtype=torch.uint8, device=device)
+        wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        wrapper.plan(
+            a["qo_indptr"],
+            a["kv_indptr"],
+            a["kv_indices"],
+            a["kv_last_page_len"],
+            case.num_heads,
+            case.num_kv_heads,
+            case.head_dim,
+            case.block_size,
+            custom_mask=mask,
+            causal=mask is None,
+            sm_scale=case.scale,
+            q_data_type=case.dtype,
+        )
+        runs[name] = lambda w=wrapper: w.run(a["q"], a["kv_cache"])
+    return runs
+
+
 def tree_point(B: int, context: int, n: int, heads: tuple[int, int, int], page: int, dtype, device: str) -> dict:
     from pagedattn.cases.spec import random_tree_mask
     from pagedattn.kernels.triton_paged_attention import prepare, run
@@ -169,6 +208,11 @@ def tree_point(B: int, context: int, n: int, heads: tuple[int, int, int], page: 
     t_causal = bench(lambda: run(prep_causal, q, k, v), device)
     seen = mask.view(B, n, n).sum().item() / B  # new-token pairs a sequence's tree lets through
     flops = 4 * B * (n * context + seen) * Hq * D
+    from pagedattn.oracle.case import PagedCase
+
+    case = PagedCase(q, k, v, tables, lens, loc, tree_mask=mask)
+    fi = flashinfer_tree(case, device)
+    fi_times = {name: bench(f, device) for name, f in fi.items()} if fi is not None else {}
     return {
         "B": B,
         "context": context,
@@ -178,6 +222,10 @@ def tree_point(B: int, context: int, n: int, heads: tuple[int, int, int], page: 
         "tree_over_causal": t_causal / t_tree,
         "tree_as_words": prep_tree.tree_words is not None,  # trees of at most 64 tokens
         "tree_TFLOPs": flops / t_tree / 1e9,
+        # FlashInfer's prefill with the tree as custom_mask, and causal, on the same batch
+        "flashinfer_tree_ms": fi_times.get("tree"),
+        "flashinfer_causal_ms": fi_times.get("causal"),
+        "tree_over_flashinfer_tree": fi_times["tree"] / t_tree if fi_times else None,
     }
 
 
@@ -204,7 +252,8 @@ def main(argv: list[str] | None = None) -> None:
         result["tree"].append(row)
         print(
             f"tree B={B:3d} context={context:6d} q={n:4d}  tree {row['tree_ms']:8.3f} ms  "
-            f"causal {row['causal_ms']:8.3f} ms  causal/tree {row['tree_over_causal']:5.2f}",
+            f"causal {row['causal_ms']:8.3f} ms  causal/tree {row['tree_over_causal']:5.2f}  "
+            f"flashinfer tree/ours {row['tree_over_flashinfer_tree'] or float('nan'):5.2f}",
             flush=True,
         )
     if args.out:
