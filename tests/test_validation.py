@@ -60,12 +60,6 @@ BAD = {
         "must have the key_cache's [num_blocks, block_size, num_kv_heads]",
         lambda a: a.update(value_cache=a["value_cache"][:, :1]),
     ),
-    "value-width": (
-        KERNEL,
-        "value_cache",
-        "must have the key_cache's head_dim",
-        lambda a: a.update(value_cache=a["value_cache"][..., :8].contiguous()),
-    ),
     "value-dtype": (
         BOTH,
         "value_cache",
