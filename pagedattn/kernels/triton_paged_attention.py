@@ -174,6 +174,14 @@ def prepare(
         )
     T, Hq, D = query.shape
     Hkv = key_cache.shape[2]
+    softmax_scale = default_scale(D) if scale is None else float(scale)
+    scale_tensors: dict[str, torch.Tensor] = {}
+    if var.per_head_scales:
+        # a kv head's scales in the kernel: its fp32 product as the per-tensor path's argument is
+        # (``head_scales``); their range costs per-head batches a second small read
+        qk_scales, v_scales = head_scales(var, softmax_scale, Hkv)
+        check_head_scale_range(qk_scales, v_scales)
+        scale_tensors.update(qk_scales=qk_scales, v_scales=v_scales)
     plan = plan_launch(
         lens,
         query_lens,
@@ -213,13 +221,6 @@ def prepare(
             )
     upcast = any(cfg.UPCAST for cfg in (plan.decode, plan.other) if cfg is not None)
     Dv = value_cache.shape[3]
-    softmax_scale = default_scale(D) if scale is None else float(scale)
-    if var.per_head_scales:
-        # a kv head's scales in the kernel: its fp32 product as the per-tensor path's argument is
-        # (``head_scales``); their range costs per-head batches a second small read
-        qk_scales, v_scales = head_scales(var, softmax_scale, Hkv)
-        check_head_scale_range(qk_scales, v_scales)
-        mla_other.update(qk_scales=qk_scales, v_scales=v_scales)
     return PreparedBatch(
         plan=plan,
         scale=softmax_scale * (1.0 if var.per_head_scales else float(var.k_scale)),
@@ -254,6 +255,7 @@ def prepare(
         ),
         fp8_native=_fp8_native(dev, interp),
         **mla_other,
+        **scale_tensors,
     )
 
 
