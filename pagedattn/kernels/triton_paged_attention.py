@@ -92,7 +92,9 @@ class PreparedBatch:
     """
 
     plan: LaunchPlan
-    scale: float  # the softmax scale times k_scale (an fp8 cache's dequantization); per kv head: qk_scales
+    # the softmax scale times k_scale (an fp8 cache's dequantization); with per-kv-head scales the
+    # softmax scale alone, which the kernels leave unread (qk_scales holds each kv head's product)
+    scale: float
     query_shape: tuple[int, ...]
     cache_shape: tuple[int, ...]
     value_shape: tuple[int, ...]  # the value cache's: a latent cache's first head_dim_v columns (MLA)
