@@ -64,12 +64,14 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
     types = {"q_ptr": "*" + t, "k_cache_ptr": "*" + tk, "v_cache_ptr": "*" + tk, "out_ptr": "*" + t,
              "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "done_ptr": "*i32", "alibi_ptr": "*fp32",
              "sinks_ptr": "*fp32", "tree_mask_ptr": "*i64" if on else "*u8",
-             "tree_offsets_ptr": "*i64", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32"}
+             "tree_offsets_ptr": "*i64", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32",
+             "qk_scales_ptr": "*fp32", "v_scales_ptr": "*fp32"}
     f16_dots = kv_dtype is not None and dtype == "bfloat16"  # run's rule: bf16 queries over an fp8 cache
     flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
              "KV_FP8": launch_plan.fp8_widening(getattr(torch, kv_dtype or dtype), dtype == "float16" or f16_dots,
                                                 native=True, even=d % 2 == 0),
-             "F16_DOTS": f16_dots, "OFF_I32": True, "USE_TREE": on, "TREE_WORDS": on}
+             "F16_DOTS": f16_dots, "OFF_I32": True, "USE_TREE": on, "TREE_WORDS": on,
+             "PER_HEAD_SCALES": on and kv_dtype is not None}
     assert set(over) <= {"OFF_I32", "KV_FP8"}, over
     flags.update(over)
     keys = ("GROUP", "GROUP_PAD", "BLOCK_Q", "BLOCK_N", "HEAD_DIM", "HEAD_DIM_PAD", "HEAD_DIM_V", "HEAD_DIM_V_PAD",
@@ -254,6 +256,7 @@ for dtype, heads, bs, lse in json.loads(sys.argv[1]):
                   "BLOCK_SIZE": cfg.BLOCK_SIZE, "SPLIT_SIZE": cfg.SPLIT_SIZE, "SPLIT_LONG": cfg.SPLIT_LONG,
                   "LONG_FROM": cfg.LONG_FROM, "SPLIT_SHORT": cfg.SPLIT_SHORT, "SHORT_UNDER": cfg.SHORT_UNDER,
                   "UPCAST": False, "KV_FP8": False, "OFF_I32": True, "WRITE_LSE": lse, "USE_SINKS": lse,
+                  "PER_HEAD_SCALES": lse,
                   "MULTI": name == "multi",
                   "USE_TREE": name == "multi", "TREE_WORDS": name == "multi"}
         ints = {"stride_qt": heads * 576, "stride_qh": 576, "stride_kb": bs * 576, "stride_ks": 576,
@@ -263,7 +266,8 @@ for dtype, heads, bs, lse in json.loads(sys.argv[1]):
         names = kernel.arg_names
         types = {"q_ptr": "*" + t, "cache_ptr": "*" + t, "out_ptr": "*" + t, "part_acc_ptr": "*fp32",
                  "part_ml_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32",
-                 "tree_mask_ptr": "*i64", "tree_offsets_ptr": "*i64", "sinks_ptr": "*fp32"}
+                 "tree_mask_ptr": "*i64", "tree_offsets_ptr": "*i64", "sinks_ptr": "*fp32",
+                 "qk_scales_ptr": "*fp32", "v_scales_ptr": "*fp32"}
         sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
                for n in names}
         aligned = [i for i, n in enumerate(names) if n not in consts and (n.endswith("_ptr") or (

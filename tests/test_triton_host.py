@@ -122,18 +122,30 @@ def test_run_is_graph_capturable(dtype, monkeypatch):
     assert [c[0] for c in calls] == ["decode", "prefill"], calls
 
 
-@pytest.mark.parametrize("kind", ["mla", "tree"])
+@pytest.mark.parametrize("kind", ["mla", "tree", "mla-perhead", "perhead"])
 def test_run_is_graph_capturable_with_mla_and_trees(kind, monkeypatch):
     """The same of MLA's two launches (decode, multi-token tree-masked) and of the tree-masked
-    prefill: the tree's words and the MLA scratch were made by ``prepare``."""
+    prefill: the tree's words and the MLA scratch were made by ``prepare``; so were the per-kv-head
+    fp8 scales (``-perhead``: one a tensor, the other a float)."""
     from pagedattn.cases.variant_families import MLA_SHAPE
 
-    if kind == "mla":
-        spec = CaseSpec("t", ((70, 1), (33, 3)), num_heads=16, tree_mask=True, **MLA_SHAPE)
+    fp8 = dict(kv_dtype=torch.float8_e4m3fn, v_scale=1.9) if kind.endswith("perhead") else {}
+    if kind.startswith("mla"):
+        spec = CaseSpec("t", ((70, 1), (33, 3)), num_heads=16, tree_mask=True, **MLA_SHAPE, **fp8)
     else:
-        spec = CaseSpec("t", ((70, 1), (33, 9)), tree_mask=True)
+        spec = CaseSpec("t", ((70, 1), (33, 9)), tree_mask=True, **fp8)
     case = spec.build().to(DEVICE)
-    prep = tpa.prepare(*case_args(case), scale=case.scale, tree_mask=case.tree_mask, return_lse=True)
+    if fp8:
+        case = case.replace(k_scale=torch.linspace(0.5, 2.0, case.num_kv_heads, device=DEVICE))
+    prep = tpa.prepare(
+        *case_args(case),
+        scale=case.scale,
+        tree_mask=case.tree_mask,
+        return_lse=True,
+        k_scale=case.k_scale,
+        v_scale=case.v_scale,
+    )
+    assert (prep.qk_scales is not None) == bool(fp8), prep
     out = torch.empty(case.num_tokens, case.num_heads, case.head_dim_v, dtype=case.dtype, device=DEVICE)
     lse = torch.empty(case.num_tokens, case.num_heads, device=DEVICE)
     calls: list = []
@@ -145,7 +157,7 @@ def test_run_is_graph_capturable_with_mla_and_trees(kind, monkeypatch):
         monkeypatch.setattr(torch.Tensor, name, _forbid(f"Tensor.{name}"))
     got = tpa.run(prep, case.query, case.key_cache, case.value_cache, out=out, lse=lse)
     assert got[0] is out and got[1] is lse
-    want = ["_mla_decode_kernel"] * 2 if kind == "mla" else ["_decode_kernel", "_prefill_kernel"]
+    want = ["_mla_decode_kernel"] * 2 if kind.startswith("mla") else ["_decode_kernel", "_prefill_kernel"]
     assert [c[0] for c in calls] == want, calls
 
 

@@ -16,19 +16,13 @@ from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.adapters.exclusion import Exclusion
 from pagedattn.adapters.interpreter import arrange_interpreter
 from pagedattn.kernels.launch_plan import TREE_WORD_BITS
-from pagedattn.oracle import MLA, PER_HEAD_SCALES, VARIANTS, PagedCase
+from pagedattn.oracle import MLA, VARIANTS, PagedCase
 
 #: The oldest Triton whose interpreter runs this kernel: 3.5's interpreter rejects a
 #: ``range`` over loaded scalars (seen with triton 3.5.1, the one torch 2.9 pins).
 MIN_INTERPRETER_TRITON = (3, 6)
 
 INSTALL_HINT = "pip install 'pagedattn-conformance[triton]'  (or: pip install triton)"
-
-
-#: why a claim is narrowed (``Capabilities.notes["variants"]``)
-VARIANTS_NOTE = (
-    "no per-head fp8 scales: the kernel folds one k_scale into the score scale and one v_scale into the output"
-)
 
 #: what the MLA kernel (``triton_mla_decode``, a shared latent cache) does not compute
 MLA_EXCLUSIONS = tuple(
@@ -71,7 +65,7 @@ class TritonBackend:
         # what the kernel implements; where it can run differs below
         claims: dict = dict(
             operations=frozenset({"attention", "lse"}),
-            variants=frozenset(VARIANTS) - {PER_HEAD_SCALES},
+            variants=frozenset(VARIANTS),
             exclusions=MLA_EXCLUSIONS,
             case_filter=kernel_limits,
         )
@@ -81,14 +75,13 @@ class TritonBackend:
                 notes={
                     "devices": f"triton {triton.__version__}'s interpreter cannot run this kernel; "
                     "use triton >= 3.6 (pip install 'triton>=3.6') or a GPU",
-                    "variants": VARIANTS_NOTE,
                 },
                 **claims,
             )
         elif self.interpreter:
             self.capabilities = Capabilities(
                 devices=frozenset({"cpu"}),
-                notes={"devices": "Triton interpreter: tensors on the CPU", "variants": VARIANTS_NOTE},
+                notes={"devices": "Triton interpreter: tensors on the CPU"},
                 **claims,
             )
         else:
@@ -96,7 +89,6 @@ class TritonBackend:
                 devices=frozenset({"cuda"}),
                 notes={
                     "devices": "compiled Triton: CUDA tensors only (no interpreter fallback)",
-                    "variants": VARIANTS_NOTE,
                 },
                 **claims,
             )
@@ -123,9 +115,6 @@ class TritonBackend:
             self._call(case, return_lse=operation == "lse", compile_only=True)
 
     def _call(self, case: PagedCase, **kwargs):
-        k_scale, v_scale = case.k_scale, case.v_scale
-        if isinstance(k_scale, torch.Tensor) or isinstance(v_scale, torch.Tensor):  # not claimed
-            raise NotImplementedError(f"triton backend: {VARIANTS_NOTE}")
         return self._kernel.paged_attention(
             case.query,
             case.key_cache,
@@ -138,8 +127,8 @@ class TritonBackend:
             logits_soft_cap=case.logits_soft_cap,
             alibi_slopes=case.alibi_slopes,
             sinks=case.sinks,
-            k_scale=k_scale,
-            v_scale=v_scale,
+            k_scale=case.k_scale,
+            v_scale=case.v_scale,
             tree_mask=case.tree_mask,
             **kwargs,
         )

@@ -10,6 +10,7 @@ import torch
 
 from pagedattn.validation import (
     ProblemError,
+    check_kv_scale,
     check_options,
     check_per_head,
     check_tensors,
@@ -108,6 +109,8 @@ def check_paged_inputs(
     *,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
     tree_mask: torch.Tensor | None = None,
 ) -> tuple[list[int], list[int]]:
     """Every check of the tensors the kernel needs before a launch: the problem's rules
@@ -129,6 +132,8 @@ def check_paged_inputs(
         alibi_slopes, sinks: optional ``[num_heads]`` float32, finite: checked here
             because their finiteness rides on the same transfer (a separate check would
             cost the launch a second device synchronization).
+        k_scale, v_scale: a float (``check_variants`` judges it) or ``[num_kv_heads]`` float32
+            (per kv head): whether every entry is finite and > 0 rides on the same transfer.
         tree_mask: optional ``[sum_b q_b * q_b]`` bool, each sequence's mask with a True
             diagonal and nothing above it: its entries ride on the same transfer.
     """
@@ -142,6 +147,8 @@ def check_paged_inputs(
         query_start_loc,
         alibi_slopes=alibi_slopes,
         sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
         tree_mask=tree_mask,
         query_dtypes=QUERY_DTYPES,
     )
@@ -189,9 +196,14 @@ class Variants:
     logits_soft_cap: float | None = None
     alibi_slopes: torch.Tensor | None = None  # [num_heads] float32
     sinks: torch.Tensor | None = None  # [num_heads] float32
-    k_scale: float = 1.0
-    v_scale: float = 1.0
+    k_scale: float | torch.Tensor = 1.0  # a float, or [num_kv_heads] float32 (per kv head)
+    v_scale: float | torch.Tensor = 1.0
     return_lse: bool = False
+
+    @property
+    def per_head_scales(self) -> bool:
+        """True when ``k_scale`` or ``v_scale`` is a per-kv-head tensor (the kernels' ``PER_HEAD_SCALES``)."""
+        return isinstance(self.k_scale, torch.Tensor) or isinstance(self.v_scale, torch.Tensor)
 
 
 def check_variants(
@@ -202,8 +214,8 @@ def check_variants(
     logits_soft_cap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
     return_lse: bool = False,
     scale: float | None = None,
 ) -> Variants:
@@ -214,9 +226,11 @@ def check_variants(
 
     ``scale`` is the softmax scale as given to ``check_paged_inputs`` (``None``: the
     default ``head_dim ** -0.5``): the kernel receives ``scale * k_scale`` as one fp32
-    argument, so that product must stay inside fp32's normal range. Whether
-    ``alibi_slopes`` and ``sinks`` are finite is checked by ``check_paged_inputs``, in
-    its one device transfer."""
+    argument, so that product must stay inside fp32's normal range. A ``k_scale``/``v_scale``
+    tensor (per kv head) is checked here for its shape, dtype and device (the problem's
+    ``check_kv_scale``); its values' range is ``check_head_scale_range``'s.
+    Whether ``alibi_slopes``, ``sinks`` and the scale tensors hold finite values is checked
+    by ``check_paged_inputs``, in its one device transfer."""
     check_options(
         OWNER,
         key_cache.dtype,
@@ -234,8 +248,11 @@ def check_variants(
     if problem:
         raise ProblemError(OWNER, "scale", problem)
     softmax_scale = default_scale(query.shape[2]) if scale is None else float(scale)
-    for name, x in (("k_scale", softmax_scale * float(k_scale)), ("v_scale", float(v_scale))):
-        problem = fp32_scale_problem(x)
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if isinstance(x, torch.Tensor):
+            check_kv_scale(OWNER, name, x, key_cache.shape[2], query.device)
+            continue
+        problem = fp32_scale_problem(softmax_scale * float(x) if name == "k_scale" else float(x))
         if problem:
             what = "scale * k_scale" if name == "k_scale" else "v_scale"
             raise ProblemError(OWNER, name, f"{what} {problem}")
@@ -248,7 +265,35 @@ def check_variants(
         logits_soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
         alibi_slopes=alibi_slopes,
         sinks=sinks,
-        k_scale=float(k_scale),
-        v_scale=float(v_scale),
+        k_scale=k_scale if isinstance(k_scale, torch.Tensor) else float(k_scale),
+        v_scale=v_scale if isinstance(v_scale, torch.Tensor) else float(v_scale),
         return_lse=bool(return_lse),
     )
+
+
+def head_scales(variants: Variants, softmax_scale: float, num_kv_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The per-kv-head scales the kernels load with ``PER_HEAD_SCALES``: ``(qk_scales, v_scales)``,
+    each ``[num_kv_heads]`` float32, contiguous, new (a float repeated where its field is one).
+    ``qk_scales[g]`` is ``softmax_scale * k_scale[g]`` formed in float64 and rounded to fp32
+    once, as the per-tensor path's host product becomes its fp32 argument: heads that share
+    one scale compute the per-tensor bits. No device read; on the scales' device (the query's)."""
+    device = next(x.device for x in (variants.k_scale, variants.v_scale) if isinstance(x, torch.Tensor))
+    k, v = (
+        x.to(torch.float64)
+        if isinstance(x, torch.Tensor)
+        else torch.full((num_kv_heads,), x, dtype=torch.float64, device=device)
+        for x in (variants.k_scale, variants.v_scale)
+    )
+    return (k * softmax_scale).to(torch.float32).contiguous(), v.to(torch.float32).contiguous()
+
+
+def check_head_scale_range(qk_scales: torch.Tensor, v_scales: torch.Tensor) -> None:
+    """``ProblemError`` naming ``k_scale`` or ``v_scale`` when a kv head's fp32 scale (``head_scales``:
+    ``scale * k_scale[g]``, ``v_scale[g]``) left fp32's normal range: the per-tensor rule of
+    ``check_variants``, per kv head. One small device read (the extremes of both)."""
+    lo_k, hi_k, lo_v, hi_v = torch.stack([qk_scales.min(), qk_scales.max(), v_scales.min(), v_scales.max()]).tolist()
+    for name, lo, hi in (("k_scale", lo_k, hi_k), ("v_scale", lo_v, hi_v)):
+        problem = fp32_scale_problem(lo) or fp32_scale_problem(hi)
+        if problem:
+            what = "scale * k_scale" if name == "k_scale" else "v_scale"
+            raise ProblemError(OWNER, name, f"{what} of every kv head {problem}")

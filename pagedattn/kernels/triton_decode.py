@@ -116,6 +116,8 @@ def _decode_kernel(
     seq_ids_ptr,
     alibi_ptr,
     sinks_ptr,
+    qk_scales_ptr,
+    v_scales_ptr,
     part_acc_ptr,
     part_ml_ptr,
     done_ptr,
@@ -174,6 +176,7 @@ def _decode_kernel(
     SPLIT_WHOLE: tl.constexpr,
     FOLD_PARTS: tl.constexpr,
     LOOP_PARTS: tl.constexpr,
+    PER_HEAD_SCALES: tl.constexpr,
 ):
     """``splits_per_program`` consecutive splits of one decode sequence's history for one kv
     head's query group (the grid's ``n_groups`` programs of a sequence and kv head cover the
@@ -191,7 +194,11 @@ def _decode_kernel(
     order is the history's own: its splits in parts of ``fold`` (``n_splits // FOLD_PARTS``), each
     folded from the identity in split order, then the parts in order; whoever ran them: the
     same bits in any batch, any launch shape and any schedule. The sink joins there, once,
-    not in every split."""
+    not in every split.
+
+    ``scale`` is the softmax scale times an fp8 cache's ``k_scale`` and ``v_scale`` scales the
+    output; with ``PER_HEAD_SCALES`` the program's kv head's instead: ``qk_scales_ptr`` and
+    ``v_scales_ptr`` [num_kv_heads] fp32 (the merging program is one of that kv head's)."""
     # kv heads fastest: the programs of one split of one sequence start together and read the
     # same pages (a page row holds every kv head) at once; one axis where three cannot hold it
     if FLAT_GRID:
@@ -226,6 +233,9 @@ def _decode_kernel(
     sa = tl.maximum(grp * splits_per_program, first_split)
     sb = tl.minimum(grp * splits_per_program + splits_per_program, n_splits)
     if sa < sb:
+        if PER_HEAD_SCALES:  # the kv head's own scales instead of the per-tensor arguments
+            scale = tl.load(qk_scales_ptr + kv_head)
+            v_scale = tl.load(v_scales_ptr + kv_head)
         t = tl.load(query_start_loc_ptr + seq)
         g = tl.arange(0, GROUP_PAD)
         head = kv_head * GROUP + g

@@ -136,6 +136,8 @@ def _mla_decode_kernel(
     part_ml_ptr,
     done_ptr,
     sinks_ptr,
+    qk_scales_ptr,
+    v_scales_ptr,
     out_ptr,
     lse_ptr,
     # sizes
@@ -176,6 +178,7 @@ def _mla_decode_kernel(
     OFF_I32: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     USE_SINKS: tl.constexpr,
+    PER_HEAD_SCALES: tl.constexpr,
     MULTI: tl.constexpr,
     USE_TREE: tl.constexpr,
     TREE_WORDS: tl.constexpr,
@@ -197,7 +200,11 @@ def _mla_decode_kernel(
     completes the tile's splits merges them in split order (``_combine`` from the identity: the
     same bits whoever ran them); ``USE_SINKS``: the head's sink (``sinks_ptr`` [num_heads] fp32)
     joins the denominator there, once. A tile of one split is finished by its program, which stores
-    and counts nothing (merging one state from the identity gives that state's bits)."""
+    and counts nothing (merging one state from the identity gives that state's bits).
+
+    ``scale`` is the softmax scale times an fp8 cache's ``k_scale`` and ``v_scale`` scales the
+    output; with ``PER_HEAD_SCALES`` the kv head's instead: ``qk_scales_ptr`` and ``v_scales_ptr``
+    [num_kv_heads] fp32 (MLA's one kv head)."""
     ROWS: tl.constexpr = BLOCK_Q * BLOCK_H
     hb = tl.program_id(0) % head_programs
     q_tile = tl.program_id(0) // head_programs
@@ -216,6 +223,9 @@ def _mla_decode_kernel(
     n_splits = (n_keys + split_size - 1) // split_size
     if (split < n_splits) & (q_tile * BLOCK_Q < q_len):
         kv_head = hb // head_blocks
+        if PER_HEAD_SCALES:  # the kv head's own scales instead of the per-tensor arguments
+            scale = tl.load(qk_scales_ptr + kv_head)
+            v_scale = tl.load(v_scales_ptr + kv_head)
         r = tl.arange(0, ROWS)
         tok = q_tile * BLOCK_Q + r // BLOCK_H  # the row's new token within its sequence
         g = (hb % head_blocks) * BLOCK_H + r % BLOCK_H  # the row's head within the kv head's group

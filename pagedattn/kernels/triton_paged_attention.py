@@ -33,11 +33,13 @@ import torch
 
 from pagedattn.kernels.checks import (
     Variants,
+    check_head_scale_range,
     check_mla_variants,
     check_paged_inputs,
     check_tree_mask,
     check_variants,
     fits_int32,
+    head_scales,
     shared_latent,
 )
 from pagedattn.kernels.launch_plan import (
@@ -90,7 +92,9 @@ class PreparedBatch:
     """
 
     plan: LaunchPlan
-    scale: float  # the softmax scale times k_scale (an fp8 cache's dequantization)
+    # the softmax scale times k_scale (an fp8 cache's dequantization); with per-kv-head scales the
+    # softmax scale alone, which the kernels leave unread (qk_scales holds each kv head's product)
+    scale: float
     query_shape: tuple[int, ...]
     cache_shape: tuple[int, ...]
     value_shape: tuple[int, ...]  # the value cache's: a latent cache's first head_dim_v columns (MLA)
@@ -118,6 +122,10 @@ class PreparedBatch:
     tree_mask: torch.Tensor | None = None  # [sum q_b * q_b] uint8 (the bool mask's bytes)
     tree_offsets: torch.Tensor | None = None  # [num_seqs + 1] int64: where each sequence's mask starts
     fp8_native: bool = False  # the device converts fp8 pairs to fp16 in one instruction (sm_89+, CUDA, compiled)
+    # per-kv-head fp8 scales (``PER_HEAD_SCALES``), copied here: a prepared batch keeps the scales it was
+    # prepared with
+    qk_scales: torch.Tensor | None = None  # [num_kv_heads] fp32: the softmax scale times each kv head's k_scale
+    v_scales: torch.Tensor | None = None  # [num_kv_heads] fp32
 
 
 def prepare(
@@ -137,8 +145,8 @@ def prepare(
     """Check every input (``ValueError`` naming the field), plan the launches and
     allocate their scratch. Arguments as for ``paged_attention``; ``tuning``: the tile and
     split sizes the plan takes (``pagedattn.kernels.tuning``)."""
-    # the slopes' and sinks' finiteness and the tree mask's entries ride on the one
-    # device-to-host transfer of the core checks
+    # the slopes' and sinks' finiteness, the per-head scales' and the tree mask's entries ride
+    # on the one device-to-host transfer of the core checks
     lens, loc = check_paged_inputs(
         query,
         key_cache,
@@ -150,6 +158,8 @@ def prepare(
         out,
         alibi_slopes=variants.get("alibi_slopes"),
         sinks=variants.get("sinks"),
+        k_scale=variants.get("k_scale", 1.0),
+        v_scale=variants.get("v_scale", 1.0),
         tree_mask=tree_mask,
     )
     var = check_variants(query, key_cache, scale=scale, **variants)
@@ -166,6 +176,14 @@ def prepare(
         )
     T, Hq, D = query.shape
     Hkv = key_cache.shape[2]
+    softmax_scale = default_scale(D) if scale is None else float(scale)
+    scale_tensors: dict[str, torch.Tensor] = {}
+    if var.per_head_scales:
+        # a kv head's scales in the kernel: its fp32 product as the per-tensor path's argument is
+        # (``head_scales``); their range costs per-head batches a second small read
+        qk_scales, v_scales = head_scales(var, softmax_scale, Hkv)
+        check_head_scale_range(qk_scales, v_scales)
+        scale_tensors.update(qk_scales=qk_scales, v_scales=v_scales)
     plan = plan_launch(
         lens,
         query_lens,
@@ -207,7 +225,7 @@ def prepare(
     Dv = value_cache.shape[3]
     return PreparedBatch(
         plan=plan,
-        scale=(default_scale(D) if scale is None else float(scale)) * var.k_scale,
+        scale=softmax_scale * (1.0 if var.per_head_scales else float(var.k_scale)),
         query_shape=tuple(query.shape),
         cache_shape=tuple(key_cache.shape),
         value_shape=tuple(value_cache.shape),
@@ -239,6 +257,7 @@ def prepare(
         ),
         fp8_native=_fp8_native(dev, interp),
         **mla_other,
+        **scale_tensors,
     )
 
 
@@ -329,6 +348,10 @@ def run(
     lse_buf = lse if lse is not None else target  # an unused pointer still needs a tensor of the device
     alibi = var.alibi_slopes if var.alibi_slopes is not None else target
     sinks = var.sinks if var.sinks is not None else target
+    # per kv head (``PER_HEAD_SCALES``), the kernels load these and leave the scalars unread
+    qk_scales = prep.qk_scales if prep.qk_scales is not None else target
+    v_scales = prep.v_scales if prep.v_scales is not None else target
+    v_scale = 1.0 if var.per_head_scales else float(var.v_scale)
     window = var.sliding_window or 0
     cap = var.logits_soft_cap or 1.0
     kv_fp8 = prep.kv_dtype != prep.dtype
@@ -361,10 +384,11 @@ def run(
         # int32 cache offsets where every offset fits: a 64-bit multiply is three instructions a key
         OFF_I32=fits_int32(key_cache) and fits_int32(value_cache),
         WRITE_LSE=var.return_lse,
+        PER_HEAD_SCALES=var.per_head_scales,
     )
     tables, seq_lens, loc = prep.block_tables, prep.seq_lens, prep.query_start_loc
     if plan.mla:
-        _run_mla(prep, query, key_cache, target, lse_buf, compile_only)
+        _run_mla(prep, query, key_cache, target, lse_buf, qk_scales, v_scales, v_scale, compile_only)
     elif plan.decode is not None:
         cfg, part_acc, part_ml = plan.decode, prep.part_acc, prep.part_ml
         assert part_acc is not None and part_ml is not None  # prepared with the decode launch
@@ -378,13 +402,15 @@ def run(
             prep.decode_ids,
             alibi,
             sinks,
+            qk_scales,
+            v_scales,
             part_acc,
             part_ml,
             prep.done,
             target,
             lse_buf,
             prep.scale,
-            var.v_scale,
+            v_scale,
             window,
             cap,
             prep.cache_shape[2],
@@ -435,6 +461,8 @@ def run(
             prep.other_ids,
             alibi,
             sinks,
+            qk_scales,
+            v_scales,
             prep.tree_words
             if prep.tree_words is not None
             else (prep.tree_mask if prep.tree_mask is not None else target),
@@ -442,7 +470,7 @@ def run(
             target,
             lse_buf,
             prep.scale,
-            var.v_scale,
+            v_scale,
             window,
             cap,
             query.stride(0),
@@ -478,12 +506,16 @@ def _run_mla(
     key_cache: torch.Tensor,
     target: torch.Tensor,
     lse_buf: torch.Tensor,
+    qk_scales: torch.Tensor,
+    v_scales: torch.Tensor,
+    v_scale: float,
     compile_only: bool,
 ) -> None:
     """The MLA launches of a prepared batch over the latent cache ``key_cache`` (the value is
     its first ``head_dim_v`` columns, read from there): decode sequences, then the multi-token
     ones. ``target`` [num_tokens, num_heads, head_dim_v] and, with ``return_lse``, ``lse_buf``
-    [num_tokens, num_heads] fp32 are written."""
+    [num_tokens, num_heads] fp32 are written. ``qk_scales``/``v_scales`` [num_kv_heads] fp32: the
+    per-kv-head scales (``PER_HEAD_SCALES``; any tensor without it), ``v_scale`` the per-tensor one."""
     plan = prep.plan
     launches = (
         (plan.decode, prep.decode_ids, prep.decode_rows, prep.part_acc, prep.part_ml, prep.done, False),
@@ -511,10 +543,12 @@ def _run_mla(
             part_ml,
             done,
             prep.variants.sinks if prep.variants.sinks is not None else target,
+            qk_scales,
+            v_scales,
             target,
             lse_buf,
             prep.scale,
-            prep.variants.v_scale,
+            v_scale,
             cfg.HEAD_BLOCKS,
             prep.cache_shape[2] * cfg.HEAD_BLOCKS,  # the head programs of a token tile
             query.stride(0),
@@ -548,6 +582,7 @@ def _run_mla(
             OFF_I32=fits_int32(key_cache),
             WRITE_LSE=prep.variants.return_lse,
             USE_SINKS=prep.variants.sinks is not None,
+            PER_HEAD_SCALES=prep.variants.per_head_scales,
             MULTI=multi,
             USE_TREE=multi and use_tree,
             TREE_WORDS=words,
@@ -579,8 +614,8 @@ def paged_attention(
     logits_soft_cap: float | None = None,
     alibi_slopes: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
+    k_scale: float | torch.Tensor = 1.0,
+    v_scale: float | torch.Tensor = 1.0,
     return_lse: bool = False,
     tree_mask: torch.Tensor | None = None,
     compile_only: bool = False,
@@ -604,7 +639,10 @@ def paged_attention(
         logits_soft_cap: ``c > 0``: scores become ``c * tanh(s / c)`` before masking.
         alibi_slopes: ``[num_heads]`` float32: score ``+= slope[h] * (j - p)``.
         sinks: ``[num_heads]`` float32: a logit per head that joins the denominator.
-        k_scale, v_scale: dequantization scales of an fp8 cache (1.0 otherwise).
+        k_scale, v_scale: dequantization scales of an fp8 cache (1.0 otherwise): floats, or
+            ``[num_kv_heads]`` float32 tensors (one may be a float), kv head ``g``'s keys
+            ``float(key_cache[..., g, :]) * k_scale[g]`` (values likewise). ``prepare`` copies
+            them: a prepared batch keeps the scales it was prepared with.
         return_lse: also return the log-sum-exp.
         tree_mask: ``[sum_b q_b * q_b]`` bool: sequence ``b``'s ``[q_b, q_b]`` mask, row-major,
             after those of the sequences before it; new token ``i`` sees new token ``j``

@@ -187,6 +187,8 @@ def _prefill_kernel(
     seq_ids_ptr,
     alibi_ptr,
     sinks_ptr,
+    qk_scales_ptr,
+    v_scales_ptr,
     tree_mask_ptr,
     tree_offsets_ptr,
     out_ptr,
@@ -230,6 +232,7 @@ def _prefill_kernel(
     WRITE_LSE: tl.constexpr,
     USE_TREE: tl.constexpr,
     TREE_WORDS: tl.constexpr,
+    PER_HEAD_SCALES: tl.constexpr,
 ):
     """One tile of ``BLOCK_Q`` query tokens of one sequence times one kv head's query
     group. The grid's (q_tile, kv_head) programs are taken in the order of decreasing
@@ -242,7 +245,11 @@ def _prefill_kernel(
     ``tree_mask_ptr`` is [num_tokens] int64 instead, bit ``c`` of token ``t``'s word set where it
     sees its sequence's new token ``c``). The mask is lower-triangular, so
     the causal tile bounds hold; the history's whole tiles skip the mask, every tile past the
-    history's last whole one reads it."""
+    history's last whole one reads it.
+
+    ``scale`` is the softmax scale times an fp8 cache's ``k_scale`` and ``v_scale`` scales the
+    output; with ``PER_HEAD_SCALES`` the program's kv head's instead: ``qk_scales_ptr`` and
+    ``v_scales_ptr`` [num_kv_heads] fp32."""
     seq = tl.load(seq_ids_ptr + tl.program_id(0))
     n_tiles = tl.num_programs(1)
     n_heads = tl.num_programs(2)
@@ -253,6 +260,9 @@ def _prefill_kernel(
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
     if q_tile * BLOCK_Q < q_len:  # the grid is sized for the longest query of the launch
+        if PER_HEAD_SCALES:  # the kv head's own scales instead of the per-tensor arguments
+            scale = tl.load(qk_scales_ptr + kv_head)
+            v_scale = tl.load(v_scales_ptr + kv_head)
         ROWS: tl.constexpr = BLOCK_Q * GROUP_PAD
         r = tl.arange(0, ROWS)
         tok = q_tile * BLOCK_Q + r // GROUP_PAD  # query index within the sequence
