@@ -10,12 +10,14 @@ import torch.nn.functional as F
 import pagedattn.adapters
 from pagedattn import INVARIANCES
 from pagedattn.adapters.sdpa import SDPABackend
+from pagedattn.adapters.tlsim import TLSimBackend
 from pagedattn.cases.spec import CaseSpec
 from pagedattn.oracle import check_attention, gather_history
 from pagedattn.oracle.reference import causal_mask
 
 # What each bundled backend legitimately leaves out on this machine, and why.
 _NO_HOOK = "(SDPA has no hook for a logits soft-cap or attention sinks)"
+TLSIM_NOTE = TLSimBackend.capabilities.notes["variants"]
 EXPECTED_UNSUPPORTED = {
     "reference": {"paged_attention takes no out= argument"},
     "sdpa": {
@@ -25,16 +27,11 @@ EXPECTED_UNSUPPORTED = {
         f"variant sinks not claimed {_NO_HOOK}",
         f"variants logits_soft_cap, sinks not claimed {_NO_HOOK}",  # the combined family's pair
     },
-    "tlsim": {
-        "paged_attention takes no out= argument",
-        "variant fp8_per_head_scales not claimed (no per-head fp8 scales: the kernel takes one k_scale and one "
-        "v_scale)",
-    },
+    "tlsim": {"paged_attention takes no out= argument"}
+    | {f"variant {v} not claimed ({TLSIM_NOTE})" for v in ("fp8_per_head_scales", "mla", "head_dim_v", "tree_mask")},
     "triton": {
         "operation 'gather' not claimed",
         "operation 'write_cache' not claimed",
-        "variant fp8_per_head_scales not claimed (no per-head fp8 scales: the kernel folds one k_scale into the "
-        "score scale and one v_scale into the output)",
     },
     "flex": {
         "operation 'gather' not claimed",
