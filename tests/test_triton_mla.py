@@ -205,7 +205,7 @@ def test_tree_words_and_bytes_mask_alike(kernel, monkeypatch):
     """Trees of at most 64 tokens reach the kernels as a word a token (a bit a new token, no
     load in the loop); longer ones as the mask's bytes. Both mask alike: the same bits on the
     interpreter (the same array operations); compiled, the byte path's loop rounds a few
-    elements differently (one ulp, on an H100), so there both are judged by the policy."""
+    elements differently (one ulp), so there both are judged by the policy."""
     from pagedattn.kernels import triton_paged_attention as tpa
 
     t = dataclasses.replace(TUNING, split_short=32, mla_block_n=16, prefill_block_n=16, prefill_rows=16)
