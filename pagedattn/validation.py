@@ -533,17 +533,23 @@ def check_problem(
         k_scale=k_scale,
         v_scale=v_scale,
     )
-    if tree_mask is not None:
-        # a tree's positions follow its depth, which a window or ALiBi would read: engines
-        # do not combine them with tree verification, so the case carries no positions
-        for name, x in (("sliding_window", sliding_window), ("alibi_slopes", alibi_slopes)):
-            if x is not None:
-                raise ProblemError(
-                    owner,
-                    name,
-                    "must be None with a tree_mask (positions follow tree depth, which the case does not carry)",
-                )
+    check_tree_combination(owner, tree_mask, sliding_window=sliding_window, alibi_slopes=alibi_slopes)
     return read
+
+
+def check_tree_combination(owner: str, tree_mask: object, *, sliding_window: object, alibi_slopes: object) -> None:
+    """No window and no ALiBi beside a tree mask: a tree's positions follow its depth, which
+    either would read; engines do not combine them with tree verification, so the case carries
+    no positions."""
+    if tree_mask is None:
+        return
+    for name, x in (("sliding_window", sliding_window), ("alibi_slopes", alibi_slopes)):
+        if x is not None:
+            raise ProblemError(
+                owner,
+                name,
+                "must be None with a tree_mask (positions follow tree depth, which the case does not carry)",
+            )
 
 
 def is_leading_view(key_cache: torch.Tensor, value_cache: torch.Tensor) -> bool:

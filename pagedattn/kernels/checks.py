@@ -14,6 +14,7 @@ from pagedattn.validation import (
     check_options,
     check_per_head,
     check_tensors,
+    check_tree_combination,
     default_scale,
     is_leading_view,
     positive_float_problem,
@@ -87,14 +88,7 @@ def check_tree_mask(tree_mask: torch.Tensor | None, variants: Variants) -> None:
         return
     if tree_mask.stride(0) != 1:
         raise ProblemError(OWNER, "tree_mask", f"must be contiguous, got stride {tree_mask.stride(0)}")
-    for name in ("sliding_window", "alibi_slopes"):
-        if getattr(variants, name) is not None:
-            # the problem's rule (``pagedattn.validation.check_problem``), in its words
-            raise ProblemError(
-                OWNER,
-                name,
-                "must be None with a tree_mask (positions follow tree depth, which the case does not carry)",
-            )
+    check_tree_combination(OWNER, tree_mask, sliding_window=variants.sliding_window, alibi_slopes=variants.alibi_slopes)
 
 
 def check_paged_inputs(
