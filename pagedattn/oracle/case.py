@@ -343,15 +343,13 @@ class PagedCase:
         """This case over other caches (validated). ``value_cache=None``: the values of a shared
         (MLA) case are the new key cache's leading ``head_dim_v`` columns, a view as before;
         of any other case, required."""
-        if value_cache is None:
-            if not self.shared_kv:
-                raise ProblemError(
-                    "PagedCase.with_caches",
-                    "value_cache",
-                    "must be given unless the case's values are a view of its keys",
-                )
-            value_cache = key_cache[..., : self.head_dim_v]
-        return dataclasses.replace(self, key_cache=key_cache, value_cache=value_cache)
+        if value_cache is not None:
+            return self.replace(key_cache=key_cache, value_cache=value_cache)
+        if not self.shared_kv:
+            raise ProblemError(
+                "PagedCase.with_caches", "value_cache", "must be given unless the case's values are a view of its keys"
+            )
+        return self.replace(key_cache=key_cache)  # ``replace`` keeps the values a view of the new keys
 
     def clone(self) -> PagedCase:
         """A deep copy: every tensor cloned (a copy of a valid case: not validated again)."""

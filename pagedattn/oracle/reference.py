@@ -218,11 +218,8 @@ def iter_chunks(
     Hkv, G, D = case.num_kv_heads, case.gqa_ratio, case.head_dim
     slopes = case.alibi_slopes.to(torch.float64).view(Hkv, G, 1, 1) if case.alibi_slopes is not None else None
     sinks = case.sinks.to(torch.float64).view(Hkv, G, 1) if case.sinks is not None else None
-    tree = None
-    if case.tree_mask is not None:
-        off = case.tree_mask_offsets()
-        tree = [case.tree_mask[off[b] : off[b + 1]].view(q, q) for b, q in enumerate(case.query_lens)]
     for b, L in enumerate(case.seq_lens_list):
+        tree = case.tree_mask_of(b)  # [q_len, q_len] bool, None: causal
         k_all, v_all = gather_history(case, b)
         k_all = dequantized(k_all.transpose(0, 1), case.k_scale)  # [Hkv, L, D]
         v_all = dequantized(v_all.transpose(0, 1), case.v_scale)
@@ -255,7 +252,7 @@ def iter_chunks(
             ctx = None
             if tree is not None:  # the new tokens' columns: hidden where the row's tree mask says so
                 ctx = L - q_len
-                hidden[:, ctx - keys.start :] = ~tree[b][i0:i1, : p1 + 1 - ctx]
+                hidden[:, ctx - keys.start :] = ~tree[i0:i1, : p1 + 1 - ctx]
             floor = _visible_floor(scores, hidden, p0, p1, keys.start, W, ctx) if score_floor else None
             scores.masked_fill_(hidden, float("-inf"))
             row_max = scores.amax(dim=-1)  # [Hkv, G, n]; every row sees itself, so finite
