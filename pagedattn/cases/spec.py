@@ -232,10 +232,8 @@ class CaseSpec:
         v = torch.randn(N, bs, Hkv, self.value_width, generator=gen)
         # drawn after the data, so that adding a variant to a spec keeps its other tensors
         sinks = torch.rand(self.num_heads, generator=gen) * 7.0 - 1.0 if self.sinks else None
-        if self.mla:  # one latent cache: the values are its keys' leading columns
-            v = k[..., : self.value_width]
         if self.poison:
-            for cache in (k,) if self.mla else (k, v):
+            for cache in (k,) if self.mla else (k, v):  # an MLA case's values are re-viewed below
                 cache[poison_ids] = float("nan")
                 for b, (s, _) in enumerate(self.seqs):
                     tail = s % bs
@@ -249,7 +247,7 @@ class CaseSpec:
             k, v = (k / _rows(k_scale)).to(self.kv_dtype), (v / _rows(v_scale)).to(self.kv_dtype)
         else:
             k, v = k.to(self.dtype), v.to(self.dtype)
-        if self.mla:
+        if self.mla:  # one latent cache: the values are its keys' leading columns
             v = k[..., : self.value_width]
         tree = torch.cat([random_tree_mask(q, gen).reshape(-1) for q in qlens]) if self.tree_mask else None
         H = self.num_heads
