@@ -63,14 +63,14 @@ for dtype, heads, kv, d, bs, kv_dtype, on, *switches in json.loads(sys.argv[1]):
     tk = {"float8_e4m3fn": "fp8e4nv", "float8_e5m2": "fp8e5", None: t}[kv_dtype]
     types = {"q_ptr": "*" + t, "k_cache_ptr": "*" + tk, "v_cache_ptr": "*" + tk, "out_ptr": "*" + t,
              "part_acc_ptr": "*fp32", "part_ml_ptr": "*fp32", "done_ptr": "*i32", "alibi_ptr": "*fp32",
-             "sinks_ptr": "*fp32", "tree_mask_ptr": "*i64" if on else "*u8",
-             "tree_offsets_ptr": "*i64", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32",
+             "sinks_ptr": "*fp32", "tree_words_ptr": "*i64",
+             "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32", "soft_cap": "fp32",
              "qk_scales_ptr": "*fp32", "v_scales_ptr": "*fp32"}
     f16_dots = kv_dtype is not None and dtype == "bfloat16"  # run's rule: bf16 queries over an fp8 cache
     flags = {"USE_WINDOW": on, "USE_SOFTCAP": on, "USE_ALIBI": on, "USE_SINKS": on, "WRITE_LSE": on,
              "KV_FP8": launch_plan.fp8_widening(getattr(torch, kv_dtype or dtype), dtype == "float16" or f16_dots,
                                                 native=True, even=d % 2 == 0),
-             "F16_DOTS": f16_dots, "OFF_I32": True, "USE_TREE": on, "TREE_WORDS": on,
+             "F16_DOTS": f16_dots, "OFF_I32": True, "USE_TREE": on,
              "PER_HEAD_SCALES": on and kv_dtype is not None}
     assert set(over) <= {"OFF_I32", "KV_FP8"}, over
     flags.update(over)
@@ -258,7 +258,7 @@ for dtype, heads, bs, lse in json.loads(sys.argv[1]):
                   "UPCAST": False, "KV_FP8": False, "OFF_I32": True, "WRITE_LSE": lse, "USE_SINKS": lse,
                   "PER_HEAD_SCALES": lse,
                   "MULTI": name == "multi",
-                  "USE_TREE": name == "multi", "TREE_WORDS": name == "multi"}
+                  "USE_TREE": name == "multi"}
         ints = {"stride_qt": heads * 576, "stride_qh": 576, "stride_kb": bs * 576, "stride_ks": 576,
                 "stride_kh": 576, "stride_pa_row": splits * heads * 512, "stride_pa_split": heads * 512,
                 "stride_pml_row": splits * heads * 2, "stride_pml_split": heads * 2, "stride_ot": heads * 512,
@@ -266,7 +266,7 @@ for dtype, heads, bs, lse in json.loads(sys.argv[1]):
         names = kernel.arg_names
         types = {"q_ptr": "*" + t, "cache_ptr": "*" + t, "out_ptr": "*" + t, "part_acc_ptr": "*fp32",
                  "part_ml_ptr": "*fp32", "lse_ptr": "*fp32", "scale": "fp32", "v_scale": "fp32",
-                 "tree_mask_ptr": "*i64", "tree_offsets_ptr": "*i64", "sinks_ptr": "*fp32",
+                 "tree_words_ptr": "*i64", "sinks_ptr": "*fp32",
                  "qk_scales_ptr": "*fp32", "v_scales_ptr": "*fp32"}
         sig = {n: "constexpr" if n in consts else types.get(n, "*i32" if n.endswith("_ptr") else "i32")
                for n in names}

@@ -12,7 +12,8 @@ from pagedattn.cases.variant_families import MLA_SHAPE  # DeepSeek's: one latent
 from pagedattn.kernels import launch_plan
 from pagedattn.kernels.decode_splits import decode_split
 from pagedattn.kernels.tuning import TUNING
-from pagedattn.oracle import MLA, TREE_MASK, check_attention, check_attention_lse
+from pagedattn.oracle import MLA, TREE_MASK, check_attention_lse
+from pagedattn.runner.properties import single_sequence
 from tests.asserts import assert_differs, assert_equal
 from tests.triton_support import DEVICE, case_args, runs_kernel
 
@@ -199,29 +200,51 @@ def test_mla_multi_token_within_policy(spec):
         assert_differs(out, causal, f"{spec.id}: the tree-masked output against causal")
 
 
+#: trees past one 64-bit word (a row's bits in two words), beside a short tree and a decode: the
+#: key tiles (64 keys in the prefill, 32 in the MLA kernel) cross the words' edge
+LONG_TREE_CASES = {
+    "prefill": CaseSpec(
+        "t",
+        ((160, 100), (50, 9), (17, 1)),
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        tree_mask=True,
+        dtype=torch.float16,
+    ),
+    "mla": CaseSpec(
+        "t",
+        ((170, 70), (40, 5), (33, 1)),
+        num_heads=16,
+        block_size=16,
+        tree_mask=True,
+        dtype=torch.bfloat16,
+        **MLA_SHAPE,
+    ),
+}
+
+
 @runs_kernel
 @pytest.mark.parametrize("kernel", ["prefill", "mla"])
-def test_tree_words_and_bytes_mask_alike(kernel, monkeypatch):
-    """Trees of at most 64 tokens reach the kernels as a word a token (a bit a new token, no
-    load in the loop); longer ones as the mask's bytes. Both mask alike: the same bits on the
-    interpreter (the same array operations); compiled, the byte path's loop rounds a few
-    elements differently (one ulp), so there both are judged by the policy."""
-    from pagedattn.kernels import triton_paged_attention as tpa
-
-    t = dataclasses.replace(TUNING, split_short=32, mla_block_n=16, prefill_block_n=16, prefill_rows=16)
-    case = (MLA_MULTI_CASES[1] if kernel == "mla" else TREE_CASES[1]).build().to(DEVICE)
-    prep, (out_words, lse_words) = _run(case, t)
-    assert prep.tree_words is not None and prep.tree_words.dtype == torch.int64
-    monkeypatch.setattr(tpa, "TREE_WORD_BITS", 4)  # the trees no longer fit a word
-    prep, (out_bytes, lse_bytes) = _run(case, t)
-    assert prep.tree_words is None
-    if DEVICE == "cpu":
-        assert_equal(out_bytes, out_words, f"{kernel}: the tree as bytes against as words")
-        assert_equal(lse_bytes, lse_words, f"{kernel}: the tree's lse as bytes against as words")
-    else:
-        for out in (out_words, out_bytes):
-            check = check_attention(out, case)
-            assert check.passed, f"{kernel}: {check}"
+def test_trees_past_one_word_within_policy_and_batch_invariant(kernel):
+    """A tree of more than 64 tokens reaches the kernels as two words a token; a masked tile
+    loads the two words its keys fall in. The batch's words a row follow its longest tree, yet a
+    sequence computes the same bits alone (one word a row) as beside the long tree: the width is
+    a runtime value, the compiled loop the same."""
+    case = LONG_TREE_CASES[kernel].build().to(DEVICE)
+    prep, _ = _run(case)
+    assert prep.tree_words is not None and tuple(prep.tree_words.shape) == (case.num_tokens, 2)
+    assert prep.plan.mla == (kernel == "mla")
+    out, lse = _assert_within_policy(case, f"{kernel}: a tree of {case.query_lens[0]} tokens")
+    _, (out_causal, _) = _run(case.replace(tree_mask=None))
+    n = case.query_lens[0]
+    assert_differs(out[:n], out_causal[:n], f"{kernel}: the long tree against causal")
+    b = 1  # the short tree, alone
+    lo, hi = case.query_start_loc_list[b], case.query_start_loc_list[b + 1]
+    prep_alone, (out_alone, lse_alone) = _run(single_sequence(case, b))
+    assert prep_alone.tree_words is not None and prep_alone.tree_words.shape[1] == 1
+    assert_equal(out_alone, out[lo:hi], f"{kernel}: the short tree alone against beside a long one")
+    assert_equal(lse_alone, lse[lo:hi], f"{kernel}: the short tree's lse alone against beside a long one")
 
 
 def test_tree_words_hold_each_tokens_row():
@@ -230,10 +253,19 @@ def test_tree_words_hold_each_tokens_row():
     rows = [torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool), torch.ones(1, 1, dtype=torch.bool)]
     mask = torch.cat([m.reshape(-1) for m in rows])
     words = tree_words(mask, [3, 1], [0, 3, 4], torch.device("cpu"))
-    assert words.tolist() == [0b1, 0b11, 0b101, 0b1], f"tree words {words.tolist()}"
+    assert words.tolist() == [[0b1], [0b11], [0b101], [0b1]], f"tree words {words.tolist()}"
     full = torch.ones(64, 64, dtype=torch.bool).tril().reshape(-1)
     last = tree_words(full, [64], [0, 64], torch.device("cpu"))[-1]
-    assert int(last) == -1, f"a 64-token row of ones is every bit of the word, got {int(last):#x}"
+    assert last.tolist() == [-1], f"a 64-token row of ones is every bit of the word, got {last.tolist()}"
+    # 100 tokens: two words a row; token 99 sees itself (bit 35 of word 1) and token 0 (bit 0 of word 0)
+    tree = torch.eye(100, dtype=torch.bool)
+    tree[:, 0] = True
+    words = tree_words(
+        torch.cat([tree.reshape(-1), torch.ones(1, dtype=torch.bool)]), [100, 1], [0, 100, 101], torch.device("cpu")
+    )
+    assert tuple(words.shape) == (101, 2)
+    assert words[99].tolist() == [1, 1 << 35] and words[64].tolist() == [1, 1], words[[64, 99]].tolist()
+    assert words[100].tolist() == [1, 0], f"the decode's row: {words[100].tolist()}"
 
 
 @runs_kernel

@@ -15,7 +15,6 @@ from pagedattn._version import __version__
 from pagedattn.adapters.capabilities import Capabilities
 from pagedattn.adapters.exclusion import Exclusion
 from pagedattn.adapters.interpreter import arrange_interpreter
-from pagedattn.kernels.launch_plan import TREE_WORD_BITS
 from pagedattn.oracle import MLA, VARIANTS, PagedCase
 
 #: The oldest Triton whose interpreter runs this kernel: 3.5's interpreter rejects a
@@ -32,17 +31,10 @@ MLA_EXCLUSIONS = tuple(
 
 
 def kernel_limits(case: PagedCase, operation: str) -> str | None:
-    """MLA's value width a power of two >= 16 (the latent part of a cache row is one tile); trees
-    of at most 64 tokens a sequence (longer ones make the whole batch read its trees as bytes,
-    whose compiled code rounds a few elements differently: bits would depend on the batch)."""
+    """MLA's value width a power of two >= 16 (the latent part of a cache row is one tile)."""
     dv = case.head_dim_v
     if case.shared_kv and (dv < 16 or dv & (dv - 1)):
         return f"the MLA kernel loads the latent columns as one tile: head_dim_v {dv} is not a power of two >= 16"
-    if case.tree_mask is not None and max(case.query_lens) > TREE_WORD_BITS:
-        return (
-            f"a tree of {max(case.query_lens)} tokens: over {TREE_WORD_BITS}, the kernel reads every tree of the batch "
-            "as bytes, whose compiled loop rounds some elements differently from the word path (batch-dependent bits)"
-        )
     return None
 
 

@@ -363,6 +363,8 @@ def _tree_mask(profile: str) -> list[CaseSpec]:
         out.append(CaseSpec("tree_mask", ((1100, 16), (600, 7)), num_heads=8, tree_mask=True, dtype=dt))
     out.append(CaseSpec("tree_mask", ((70, 26), (45, 13)), block_size=13, layout="permuted", tree_mask=True, dtype=F16))
     out.append(CaseSpec("tree_mask", ((64, 64),), num_heads=8, num_kv_heads=1, block_size=1, tree_mask=True, dtype=F32))
+    # trees past 64 tokens: a kernel that holds a row's bits in one 64-bit word loses the rest
+    out.append(CaseSpec("tree_mask", ((230, 100), (140, 70), (20, 1)), tree_mask=True, dtype=BF16))
     out.append(
         CaseSpec("tree_mask", ((200, 10), (90, 6)), logits_soft_cap=5.0, query_gain=4.0, tree_mask=True, dtype=F16)
     )

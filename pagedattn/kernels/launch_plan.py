@@ -15,11 +15,6 @@ from pagedattn.kernels.decode_splits import decode_fold, decode_launch_shape, de
 from pagedattn.kernels.tuning import TUNING, KernelTuning
 from pagedattn.validation import FP8_DTYPES, ProblemError
 
-#: the longest tree a token's word holds (``triton_paged_attention.tree_words``); a batch with a
-#: longer tree reads every tree as the mask's bytes, whose compiled loop rounds some elements
-#: differently from the word path's (one ulp): bits then depend on the batch's longest tree
-TREE_WORD_BITS = 64
-
 #: tl.dot needs every dimension >= 16 on NVIDIA GPUs (the interpreter accepts less).
 MIN_DOT = 16
 #: a CUDA grid's second and third dimensions hold at most this many programs

@@ -283,7 +283,6 @@ def _decode_kernel(
                 seq_ids_ptr,  # no tree mask: decodes see every key
                 0,
                 0,
-                0,
                 stride_kb,
                 stride_ks,
                 stride_kh,
@@ -303,7 +302,6 @@ def _decode_kernel(
                 KV_FP8,
                 OFF_I32,
                 True,
-                False,
                 False,
                 False,
             )
@@ -369,7 +367,6 @@ def _decode_kernel(
                     seq_ids_ptr,  # no tree mask: decodes see every key
                     0,
                     0,
-                    0,
                     stride_kb,
                     stride_ks,
                     stride_kh,
@@ -388,7 +385,6 @@ def _decode_kernel(
                     KV_FP8,
                     OFF_I32,
                     True,
-                    False,
                     False,
                     False,
                 )

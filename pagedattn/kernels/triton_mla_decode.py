@@ -23,10 +23,10 @@ import triton
 import triton.language as tl
 
 from pagedattn.kernels.triton_decode import _combine, _finish, _identity, _load_state, _store_state
-from pagedattn.kernels.triton_tiles import _page_of, _slot_of
+from pagedattn.kernels.triton_tiles import _page_of, _slot_of, _tree_visible
 
 #: integer arguments the JIT must not specialize (each value class would be a kernel of its own)
-_PLAIN_INTS_MLA = ("stride_bt", "stride_lt", "head_blocks", "head_programs")
+_PLAIN_INTS_MLA = ("tree_n", "stride_bt", "stride_lt", "head_blocks", "head_programs")
 
 
 @triton.jit
@@ -41,9 +41,8 @@ def _mla_tile(
     kmask,
     pos,
     context,
-    tree_ptr,
-    tree_row,
-    q_len,
+    tree_rows,
+    tree_n,
     cache_ptr,
     kv_head,
     s_scale,
@@ -59,7 +58,6 @@ def _mla_tile(
     OFF_I32: tl.constexpr,
     MULTI: tl.constexpr,
     USE_TREE: tl.constexpr,
-    TREE_WORDS: tl.constexpr,
 ):
     """One key tile of the online softmax: the keys ``j`` [BLOCK_N] (``kmask``: those below the
     split's end) in cache blocks ``blk`` [BLOCK_N] join the rows' running max ``m`` [ROWS]
@@ -70,9 +68,8 @@ def _mla_tile(
 
     With ``MULTI`` (several new tokens a sequence) row ``r`` sees keys ``<= pos[r]``, its
     absolute position; with ``USE_TREE`` it sees of the new tokens (after ``context`` keys) only
-    those its sequence's ``[q_len, q_len]`` mask allows: with ``TREE_WORDS`` bit ``c`` of its
-    row's word ``tree_row`` [ROWS] int64 (sequences of at most 64 new tokens), else the mask's
-    byte (uint8 at ``tree_ptr``, row-major)."""
+    those its sequence's tree mask allows, read as bits of its ``tree_n`` words at ``tree_rows``
+    [ROWS] (``_tree_visible``)."""
     slot = _slot_of(j, BLOCK_SIZE)
     if OFF_I32:
         off = blk * stride_kb + slot * stride_ks + kv_head * stride_kh  # [BLOCK_N]
@@ -99,16 +96,7 @@ def _mla_tile(
     if MULTI:
         visible = visible & (j[None, :] <= pos[:, None])
         if USE_TREE:  # new keys on or below the diagonal: the mask's bit (every history key is seen)
-            jn = j - context  # [BLOCK_N] the key's index among the new tokens (< 0: history)
-            if TREE_WORDS:  # a shift and an and a score: no load in the loop
-                shift = tl.minimum(tl.maximum(jn, 0), 63).to(tl.int64)
-                bits = (tree_row[:, None] >> shift[None, :]) & 1
-                visible = visible & ((jn[None, :] < 0) | (bits != 0))
-            else:
-                ti = pos - context  # [ROWS] the row's; padding rows (ti >= q_len) read no bit
-                new = (jn[None, :] >= 0) & (jn[None, :] <= ti[:, None]) & (ti[:, None] < q_len)
-                bits = tl.load(tree_ptr + ti[:, None] * q_len + jn[None, :], mask=new, other=1)
-                visible = visible & (bits != 0)
+            visible = visible & _tree_visible(tree_rows, tree_n, j - context)
     s = tl.where(visible, s, float("-inf"))
     # s_scale > 0, so the scaled max is the max of the scaled scores
     m_new = tl.maximum(m, tl.max(s, 1) * s_scale)
@@ -130,8 +118,7 @@ def _mla_decode_kernel(
     query_start_loc_ptr,
     seq_ids_ptr,
     scratch_rows_ptr,
-    tree_mask_ptr,
-    tree_offsets_ptr,
+    tree_words_ptr,
     part_acc_ptr,
     part_ml_ptr,
     done_ptr,
@@ -145,6 +132,7 @@ def _mla_decode_kernel(
     v_scale,
     head_blocks,
     head_programs,
+    tree_n,
     # strides (elements); partials are [scratch rows, max_splits, num_heads, HEAD_DIM_V] and [..., 2]
     stride_qt,
     stride_qh,
@@ -181,16 +169,14 @@ def _mla_decode_kernel(
     PER_HEAD_SCALES: tl.constexpr,
     MULTI: tl.constexpr,
     USE_TREE: tl.constexpr,
-    TREE_WORDS: tl.constexpr,
 ):
     """One split of one sequence's history for ``BLOCK_Q`` of its new tokens times ``BLOCK_H``
     query heads of one kv head (rows token-major). The grid is (the longest query's tiles of
     ``BLOCK_Q`` tokens x ``head_programs`` = kv heads x ``head_blocks`` blocks a kv head, heads
     fastest; the longest history's splits; sequences); a program past its tile's last split,
     or past its sequence's new tokens, ends at once. ``MULTI``: sequences of several new tokens,
-    causal (``USE_TREE``: tree-masked, ``tree_mask_ptr`` uint8 packed, ``tree_offsets_ptr``
-    [num_seqs + 1] int64; with ``TREE_WORDS`` ``tree_mask_ptr`` is [num_tokens] int64 instead, bit
-    ``c`` of token ``t``'s word set where it sees its sequence's new token ``c``); without it, one
+    causal (``USE_TREE``: tree-masked, ``tree_words_ptr`` [num_tokens, tree_n] int64, bit ``c % 64``
+    of token ``t``'s word ``c // 64`` set where it sees its sequence's new token ``c``); without it, one
     new token a sequence (``BLOCK_Q`` 1, no mask).
 
     A split writes its running max, denominator and weighted-value sum to the scratch (its
@@ -242,13 +228,8 @@ def _mla_decode_kernel(
             q_rope = q_rope.to(tl.float32)
         s_scale = tl.zeros([ROWS], tl.float32) + scale * 1.4426950408889634  # log2(e): base-2 softmax
         pos = context + tok  # [ROWS] each row's absolute position: it sees keys 0..pos
-        tree_ptr = tree_mask_ptr
-        tree_row = tl.zeros([ROWS], tl.int64)
-        if USE_TREE:
-            if TREE_WORDS:  # each row's word, once a program
-                tree_row = tl.load(tree_mask_ptr + t0 + tok, mask=row_mask, other=0).to(tl.int64)
-            else:
-                tree_ptr = tree_mask_ptr + tl.load(tree_offsets_ptr + seq)
+        # each row's tree words (padding rows point at the sequence's last token's: never stored)
+        tree_rows = tree_words_ptr + (t0 + tl.minimum(tok, q_len - 1)).to(tl.int64) * tree_n
         lo = split * split_size
         hi = tl.minimum(n_keys, lo + split_size)
         table_ptr = block_tables_ptr + seq * stride_bt
@@ -273,9 +254,8 @@ def _mla_decode_kernel(
                 j < hi,
                 pos,
                 context,
-                tree_ptr,
-                tree_row,
-                q_len,
+                tree_rows,
+                tree_n,
                 cache_ptr,
                 kv_head,
                 s_scale,
@@ -291,7 +271,6 @@ def _mla_decode_kernel(
                 OFF_I32,
                 MULTI,
                 USE_TREE,
-                TREE_WORDS,
             )
         o_ptrs = out_ptr + (t0 + tok)[:, None] * stride_ot + head[:, None] * stride_oh + dv[None, :]
         lse_ptrs = lse_ptr + (t0 + tok) * stride_lt + head

@@ -44,7 +44,6 @@ from pagedattn.kernels.checks import (
 )
 from pagedattn.kernels.launch_plan import (
     MIN_DOT,
-    TREE_WORD_BITS,
     LaunchConfig,
     LaunchPlan,
     fp8_widening,
@@ -54,7 +53,7 @@ from pagedattn.kernels.triton_decode import _decode_kernel
 from pagedattn.kernels.triton_mla_decode import _mla_decode_kernel
 from pagedattn.kernels.triton_prefill import _prefill_kernel
 from pagedattn.kernels.tuning import TUNING, KernelTuning
-from pagedattn.validation import default_scale, tree_mask_offsets
+from pagedattn.validation import default_scale
 
 __all__ = [
     "MIN_DOT",
@@ -117,10 +116,8 @@ class PreparedBatch:
     other_done: torch.Tensor | None = None  # [n_other, other launch's axis-0 programs] int32
     decode_rows: torch.Tensor | None = None
     other_rows: torch.Tensor | None = None
-    tree_words: torch.Tensor | None = None  # [num_tokens] int64, each token's tree row as bits (trees <= 64)
+    tree_words: torch.Tensor | None = None  # [num_tokens, words a row] int64: each token's tree row as bits
     variants: Variants = Variants()
-    tree_mask: torch.Tensor | None = None  # [sum q_b * q_b] uint8 (the bool mask's bytes)
-    tree_offsets: torch.Tensor | None = None  # [num_seqs + 1] int64: where each sequence's mask starts
     fp8_native: bool = False  # the device converts fp8 pairs to fp16 in one instruction (sm_89+, CUDA, compiled)
     # per-kv-head fp8 scales (``PER_HEAD_SCALES``), copied here: a prepared batch keeps the scales it was
     # prepared with
@@ -242,19 +239,9 @@ def prepare(
         done=torch.zeros(n_dec, counters, dtype=torch.int32, device=dev) if n_dec else None,
         upcast_out=torch.empty(T, Hq, Dv, dtype=torch.float32, device=dev) if upcast else None,
         variants=var,
-        # only multi-token sequences read their masks (a decode's is [True])
-        tree_mask=tree_mask.view(torch.uint8) if tree_mask is not None and plan.other_seqs else None,
-        tree_offsets=(
-            torch.tensor(tree_mask_offsets(query_lens), dtype=torch.int64, device=dev)
-            if tree_mask is not None and plan.other_seqs
-            else None
-        ),
-        # trees of at most 64 tokens as a word a token: the kernels test bits, load no mask in their loops
-        tree_words=(
-            tree_words(tree_mask, query_lens, loc, dev)
-            if tree_mask is not None and plan.other_seqs and max(query_lens) <= TREE_WORD_BITS
-            else None
-        ),
+        # only multi-token sequences read their masks (a decode's is [True]), as bits: the kernels
+        # test a bit a score and load two words a row a masked tile, whatever the tree's length
+        tree_words=tree_words(tree_mask, query_lens, loc, dev) if tree_mask is not None and plan.other_seqs else None,
         fp8_native=_fp8_native(dev, interp),
         **mla_other,
         **scale_tensors,
@@ -262,20 +249,23 @@ def prepare(
 
 
 def tree_words(tree_mask: torch.Tensor, query_lens: list[int], loc: list[int], device: torch.device) -> torch.Tensor:
-    """``[num_tokens]`` int64: bit ``c`` of token ``t``'s word set where ``t`` (new token ``i`` of
-    sequence ``b``) sees new token ``c`` of ``b`` (``tree_mask``'s ``[i, c]``; sequences of at most
-    ``TREE_WORD_BITS`` new tokens), for the kernels, which test a bit a score instead of loading
+    """``[num_tokens, W]`` int64, ``W = ceil(max(query_lens) / 64)``: bit ``c % 64`` of word ``c // 64``
+    of token ``t``'s row set where ``t`` (new token ``i`` of sequence ``b``) sees new token ``c`` of
+    ``b`` (``tree_mask``'s ``[i, c]``), for the kernels, which test a bit a score instead of loading
     the mask in their loops. The mask's values are read here, at ``prepare``: a prepared batch
     keeps the tree it was prepared with."""
+    width = -(-max(query_lens) // 64)
     # on the mask's device: one small transfer (the lengths), the rest computed where the mask is
     q = torch.tensor(query_lens, dtype=torch.int64, device=device)
     entries = q * q  # [B] the mask's entries a sequence
     seq = torch.repeat_interleave(torch.arange(len(query_lens), device=device), entries)  # [sum q_b^2]
     local = torch.arange(tree_mask.shape[0], device=device) - (torch.cumsum(entries, 0) - entries)[seq]
     row = torch.tensor(loc[:-1], dtype=torch.int64, device=device)[seq] + local // q[seq]  # the entry's token
-    bits = tree_mask.to(torch.int64) << (local % q[seq])  # bit c of row i: new token c
-    # distinct bits a row: their sum is their or
-    return torch.zeros(loc[-1], dtype=torch.int64, device=device).index_add_(0, row, bits)
+    col = local % q[seq]  # the new token it sees
+    bits = tree_mask.to(torch.int64) << (col % 64)
+    # distinct bits a word: their sum is their or (bit 63 too, in two's complement)
+    words = torch.zeros(loc[-1] * width, dtype=torch.int64, device=device)
+    return words.index_add_(0, row * width + col // 64, bits).view(loc[-1], width)
 
 
 def _fp8_native(device: torch.device, interpreter: bool) -> bool:
@@ -463,16 +453,14 @@ def run(
             sinks,
             qk_scales,
             v_scales,
-            prep.tree_words
-            if prep.tree_words is not None
-            else (prep.tree_mask if prep.tree_mask is not None else target),
-            prep.tree_offsets if prep.tree_offsets is not None else target,
+            prep.tree_words if prep.tree_words is not None else target,
             target,
             lse_buf,
             prep.scale,
             v_scale,
             window,
             cap,
+            prep.tree_words.shape[1] if prep.tree_words is not None else 0,
             query.stride(0),
             query.stride(1),
             *strides_kv,
@@ -490,8 +478,7 @@ def run(
             HEAD_DIM_V_PAD=cfg.HEAD_DIM_V_PAD,
             BLOCK_SIZE=cfg.BLOCK_SIZE,
             UPCAST=cfg.UPCAST,
-            USE_TREE=prep.tree_mask is not None,
-            TREE_WORDS=prep.tree_words is not None,
+            USE_TREE=prep.tree_words is not None,
             **flags,
             **cfg.launch_options,
         )
@@ -522,9 +509,7 @@ def _run_mla(
         (plan.other, prep.other_ids, prep.other_rows, prep.other_acc, prep.other_ml, prep.other_done, True),
     )
     tables = prep.block_tables
-    use_tree = prep.tree_mask is not None
-    words = prep.tree_words is not None
-    tree = prep.tree_words if words else prep.tree_mask
+    tree = prep.tree_words
     for cfg, ids, rows, part_acc, part_ml, done, multi in launches:
         if cfg is None:
             continue
@@ -537,8 +522,7 @@ def _run_mla(
             prep.query_start_loc,
             ids,
             rows,
-            tree if use_tree else target,
-            prep.tree_offsets if use_tree else target,
+            tree if tree is not None else target,
             part_acc,
             part_ml,
             done,
@@ -551,6 +535,7 @@ def _run_mla(
             v_scale,
             cfg.HEAD_BLOCKS,
             prep.cache_shape[2] * cfg.HEAD_BLOCKS,  # the head programs of a token tile
+            tree.shape[1] if tree is not None else 0,
             query.stride(0),
             query.stride(1),
             key_cache.stride(0),
@@ -584,8 +569,7 @@ def _run_mla(
             USE_SINKS=prep.variants.sinks is not None,
             PER_HEAD_SCALES=prep.variants.per_head_scales,
             MULTI=multi,
-            USE_TREE=multi and use_tree,
-            TREE_WORDS=words,
+            USE_TREE=multi and tree is not None,
             **cfg.launch_options,
         )
 

@@ -38,9 +38,8 @@ def _attend(
     qk_scale,
     window,
     soft_cap,
-    tree_ptr,
-    tree_row,
-    tree_q,
+    tree_rows,
+    tree_n,
     context,
     stride_kb,
     stride_ks,
@@ -61,7 +60,6 @@ def _attend(
     KV_FP8: tl.constexpr,
     OFF_I32: tl.constexpr,
     USE_TREE: tl.constexpr,
-    TREE_WORDS: tl.constexpr,
 ):
     """Causal online softmax of the rows ``q`` [ROWS, D] over keys ``lo .. hi-1`` of one
     sequence (its block-table row at ``table_ptr``); row ``r`` sees keys ``<= pos[r]`` and
@@ -69,8 +67,9 @@ def _attend(
     multiple of ``BLOCK_N``) are visible to every row: their tiles skip the mask. ``qk_scale``
     [ROWS] scales each row's scores (the softmax scale, an fp8 cache's ``k_scale``,
     ``_query_rows``'s unscaling); ``slopes`` [ROWS] are the rows' ALiBi slopes (unused without
-    ``USE_ALIBI``). With ``USE_TREE`` the masked tiles also read the sequence's tree mask
-    (``tree_ptr``: ``[tree_q, tree_q]`` uint8 over the new tokens after ``context`` keys). The
+    ``USE_ALIBI``). With ``USE_TREE`` the masked tiles also read the rows' tree words
+    (``tree_rows`` [ROWS] pointers, ``tree_n`` int64 words a row; ``_tree_visible``) over the new
+    tokens after ``context`` keys. The
     returned max ``m`` is in base 2 (natural-log units times log2(e))."""
     s_scale = _folded_scale(qk_scale, USE_SOFTCAP, USE_ALIBI)
     j_next = lo + tl.arange(0, BLOCK_N)
@@ -94,9 +93,8 @@ def _attend(
         s_scale,
         window,
         soft_cap,
-        tree_ptr,
-        tree_row,
-        tree_q,
+        tree_rows,
+        tree_n,
         context,
         stride_kb,
         stride_ks,
@@ -119,7 +117,6 @@ def _attend(
         False,
         True,
         USE_TREE,
-        TREE_WORDS,
     )
     m, l_sum, acc, blk_next = _attend_tiles(
         q,
@@ -140,9 +137,8 @@ def _attend(
         s_scale,
         window,
         soft_cap,
-        tree_ptr,
-        tree_row,
-        tree_q,
+        tree_rows,
+        tree_n,
         context,
         stride_kb,
         stride_ks,
@@ -165,14 +161,13 @@ def _attend(
         True,
         True,
         USE_TREE,
-        TREE_WORDS,
     )
     return m, l_sum, acc
 
 
 #: integer arguments the JIT must not specialize (on 1, on divisibility by 16): each value class
 #: would be a kernel of its own to compile, and none of them shapes a vectorized access
-_PLAIN_INTS_PREFILL = ("window", "stride_bt", "stride_lt")
+_PLAIN_INTS_PREFILL = ("window", "tree_n", "stride_bt", "stride_lt")
 
 
 @triton.jit(do_not_specialize=list(_PLAIN_INTS_PREFILL))
@@ -189,8 +184,7 @@ def _prefill_kernel(
     sinks_ptr,
     qk_scales_ptr,
     v_scales_ptr,
-    tree_mask_ptr,
-    tree_offsets_ptr,
+    tree_words_ptr,
     out_ptr,
     lse_ptr,
     # sizes
@@ -198,6 +192,7 @@ def _prefill_kernel(
     v_scale,
     window,
     soft_cap,
+    tree_n,
     # strides (elements)
     stride_qt,
     stride_qh,
@@ -231,7 +226,6 @@ def _prefill_kernel(
     OFF_I32: tl.constexpr,
     WRITE_LSE: tl.constexpr,
     USE_TREE: tl.constexpr,
-    TREE_WORDS: tl.constexpr,
     PER_HEAD_SCALES: tl.constexpr,
 ):
     """One tile of ``BLOCK_Q`` query tokens of one sequence times one kv head's query
@@ -240,10 +234,8 @@ def _prefill_kernel(
     and the short ones fill the tail.
 
     With ``USE_TREE`` the new tokens see each other as their sequence's tree mask says
-    (``tree_mask_ptr``: the batch's masks, uint8, packed; ``tree_offsets_ptr`` [num_seqs + 1]
-    int64: where each sequence's ``[q_b, q_b]`` mask starts; with ``TREE_WORDS``,
-    ``tree_mask_ptr`` is [num_tokens] int64 instead, bit ``c`` of token ``t``'s word set where it
-    sees its sequence's new token ``c``). The mask is lower-triangular, so
+    (``tree_words_ptr`` [num_tokens, tree_n] int64: bit ``c % 64`` of token ``t``'s word ``c // 64``
+    set where it sees its sequence's new token ``c``). The mask is lower-triangular, so
     the causal tile bounds hold; the history's whole tiles skip the mask, every tile past the
     history's last whole one reads it.
 
@@ -289,13 +281,9 @@ def _prefill_kernel(
         # keys below the tile's first row's position are visible to every row (no window):
         # whole tiles of them skip the mask; the rest (the diagonal) is masked
         full_hi = lo
-        tree_ptr = tree_mask_ptr
-        tree_row = tl.zeros([ROWS], tl.int64)
+        # each row's tree words (padding rows point at the sequence's last token's: never stored)
+        tree_rows = tree_words_ptr + (q_start + tl.minimum(tok, q_len - 1)).to(tl.int64) * tree_n
         if USE_TREE:  # a new token need not see the new tokens before it: the history only
-            if TREE_WORDS:  # each row's word, once a program
-                tree_row = tl.load(tree_mask_ptr + q_start + tok, mask=row_mask, other=0).to(tl.int64)
-            else:
-                tree_ptr = tree_mask_ptr + tl.load(tree_offsets_ptr + seq)
             full_hi = lo + (context - lo) // BLOCK_N * BLOCK_N
         elif not USE_WINDOW:
             full_hi = lo + (context + q_tile * BLOCK_Q + 1 - lo) // BLOCK_N * BLOCK_N
@@ -316,9 +304,8 @@ def _prefill_kernel(
             qk_scale,
             window,
             soft_cap,
-            tree_ptr,
-            tree_row,
-            q_len,
+            tree_rows,
+            tree_n,
             context,
             stride_kb,
             stride_ks,
@@ -339,7 +326,6 @@ def _prefill_kernel(
             KV_FP8,
             OFF_I32,
             USE_TREE,
-            TREE_WORDS,
         )
         if USE_SINKS:
             # the sink joins once, after the keys (weight exp(sink - m), no value), as in the decode

@@ -118,6 +118,25 @@ def _slot_of(j, BLOCK_SIZE: tl.constexpr):
 
 
 @triton.jit
+def _tree_visible(tree_rows, tree_n, jn):
+    """Whether each row sees each key, [ROWS, BLOCK_N] bool, by its sequence's tree mask: ``jn``
+    [BLOCK_N] int32 is the key's index among the sequence's new tokens (< 0: a history key, always
+    seen); ``tree_rows`` [ROWS] points at each row's ``tree_n`` int64 words, bit ``c % 64`` of word
+    ``c // 64`` set where the row sees new token ``c``. A tile of at most 64 keys spans at most two
+    words: each row loads those two, so a tree of any length costs two loads a row a masked tile."""
+    tl.static_assert(jn.shape[0] <= 64, "a key tile spans at most two of a row's 64-bit words")
+    w0 = tl.maximum(tl.min(jn, 0), 0) // 64  # the word of the tile's first new key
+    word0 = tl.load(tree_rows + w0)
+    # the next word, or word0 again past the row's last (the keys past the tree do not exist)
+    word1 = tl.load(tree_rows + tl.minimum(w0 + 1, tree_n - 1))
+    rel = jn - 64 * w0  # [BLOCK_N] the key's bit counted from word0's first
+    bit0 = (word0[:, None] >> tl.minimum(tl.maximum(rel, 0), 63).to(tl.int64)[None, :]) & 1
+    bit1 = (word1[:, None] >> tl.minimum(tl.maximum(rel - 64, 0), 63).to(tl.int64)[None, :]) & 1
+    bits = tl.where((rel < 64)[None, :], bit0, bit1)
+    return (jn[None, :] < 0) | (bits != 0)
+
+
+@triton.jit
 def _folded_scale(qk_scale, USE_SOFTCAP: tl.constexpr, USE_ALIBI: tl.constexpr):
     """``_step``'s ``s_scale`` [ROWS]: the rows' score scale times log2(e) where ``_step`` folds
     the scale into the exponent (its ``FOLD``: no soft-cap, no ALiBi), else the scale."""
@@ -145,9 +164,8 @@ def _step(
     s_scale,
     window,
     soft_cap,
-    tree_ptr,
-    tree_row,
-    tree_q,
+    tree_rows,
+    tree_n,
     context,
     stride_kb,
     stride_ks,
@@ -169,7 +187,6 @@ def _step(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     USE_TREE: tl.constexpr,
-    TREE_WORDS: tl.constexpr,
 ):
     """One key tile of the online softmax: the keys ``j`` [BLOCK_N] (int32; ``kmask``: those
     that exist, below the history's or the split's end) in the cache blocks ``blk`` [BLOCK_N]
@@ -178,11 +195,9 @@ def _step(
     columns, values of ``HEAD_DIM_V``). The softmax runs in base 2:
     ``m`` is in natural-log units times log2(e). Without ``MASKED`` every key is visible to
     every row: no mask is computed. With ``USE_TREE`` (and ``CAUSAL``) a new token sees the
-    new tokens its sequence's tree mask allows (they follow ``context`` history keys): with
-    ``TREE_WORDS`` bit ``c`` of its row's word ``tree_row`` [ROWS] int64 (trees of at most 64
-    tokens), else the byte of the sequence's ``[tree_q, tree_q]`` mask (uint8 at ``tree_ptr``,
-    row-major). Shared by ``_attend_tiles`` and the decode kernel's split loop, so both compute a
-    tile alike."""
+    new tokens its sequence's tree mask allows (they follow ``context`` history keys), read as
+    bits of its row's ``tree_n`` words at ``tree_rows`` [ROWS] (``_tree_visible``). Shared by
+    ``_attend_tiles`` and the decode kernel's split loop, so both compute a tile alike."""
     d = tl.arange(0, HEAD_DIM_PAD)
     dmask = d < HEAD_DIM
     # FOLD: scores stay unscaled until the exponent, where the scale (with log2(e)) and the
@@ -235,16 +250,7 @@ def _step(
         if CAUSAL:
             visible = visible & (j[None, :] <= pos[:, None])
             if USE_TREE:  # new keys on or below the diagonal: the mask's bit (every history key is seen)
-                jn = j - context  # [BLOCK_N] the key's index among the new tokens (< 0: history)
-                if TREE_WORDS:  # a shift and an and a score: no load in the loop
-                    shift = tl.minimum(tl.maximum(jn, 0), 63).to(tl.int64)
-                    bits = (tree_row[:, None] >> shift[None, :]) & 1
-                    visible = visible & ((jn[None, :] < 0) | (bits != 0))
-                else:
-                    ti = pos - context  # [ROWS] the row's; padding rows (ti >= tree_q) read no bit
-                    new = (jn[None, :] >= 0) & (jn[None, :] <= ti[:, None]) & (ti[:, None] < tree_q)
-                    bits = tl.load(tree_ptr + ti[:, None] * tree_q + jn[None, :], mask=new, other=1)
-                    visible = visible & (bits != 0)
+                visible = visible & _tree_visible(tree_rows, tree_n, j - context)
         if USE_WINDOW:
             visible = visible & (j[None, :] > pos[:, None] - window)
         s = tl.where(visible, s, float("-inf"))
@@ -288,9 +294,8 @@ def _attend_tiles(
     s_scale,
     window,
     soft_cap,
-    tree_ptr,
-    tree_row,
-    tree_q,
+    tree_rows,
+    tree_n,
     context,
     stride_kb,
     stride_ks,
@@ -313,7 +318,6 @@ def _attend_tiles(
     MASKED: tl.constexpr,
     CAUSAL: tl.constexpr,
     USE_TREE: tl.constexpr,
-    TREE_WORDS: tl.constexpr,
 ):
     """The key tiles ``start, start + BLOCK_N, .. < end`` of one sequence's history (its
     block-table row at ``table_ptr``; ``hi``: the history's end, which bounds every load) into
@@ -349,9 +353,8 @@ def _attend_tiles(
             s_scale,
             window,
             soft_cap,
-            tree_ptr,
-            tree_row,
-            tree_q,
+            tree_rows,
+            tree_n,
             context,
             stride_kb,
             stride_ks,
@@ -373,6 +376,5 @@ def _attend_tiles(
             MASKED,
             CAUSAL,
             USE_TREE,
-            TREE_WORDS,
         )
     return m, l_sum, acc, blk_next
