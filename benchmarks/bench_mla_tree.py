@@ -3,14 +3,15 @@ against causal prefill of the same shapes, for the Triton kernel; medians of
 triton.testing.do_bench over ``run`` (the launches; ``prepare`` happens once per batch).
 
     python benchmarks/bench_mla_tree.py --out benchmarks/results/h100-mla-tree.json
+    python benchmarks/bench_mla_tree.py --plot benchmarks/results/h100-mla-tree.json  # its two plots
     python benchmarks/bench_mla_tree.py --cpu --out /tmp/cpu.json   # the harness, on the interpreter
 
 MLA decode: DeepSeek's absorbed form (one latent kv head of 576 columns, the value its first
 512, scale 0.1352), bf16, pages of 64, randomly permuted; 16 and 128 query heads (V2-Lite and
-V3 per tensor-parallel rank) over batches and histories, at each of a few launch shapes
-(``MLA_TUNINGS``; the fastest is ``triton_ms``). Bandwidth counts the latent rows read once
-(576 columns a key) plus Q and O. FlashInfer reads the same bytes: its ``ckv_cache`` and
-``kpe_cache`` are views of the one latent cache (``key_cache[:, :, 0, :512]`` and
+V3 per tensor-parallel rank) over batches and histories: ``triton_ms`` is the kernel as it
+ships; ``tunings_ms`` times the other launch shapes of ``MLA_TUNINGS`` beside it. Bandwidth
+counts the latent rows read once (576 columns a key) plus Q and O. FlashInfer reads the same
+bytes: its ``ckv_cache`` and ``kpe_cache`` are views of the one latent cache (``key_cache[:, :, 0, :512]`` and
 ``[..., 512:]``); where FlashInfer is absent its columns are ``null``.
 
 Tree-masked prefill: branching draft trees (``random_tree_mask``) of ``q`` tokens over a
@@ -36,20 +37,27 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_paged_attention import bench, machine  # noqa: E402
 
-#: the MLA tunings each point is timed at (``TUNING`` fields over the default): the launch shapes
-#: that compile without spilling on sm_90 (two and three stages of 16 heads on four warps, 32
-#: heads on eight), and splits of half the decode kernel's (one latent kv head gives a history
-#: a program a split and head block: few programs where the batch is small)
+#: the other MLA launch shapes each point is timed at (``TUNING`` fields over the default): three
+#: stages, 64 heads a program on eight warps (the warp-group MMA's 64 rows), and splits of half
+#: and a quarter of the decode kernel's (one latent kv head gives a history a program a split
+#: and head block: few programs where the batch is small)
 MLA_TUNINGS = {
-    "h16w4s2": {},
-    "h16w4s3": {"mla_stages": 3},
-    "h32w8s2": {"mla_block_h": 32, "mla_warps": 8},
-    "h16w4s2-half-splits": {"split_short": 128, "split_size": 256, "split_long": 1024},
+    "stages3": {"mla_stages": 3},
+    "heads64": {"mla_block_h": 64, "mla_warps": 8},
+    "half-splits": {"split_short": 128, "split_size": 256, "split_long": 1024},
+    "quarter-splits": {"split_short": 64, "split_size": 128, "split_long": 512},
+    "heads64-half-splits": {
+        "mla_block_h": 64,
+        "mla_warps": 8,
+        "split_short": 128,
+        "split_size": 256,
+        "split_long": 1024,
+    },
 }
 GPU = {
-    "mla": [(B, L, H) for H in (16, 128) for B in (1, 16, 64, 128) for L in (1024, 4096, 16384)],
+    "mla": [(B, L, H) for H in (16, 128) for B in (1, 8, 32, 128) for L in (2048, 8192, 32768)],
     "mla_page": 64,
-    "tree": [(32, 4096, 16), (32, 4096, 64), (8, 8192, 128), (4, 2048, 256)],  # (B, context, q)
+    "tree": [(32, 4096, 16), (32, 4096, 64), (8, 8192, 128), (4, 2048, 256), (4, 8192, 256)],  # (B, context, q)
     "tree_heads": (32, 8, 128),
     "tree_page": 16,
 }
@@ -123,19 +131,19 @@ def flashinfer_mla(batch: dict, device: str):
 
 
 def mla_point(B: int, L: int, H: int, page: int, dtype: torch.dtype, device: str) -> dict:
-    """One MLA decode point: the kernel at each of ``MLA_TUNINGS`` (``triton_ms``: the fastest,
-    ``tunings_ms``: each) and FlashInfer."""
+    """One MLA decode point: the kernel as it ships (``triton_ms``), at each of ``MLA_TUNINGS``
+    (``tunings_ms``), and FlashInfer."""
     from pagedattn.kernels.triton_paged_attention import prepare, run
     from pagedattn.kernels.tuning import TUNING
 
     batch = mla_batch(B, L, H, page, dtype, device)
     q, kc, vc = batch["query"], batch["key_cache"], batch["value_cache"]
     times = {}
-    for name, fields in MLA_TUNINGS.items():
+    for name, fields in {"shipped": {}, **MLA_TUNINGS}.items():
         prep = prepare(*batch.values(), scale=MLA_SCALE, tuning=dataclasses.replace(TUNING, **fields))
         times[name] = bench(lambda: run(prep, q, kc, vc), device)  # noqa: B023
     best = min(times, key=times.__getitem__)
-    t_triton = times[best]
+    t_triton = times["shipped"]
     elt = kc.element_size()
     nbytes = B * L * (D_LATENT + D_ROPE) * elt + B * H * (2 * D_LATENT + D_ROPE) * elt
     row: dict = {"B": B, "L": L, "heads": H, "bytes": nbytes, "triton_ms": t_triton, "best_tuning": best}
@@ -220,7 +228,7 @@ def tree_point(B: int, context: int, n: int, heads: tuple[int, int, int], page: 
         "tree_ms": t_tree,
         "causal_ms": t_causal,
         "tree_over_causal": t_causal / t_tree,
-        "tree_as_words": prep_tree.tree_words is not None,  # trees of at most 64 tokens
+        "tree_words": prep_tree.tree_words.shape[1],  # 64-bit words a token's row
         "tree_TFLOPs": flops / t_tree / 1e9,
         # FlashInfer's prefill with the tree as custom_mask, and causal, on the same batch
         "flashinfer_tree_ms": fi_times.get("tree"),
@@ -229,11 +237,59 @@ def tree_point(B: int, context: int, n: int, heads: tuple[int, int, int], page: 
     }
 
 
+def plot(path: str) -> list[str]:
+    """PNG plots next to the JSON: MLA decode's speed over FlashInfer's per batch and history (one
+    panel a head count), and tree-masked prefill's over causal prefill's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(path) as f:
+        result = json.load(f)
+    base, outs = os.path.splitext(path)[0], []
+    gpu = result["machine"].get("gpu", "cpu")
+    rows = [r for r in result["mla"] if r.get("triton_over_flashinfer")]
+    if rows:
+        heads = sorted({r["heads"] for r in rows})
+        fig, axes = plt.subplots(1, len(heads), figsize=(5 * len(heads), 3.4), squeeze=False)
+        for ax, H in zip(axes[0], heads):
+            for B in sorted({r["B"] for r in rows if r["heads"] == H}):
+                pts = sorted((r for r in rows if r["heads"] == H and r["B"] == B), key=lambda r: r["L"])
+                ax.plot([r["L"] for r in pts], [r["triton_over_flashinfer"] for r in pts], marker="o", label=f"B={B}")
+            ax.axhline(1.0, color="k", lw=0.8)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("history length")
+            ax.set_title(f"MLA decode, {H} query heads", fontsize=9)
+        axes[0][0].set_ylabel("FlashInfer's time / ours")
+        axes[0][-1].legend(fontsize=7)
+        fig.suptitle(f"{gpu}: this kernel against FlashInfer's MLA wrapper (above 1: faster)", fontsize=9)
+        fig.tight_layout()
+        outs.append(base + "-mla.png")
+        fig.savefig(outs[-1], dpi=110)
+    if result["tree"]:
+        fig, ax = plt.subplots(figsize=(5.5, 3.2))
+        labels = [f"B{r['B']} q{r['q']}\nover {r['context'] // 1024}k" for r in result["tree"]]
+        ax.bar(range(len(labels)), [r["tree_over_causal"] for r in result["tree"]])
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xticks(range(len(labels)), labels, fontsize=7)
+        ax.set_ylabel("causal's time / the tree's")
+        ax.set_title(f"{gpu}: tree-masked prefill against causal prefill", fontsize=9)
+        fig.tight_layout()
+        outs.append(base + "-tree.png")
+        fig.savefig(outs[-1], dpi=110)
+    return outs
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cpu", action="store_true", help="tiny sizes on the Triton interpreter")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--plot", default=None, metavar="JSON", help="only plot an existing JSON")
     args = ap.parse_args(argv)
+    if args.plot:
+        print("\n".join(plot(args.plot)))
+        return
     device = "cpu" if args.cpu else "cuda"
     cfg = CPU if args.cpu else GPU
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
@@ -244,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
         fi = "n/a" if row["flashinfer_ms"] is None else f"{row['flashinfer_ms'] * 1e3:8.1f} us"
         print(
             f"mla B={B:4d} L={L:6d} H={H:4d}  triton {row['triton_ms'] * 1e3:8.1f} us "
-            f"{row['triton_TBps']:5.2f} TB/s ({row['best_tuning']})  flashinfer {fi}",
+            f"{row['triton_TBps']:5.2f} TB/s (fastest: {row['best_tuning']})  flashinfer {fi}",
             flush=True,
         )
     for B, context, n in cfg["tree"]:
