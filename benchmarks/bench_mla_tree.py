@@ -37,22 +37,16 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_paged_attention import bench, machine  # noqa: E402
 
-#: the other MLA launch shapes each point is timed at (``TUNING`` fields over the default): three
-#: stages, 64 heads a program on eight warps (the warp-group MMA's 64 rows), and splits of half
-#: and a quarter of the decode kernel's (one latent kv head gives a history a program a split
-#: and head block: few programs where the batch is small)
+#: the other MLA launch shapes each point is timed at (``TUNING`` fields over the default): 64
+#: heads a program on eight warps (the warp-group MMA's 64 rows), with 16 keys a step or one
+#: stage, and splits of half and a quarter of the decode kernel's (one latent kv head gives a
+#: history a program a split and head block: few programs where the batch is small)
 MLA_TUNINGS = {
-    "stages3": {"mla_stages": 3},
     "heads64": {"mla_block_h": 64, "mla_warps": 8},
+    "heads64-16keys": {"mla_block_h": 64, "mla_warps": 8, "mla_block_n": 16},
+    "heads64-1stage": {"mla_block_h": 64, "mla_warps": 8, "mla_stages": 1},
     "half-splits": {"split_short": 128, "split_size": 256, "split_long": 1024},
     "quarter-splits": {"split_short": 64, "split_size": 128, "split_long": 512},
-    "heads64-half-splits": {
-        "mla_block_h": 64,
-        "mla_warps": 8,
-        "split_short": 128,
-        "split_size": 256,
-        "split_long": 1024,
-    },
 }
 GPU = {
     "mla": [(B, L, H) for H in (16, 128) for B in (1, 8, 32, 128) for L in (2048, 8192, 32768)],
@@ -286,7 +280,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--cpu", action="store_true", help="tiny sizes on the Triton interpreter")
     ap.add_argument("--out", default=None)
     ap.add_argument("--plot", default=None, metavar="JSON", help="only plot an existing JSON")
+    ap.add_argument("--parts", default="mla,tree", help="comma-separated: mla, tree")
     args = ap.parse_args(argv)
+    parts = args.parts.split(",")
     if args.plot:
         print("\n".join(plot(args.plot)))
         return
@@ -294,7 +290,7 @@ def main(argv: list[str] | None = None) -> None:
     cfg = CPU if args.cpu else GPU
     dtype = torch.bfloat16 if device == "cuda" else torch.float16
     result: dict = {"machine": machine(device), "config": {"dtype": str(dtype)}, "mla": [], "tree": []}
-    for B, L, H in cfg["mla"]:
+    for B, L, H in cfg["mla"] if "mla" in parts else []:
         row = mla_point(B, L, H, cfg["mla_page"], dtype, device)
         result["mla"].append(row)
         fi = "n/a" if row["flashinfer_ms"] is None else f"{row['flashinfer_ms'] * 1e3:8.1f} us"
@@ -303,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['triton_TBps']:5.2f} TB/s (fastest: {row['best_tuning']})  flashinfer {fi}",
             flush=True,
         )
-    for B, context, n in cfg["tree"]:
+    for B, context, n in cfg["tree"] if "tree" in parts else []:
         row = tree_point(B, context, n, cfg["tree_heads"], cfg["tree_page"], dtype, device)
         result["tree"].append(row)
         print(
