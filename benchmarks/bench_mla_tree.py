@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--parts", default="mla,tree", help="comma-separated: mla, tree")
     args = ap.parse_args(argv)
     parts = args.parts.split(",")
+    if not set(parts) <= {"mla", "tree"}:
+        ap.error(f"--parts takes mla and tree, got {args.parts}")
     if args.plot:
         print("\n".join(plot(args.plot)))
         return

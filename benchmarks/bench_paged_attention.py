@@ -508,7 +508,10 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(plot(args.plot)))
         return
     device = "cpu" if args.cpu or not torch.cuda.is_available() else "cuda"
-    run(device, args.out, tuple(args.parts.split(",")))
+    parts = tuple(args.parts.split(","))
+    if not set(parts) <= {"decode", "prefill", "mixed"}:
+        ap.error(f"--parts takes decode, prefill and mixed, got {args.parts}")
+    run(device, args.out, parts)
 
 
 if __name__ == "__main__":

@@ -200,12 +200,12 @@ def test_mla_multi_token_within_policy(spec):
         assert_differs(out, causal, f"{spec.id}: the tree-masked output against causal")
 
 
-#: trees past one 64-bit word (a row's bits in two words), beside a short tree and a decode: the
-#: key tiles (64 keys in the prefill, 32 in the MLA kernel) cross the words' edge
+#: trees past one 64-bit word (a row's bits in three and two words), beside a short tree and a
+#: decode: the key tiles (64 keys in the prefill, 32 in the MLA kernel) cross the words' edges
 LONG_TREE_CASES = {
     "prefill": CaseSpec(
         "t",
-        ((160, 100), (50, 9), (17, 1)),
+        ((200, 150), (50, 9), (17, 1)),
         num_heads=4,
         num_kv_heads=2,
         head_dim=32,
@@ -227,13 +227,14 @@ LONG_TREE_CASES = {
 @runs_kernel
 @pytest.mark.parametrize("kernel", ["prefill", "mla"])
 def test_trees_past_one_word_within_policy_and_batch_invariant(kernel):
-    """A tree of more than 64 tokens reaches the kernels as two words a token; a masked tile
+    """A tree of more than 64 tokens reaches the kernels as several words a token; a masked tile
     loads the two words its keys fall in. The batch's words a row follow its longest tree, yet a
     sequence computes the same bits alone (one word a row) as beside the long tree: the width is
     a runtime value, the compiled loop the same."""
     case = LONG_TREE_CASES[kernel].build().to(DEVICE)
     prep, _ = _run(case)
-    assert prep.tree_words is not None and tuple(prep.tree_words.shape) == (case.num_tokens, 2)
+    words = -(-case.query_lens[0] // 64)
+    assert prep.tree_words is not None and tuple(prep.tree_words.shape) == (case.num_tokens, words)
     assert prep.plan.mla == (kernel == "mla")
     out, lse = _assert_within_policy(case, f"{kernel}: a tree of {case.query_lens[0]} tokens")
     _, (out_causal, _) = _run(case.replace(tree_mask=None))
@@ -245,6 +246,15 @@ def test_trees_past_one_word_within_policy_and_batch_invariant(kernel):
     assert prep_alone.tree_words is not None and prep_alone.tree_words.shape[1] == 1
     assert_equal(out_alone, out[lo:hi], f"{kernel}: the short tree alone against beside a long one")
     assert_equal(lse_alone, lse[lo:hi], f"{kernel}: the short tree's lse alone against beside a long one")
+
+
+@runs_kernel
+def test_tree_tiles_past_64_keys_are_refused_before_a_launch():
+    """A masked tile's keys must fall in two of a row's words: a tuning of wider tiles is refused
+    at ``prepare``, naming the bound, rather than failing to compile."""
+    case = TREE_CASES[1].build().to(DEVICE)  # 16-bit: the prefill_block_n tiles (fp32 has its own)
+    with pytest.raises(ValueError, match="at most 64 keys"):
+        _run(case, dataclasses.replace(TUNING, prefill_block_n=128))
 
 
 def test_tree_words_hold_each_tokens_row():

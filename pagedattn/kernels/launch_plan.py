@@ -17,6 +17,10 @@ from pagedattn.validation import FP8_DTYPES, ProblemError
 
 #: tl.dot needs every dimension >= 16 on NVIDIA GPUs (the interpreter accepts less).
 MIN_DOT = 16
+
+#: the most keys a tree-masked tile may hold: its keys fall in at most two of a row's 64-bit
+#: words, the two the kernels load a row a masked tile (``triton_tiles._tree_visible``)
+TREE_TILE_KEYS = 64
 #: a CUDA grid's second and third dimensions hold at most this many programs
 GRID_YZ_MAX = 65535
 

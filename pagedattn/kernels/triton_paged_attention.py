@@ -44,6 +44,7 @@ from pagedattn.kernels.checks import (
 )
 from pagedattn.kernels.launch_plan import (
     MIN_DOT,
+    TREE_TILE_KEYS,
     LaunchConfig,
     LaunchPlan,
     fp8_widening,
@@ -196,6 +197,11 @@ def prepare(
         head_dim_v=value_cache.shape[3],
         shared_kv=latent is not None,
     )
+    if tree_mask is not None and plan.other is not None and plan.other.BLOCK_N > TREE_TILE_KEYS:
+        raise ValueError(
+            f"tuning: a tree-masked launch takes key tiles of at most {TREE_TILE_KEYS} keys (two 64-bit words "
+            f"of a row), got BLOCK_N {plan.other.BLOCK_N}"
+        )
     dev = query.device
     n_dec = len(plan.decode_seqs)
     d_pad = plan.decode.HEAD_DIM_V_PAD if plan.decode is not None else 0

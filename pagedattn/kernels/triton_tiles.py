@@ -124,7 +124,7 @@ def _tree_visible(tree_rows, tree_n, jn):
     seen); ``tree_rows`` [ROWS] points at each row's ``tree_n`` int64 words, bit ``c % 64`` of word
     ``c // 64`` set where the row sees new token ``c``. A tile of at most 64 keys spans at most two
     words: each row loads those two, so a tree of any length costs two loads a row a masked tile."""
-    tl.static_assert(jn.shape[0] <= 64, "a key tile spans at most two of a row's 64-bit words")
+    tl.static_assert(jn.shape[0] <= 64, "a key tile spans at most two of a row's 64-bit words (TREE_TILE_KEYS)")
     w0 = tl.maximum(tl.min(jn, 0), 0) // 64  # the word of the tile's first new key
     word0 = tl.load(tree_rows + w0)
     # the next word, or word0 again past the row's last (the keys past the tree do not exist)

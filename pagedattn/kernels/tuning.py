@@ -27,7 +27,7 @@ class KernelTuning:
     decode_fold_parts: int = 4  # the merge's parts a history: a split-loop program folds whole parts in its loop
     # prefill tiles
     prefill_rows: int = 128  # query rows a tile (tokens x padded GQA group): eight warps at head_dim > 64
-    prefill_block_n: int = 64  # keys a step: three stages of it beside 128 rows fit the budget to head_dim 128
+    prefill_block_n: int = 64  # keys a step: three stages beside 128 rows fit the budget; trees take <= 64
     prefill_stages: int = 3  # a third K/V buffer where it fits prefill_shared_budget, else 2
     prefill_shared_budget: int = 160 * 1024  # of 227 KB on sm_90: room for fp8's widened V and layout conversions
     # fp32 queries: IEEE dots on the FMA units, which the compiler unrolls
